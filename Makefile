@@ -1,0 +1,47 @@
+# `make test` and `make train` set themselves up on a fresh machine: a .venv with the project installed.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build that lies on disk on the development/CI machines; override for a CUDA machine,
+# e.g. `make train TORCH=torch==2.13.0 TORCH_INDEX=--index-url=https://download.pytorch.org/whl/cu128`.
+TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
+CONFIG ?= configs/sst2.yaml
+
+# Offline dataset copies beside the checkout (development and CI machines); the hub is used when absent.
+SHARED_DATA := $(abspath ../shared/data)
+ifneq ($(wildcard $(SHARED_DATA)),)
+export ATTENTION_DATA_ROOT ?= $(SHARED_DATA)
+endif
+
+.PHONY: setup test test-fast train tensorboard bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_INDEX) "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	-@bash scripts/install_cjk_font.sh
+	touch $@
+
+setup: $(VENV)/.installed
+
+test: setup
+	$(PY) -m pytest
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow"
+
+train: setup
+	$(PY) train.py fit --config $(CONFIG)
+
+tensorboard: setup
+	$(VENV)/bin/tensorboard --logdir lightning_logs
+
+bench: setup
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) bench/speed.py
+	$(PY) bench/accuracy.py
+
+clean:
+	rm -rf $(VENV) lightning_logs .cache

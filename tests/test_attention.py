@@ -1,0 +1,195 @@
+"""The hand-written attention layer against independent references. Imports no Lightning, no datasets."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model.attention import MultiHeadSelfAttention
+
+B, L, D, H = 3, 7, 16, 4
+
+
+def make_layer(seed=0, **kwargs):
+    torch.manual_seed(seed)
+    return MultiHeadSelfAttention(d_model=D, n_heads=H, **kwargs).eval()
+
+
+def padding_mask(lengths, L=L):
+    return torch.arange(L)[None, :] >= torch.tensor(lengths)[:, None]  # (B, L), True = padding
+
+
+def qkv(layer, x):
+    return [layer.split_heads(w(x)) for w in (layer.w_q, layer.w_k, layer.w_v)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("use_padding", [False, True])
+def test_matches_scaled_dot_product_attention(causal, use_padding):
+    layer = make_layer()
+    x = torch.randn(B, L, D)
+    mask = padding_mask([7, 5, 2]) if use_padding else None
+    out, weights = layer(x, key_padding_mask=mask, causal=causal)
+
+    q, k, v = qkv(layer, x)
+    allowed = torch.ones(B, 1, L, L, dtype=torch.bool)
+    if use_padding:
+        allowed &= ~mask[:, None, None, :]
+    if causal:
+        allowed &= torch.ones(L, L, dtype=torch.bool).tril()
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    expected = layer.w_o(layer.merge_heads(expected))
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_matches_nn_multihead_attention_with_copied_weights():
+    layer = make_layer()
+    reference = torch.nn.MultiheadAttention(D, H, bias=False, batch_first=True).eval()
+    with torch.no_grad():
+        w_q, w_k, w_v = reference.in_proj_weight.chunk(3)
+        layer.w_q.weight.copy_(w_q)
+        layer.w_k.weight.copy_(w_k)
+        layer.w_v.weight.copy_(w_v)
+        layer.w_o.weight.copy_(reference.out_proj.weight)
+    x = torch.randn(B, L, D)
+    mask = padding_mask([7, 4, 1])
+
+    out, weights = layer(x, key_padding_mask=mask)
+    expected_out, expected_weights = reference(x, x, x, key_padding_mask=mask, need_weights=True)
+    torch.testing.assert_close(out, expected_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights.mean(dim=1), expected_weights, atol=1e-6, rtol=1e-5)
+
+
+def numpy_attention(x, w_q, w_k, w_v, w_o, n_heads, pad):
+    """The seed formula per head, in numpy: softmax(Q Kᵀ / √d) V, heads concatenated, then W_O."""
+    d = w_q.shape[1] // n_heads
+    heads = []
+    for h in range(n_heads):
+        cols = slice(h * d, (h + 1) * d)
+        Q, K, V = x @ w_q[:, cols], x @ w_k[:, cols], x @ w_v[:, cols]
+        S = Q @ K.T / math.sqrt(d)
+        S[:, pad] = -np.inf
+        A = np.exp(S - S.max(axis=1, keepdims=True))
+        A /= A.sum(axis=1, keepdims=True)
+        heads.append(A @ V)
+    return np.concatenate(heads, axis=1) @ w_o
+
+
+def test_matches_numpy_formula():
+    layer = make_layer(bias=False)
+    x = torch.randn(B, L, D, dtype=torch.float64)
+    layer = layer.double()
+    mask = padding_mask([7, 3, 5])
+    out, _ = layer(x, key_padding_mask=mask)
+    # nn.Linear stores W transposed: y = x Wᵀ, so the formula's W_Q is weight.T.
+    w = {name: getattr(layer, name).weight.detach().numpy().T for name in ("w_q", "w_k", "w_v", "w_o")}
+    for b in range(B):
+        pad = mask[b].numpy()
+        expected = numpy_attention(x[b].numpy(), w["w_q"], w["w_k"], w["w_v"], w["w_o"], H, pad)
+        np.testing.assert_allclose(out[b].detach().numpy(), expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck_float64_with_padding(causal):
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention(d_model=6, n_heads=2, bias=True).double()
+    x = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
+    mask = padding_mask([4, 2], L=4)
+    assert torch.autograd.gradcheck(lambda x: layer(x, key_padding_mask=mask, causal=causal)[0], (x,))
+
+
+def test_rows_sum_to_one_and_padded_keys_get_exactly_zero():
+    layer = make_layer()
+    mask = padding_mask([7, 5, 2])
+    _, weights = layer(torch.randn(B, L, D), key_padding_mask=mask)
+    assert weights.shape == (B, H, L, L)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(B, H, L))
+    assert (weights.masked_select(mask[:, None, None, :].expand_as(weights)) == 0).all()
+
+
+def test_causal_upper_triangle_is_exactly_zero():
+    layer = make_layer()
+    _, weights = layer(torch.randn(B, L, D), causal=True)
+    upper = torch.ones(L, L, dtype=torch.bool).triu(diagonal=1)
+    assert (weights[..., upper] == 0).all()
+    torch.testing.assert_close(weights.sum(-1), torch.ones(B, H, L))
+
+
+def test_all_padding_row_gives_zeros_not_nan():
+    layer = make_layer()
+    x = torch.randn(2, L, D, requires_grad=True)
+    mask = padding_mask([3, 0])  # the second sequence is padding only
+    out, weights = layer(x, key_padding_mask=mask)
+    assert torch.isfinite(out).all()
+    assert (weights[1] == 0).all()
+    out.sum().backward()
+    assert torch.isfinite(x.grad).all()
+    # Left padding with a look-ahead mask: the first queries see no key at all.
+    left = torch.arange(L)[None, :] < 2
+    out, weights = layer(torch.randn(1, L, D), key_padding_mask=left, causal=True)
+    assert torch.isfinite(out).all() and (weights[0, :, :2] == 0).all()
+
+
+def test_single_token():
+    layer = make_layer()
+    out, weights = layer(torch.randn(B, 1, D))
+    assert out.shape == (B, 1, D)
+    torch.testing.assert_close(weights, torch.ones(B, H, 1, 1))
+
+
+def test_padding_changes_nothing_on_real_tokens():
+    layer = make_layer()
+    alone = torch.randn(1, 4, D)
+    batch = torch.cat([alone, torch.randn(1, 3, D)], dim=1)  # the same 4 tokens, then 3 padding positions
+    batch = torch.cat([batch, torch.randn(1, 7, D)])  # and another sequence beside it
+    out_alone, _ = layer(alone)
+    out_batch, _ = layer(batch, key_padding_mask=padding_mask([4, 7])[:2])
+    torch.testing.assert_close(out_batch[0, :4], out_alone[0], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("lengths", [[7, 5, 2], [7, 0, 3], None])
+def test_fused_path_equals_reference_path(causal, lengths):
+    layer = make_layer(bias=True)
+    x = torch.randn(B, L, D, requires_grad=True)
+    mask = None if lengths is None else padding_mask(lengths)
+    reference, _ = layer(x, key_padding_mask=mask, causal=causal, need_weights=True)
+    fused, weights = layer(x, key_padding_mask=mask, causal=causal, need_weights=False)
+    assert weights is None
+    torch.testing.assert_close(fused, reference, atol=1e-5, rtol=1e-5)
+    (grad_reference,) = torch.autograd.grad(reference.square().sum(), x)
+    (grad_fused,) = torch.autograd.grad(fused.square().sum(), x)
+    torch.testing.assert_close(grad_fused, grad_reference, atol=1e-5, rtol=1e-4)
+
+
+def normalized_entropy(weights):
+    return -(weights * weights.clamp_min(1e-12).log()).sum(-1).mean() / math.log(weights.shape[-1])
+
+
+def test_smaller_scale_gives_more_uniform_attention():
+    """The seed's point: the Q·K scale sets how peaked softmax is."""
+    x = torch.randn(B, 32, D)
+    entropies = {}
+    for name, scale in [("small", 0.01), ("default", None), ("large", 4.0)]:
+        torch.manual_seed(0)  # the same weights each time; only the scale differs
+        layer = MultiHeadSelfAttention(d_model=D, n_heads=H, scale=scale).eval()
+        entropies[name] = normalized_entropy(layer(x)[1]).item()
+    assert entropies["small"] > entropies["default"] > entropies["large"]
+    assert entropies["small"] > 0.99  # nearly uniform: the model can no longer tell tokens apart
+
+
+def test_default_scale_is_one_over_sqrt_head_size():
+    assert MultiHeadSelfAttention(d_model=64, n_heads=4).scale == pytest.approx(1 / 4)
+    assert MultiHeadSelfAttention(d_model=64, n_heads=4, d_head=64).scale == pytest.approx(1 / 8)
+    assert MultiHeadSelfAttention(d_model=64, n_heads=4, scale=1.0).scale == 1.0
+
+
+def test_attention_dropout_only_in_training():
+    layer = MultiHeadSelfAttention(d_model=D, n_heads=H, dropout=0.5)
+    x = torch.randn(B, L, D)
+    layer.eval()
+    torch.testing.assert_close(layer(x)[0], layer(x)[0])
+    layer.train()
+    assert not torch.allclose(layer(x)[0], layer(x)[0])
