@@ -1,0 +1,252 @@
+"""The DataModule: load splits → train the tokenizer on train → encode once (cached) → length-bucketed batches.
+
+A batch is a dict: input_ids (B, L) long, padding_mask (B, L) bool with True at padding, labels (B,) long,
+padded per batch to its longest text.
+"""
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import random
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from data.sources import DataError, load_splits, local_copy_dir
+from data.tokenizer import KINDS, load_tokenizer, train_tokenizer
+
+log = logging.getLogger(__name__)
+CACHE_VERSION = 1
+
+
+class EncodedSplit(Dataset):
+    """Token ids of one split, stored flat: text i is ids[offsets[i]:offsets[i + 1]]."""
+
+    def __init__(self, ids: torch.Tensor, offsets: torch.Tensor, labels: torch.Tensor):
+        self.ids, self.offsets, self.labels = ids, offsets, labels
+        self.lengths = (offsets[1:] - offsets[:-1]).tolist()
+
+    @classmethod
+    def encode(cls, tokenizer, texts: list[str], labels: list[int]) -> "EncodedSplit":
+        encoded = [e.ids or [1] for e in tokenizer.encode_batch(texts)]  # a text of only unknown symbols → [UNK]
+        offsets = torch.tensor([0] + [len(ids) for ids in encoded]).cumsum(0)
+        ids = torch.tensor([i for ids in encoded for i in ids], dtype=torch.int32)
+        return cls(ids, offsets, torch.tensor(labels))
+
+    def state(self) -> dict:
+        return {"ids": self.ids, "offsets": self.offsets, "labels": self.labels}
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return self.ids[self.offsets[i] : self.offsets[i + 1]], self.labels[i]
+
+
+def collate(items) -> dict[str, torch.Tensor]:
+    L = max(len(ids) for ids, _ in items)
+    input_ids = torch.zeros(len(items), L, dtype=torch.long)  # 0 is [PAD]
+    for row, (ids, _) in enumerate(items):
+        input_ids[row, : len(ids)] = ids
+    return {"input_ids": input_ids, "padding_mask": input_ids == 0, "labels": torch.stack([label for _, label in items])}
+
+
+class BucketBatchSampler(Sampler[list[int]]):
+    """Batches of similar length, so little compute goes to padding: shuffle, sort within pools of 50 batches,
+    cut into batches, shuffle the batches. With several processes, each takes every world_size-th batch."""
+
+    def __init__(self, lengths, batch_size, shuffle, seed=0, rank=0, world_size=1, pool_batches=50):
+        self.lengths, self.batch_size, self.shuffle, self.seed = lengths, batch_size, shuffle, seed
+        self.rank, self.world_size, self.pool = rank, world_size, pool_batches * batch_size
+        self.epoch = 0
+
+    def batches(self) -> list[list[int]]:
+        rng = random.Random(self.seed + self.epoch)
+        order = list(range(len(self.lengths)))
+        if self.shuffle:
+            rng.shuffle(order)
+        batches = []
+        for start in range(0, len(order), self.pool):
+            pool = sorted(order[start : start + self.pool], key=self.lengths.__getitem__)
+            batches += [pool[i : i + self.batch_size] for i in range(0, len(pool), self.batch_size)]
+        if self.shuffle:
+            rng.shuffle(batches)
+            batches = batches[: len(batches) // self.world_size * self.world_size]  # equal steps on every rank
+        return batches[self.rank :: self.world_size]
+
+    def __iter__(self):
+        yield from self.batches()
+        self.epoch += 1
+
+    def __len__(self):
+        n = -(-len(self.lengths) // self.batch_size)
+        return n // self.world_size if self.shuffle else len(range(self.rank, n, self.world_size))
+
+
+class TextDataModule(L.LightningDataModule):
+    def __init__(
+        self,
+        dataset: str = "sst2",
+        data_dir: str | None = None,
+        train_file: str | None = None,
+        val_file: str | None = None,
+        test_file: str | None = None,
+        text_column: str | None = None,
+        label_column: str | None = None,
+        val_fraction: float = 0.1,
+        max_length: int = 128,
+        batch_size: int = 64,
+        vocab_size: int = 8000,
+        tokenizer: str = "wordpiece",
+        num_workers: int = 0,
+        seed: int = 0,
+        cache_dir: str = ".cache",
+    ):
+        """
+        Args:
+            dataset: a registered name (sst2, chnsenticorp_htl, ag_news, imdb, synthetic); ignored when train_file is set.
+            data_dir: a local copy of the registered dataset (train.tsv/validation.tsv, all.csv, ...). Without it,
+                $ATTENTION_DATA_ROOT/<dataset> is used if it exists, else the Hugging Face hub.
+            train_file: your own CSV/TSV/JSON/JSONL/parquet file; replaces `dataset`.
+            val_file: validation file for train_file; without it a stratified `val_fraction` of train is held out.
+            test_file: optional test file.
+            text_column: column holding the text (default: the dataset's, or "text" for own files).
+            label_column: column holding the label, strings or integers (default: the dataset's, or "label").
+            val_fraction: share of train held out for validation when there is no validation split (0 < f < 1).
+            max_length: longer texts are truncated to this many tokens.
+            batch_size: texts per batch; batches are bucketed by length and padded per batch.
+            vocab_size: size of the tokenizer trained on the training split.
+            tokenizer: "wordpiece" (sub-words, the default) or "word" (whole words).
+            num_workers: DataLoader worker processes.
+            seed: seeds the validation split and the batch order.
+            cache_dir: where encoded splits are cached, so a second run starts fast.
+        """
+        super().__init__()
+        if not 0.0 < val_fraction < 1.0:
+            raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+        if tokenizer not in KINDS:
+            raise DataError(f"tokenizer must be one of {', '.join(KINDS)}, got {tokenizer!r}")
+        if max_length < 1 or batch_size < 1 or vocab_size < 3:
+            raise DataError(f"max_length, batch_size must be >= 1 and vocab_size >= 3, got {max_length}, {batch_size}, {vocab_size}")
+        self.save_hyperparameters()
+        self._state = None  # {"tokenizer": json, "label_names": [...], "splits": {name: EncodedSplit}}
+        self._tokenizer = None
+
+    # Sizes the model needs, linked by train.py on instantiation; reading them builds (or loads) the data.
+    @property
+    def label_names(self) -> list[str]:
+        return self.state["label_names"]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    @property
+    def tokenizer(self):
+        self.state  # noqa: B018  (built together with the data)
+        return self._tokenizer
+
+    @property
+    def state(self) -> dict:
+        if self._state is None:
+            self._state = self._load_or_build()
+            self._tokenizer = load_tokenizer(self._state["tokenizer"])
+        return self._state
+
+    def split(self, name: str) -> EncodedSplit:
+        return self.state["splits"][name]
+
+    def cache_path(self) -> Path:
+        hp = dict(self.hparams)
+        for key in ("batch_size", "num_workers", "cache_dir"):  # do not change what is encoded
+            hp.pop(key)
+        files = [hp[k] for k in ("train_file", "val_file", "test_file") if hp[k]]
+        folder = local_copy_dir(hp["dataset"], hp["data_dir"]) if not files and hp["dataset"] != "synthetic" else None
+        if folder is not None:
+            files = sorted(str(p) for p in folder.iterdir())
+        # Files are identified by path, size and modification time: an edited file is encoded again.
+        hp["files"] = [(str(Path(f).resolve()), *_stat(f)) for f in files]
+        hp["version"] = CACHE_VERSION
+        key = hashlib.sha256(json.dumps(hp, sort_keys=True).encode()).hexdigest()[:16]
+        name = Path(hp["train_file"]).stem if hp["train_file"] else hp["dataset"]
+        return Path(self.hparams.cache_dir) / f"{name}-{key}.pt"
+
+    def _load_or_build(self) -> dict:
+        path = self.cache_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # A file lock: with several processes (DDP), the first builds, the others wait and load the same tokenizer.
+        with open(path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if path.exists():
+                try:
+                    cached = torch.load(path, weights_only=True)
+                    splits = {name: EncodedSplit(**s) for name, s in cached["splits"].items()}
+                    log.info("loaded encoded data from %s", path)
+                    return {**cached, "splits": splits}
+                except Exception as e:
+                    log.warning("%s: unreadable cache (%s); encoding again", path, e)
+            state = self._build()
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            torch.save({**state, "splits": {name: s.state() for name, s in state["splits"].items()}}, tmp)
+            os.replace(tmp, path)
+            return state
+
+    def _build(self) -> dict:
+        hp = self.hparams
+        splits = load_splits(
+            dataset=hp.dataset, data_dir=hp.data_dir, train_file=hp.train_file, val_file=hp.val_file,
+            test_file=hp.test_file, text_column=hp.text_column, label_column=hp.label_column,
+            val_fraction=hp.val_fraction, seed=hp.seed,
+        )
+        tokenizer = train_tokenizer(
+            splits.texts["train"], vocab_size=hp.vocab_size, max_length=hp.max_length, kind=hp.tokenizer
+        )
+        encoded = {name: EncodedSplit.encode(tokenizer, texts, splits.labels[name]) for name, texts in splits.texts.items()}
+        log.info(
+            "encoded %s; vocabulary %d; labels %s",
+            ", ".join(f"{name} {len(s)}" for name, s in encoded.items()), tokenizer.get_vocab_size(), splits.label_names,
+        )
+        return {"tokenizer": tokenizer.to_str(), "label_names": splits.label_names, "splits": encoded}
+
+    def prepare_data(self):
+        self.state  # noqa: B018  (builds the cache once, before the loaders need it)
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        data = self.split(split)
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        sampler = BucketBatchSampler(data.lengths, self.hparams.batch_size, shuffle, self.hparams.seed, rank, world)
+        return DataLoader(
+            data, batch_sampler=sampler, collate_fn=collate, num_workers=self.hparams.num_workers,
+            persistent_workers=self.hparams.num_workers > 0,
+        )
+
+    def train_dataloader(self):
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self):
+        return self._loader("validation", shuffle=False)
+
+    def test_dataloader(self):
+        if "test" not in self.state["splits"]:
+            raise DataError("no test split: give test_file (or use a dataset with a labelled test split)")
+        return self._loader("test", shuffle=False)
+
+    def predict_dataloader(self):
+        return self._loader("test" if "test" in self.state["splits"] else "validation", shuffle=False)
+
+    def state_dict(self) -> dict:
+        """Saved in every checkpoint: what turns raw text into the model's input, and the label names."""
+        return {"tokenizer": self.state["tokenizer"], "label_names": self.label_names, "max_length": self.hparams.max_length}
+
+
+def _stat(path) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+        return st.st_size, int(st.st_mtime)
+    except OSError:
+        raise DataError(f"{path}: file not found") from None

@@ -1,0 +1,265 @@
+"""Where texts and labels come from: a registered dataset (hub or local copy), the user's own files, or `synthetic`.
+
+Every source ends as plain Python lists: {"train": (texts, labels), "validation": ..., "test": ...} with integer
+labels, plus the label names. Nothing here tokenizes.
+"""
+
+import codecs
+import logging
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DATA_ROOT_ENV = "ATTENTION_DATA_ROOT"  # folder holding <dataset name>/ local copies, e.g. ../shared/data
+SUFFIXES = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+class DataError(ValueError):
+    """Bad input data; its message is one line naming the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class RegisteredDataset:
+    hub_id: str | None
+    text_column: str
+    label_column: str
+    label_names: list[str] | None = None
+    hub_splits: dict[str, str] = field(default_factory=lambda: {"train": "train", "validation": "validation"})
+
+
+REGISTRY = {
+    "sst2": RegisteredDataset("stanfordnlp/sst2", "sentence", "label", ["negative", "positive"]),
+    # No hub copy with a fixed layout: a local all.csv, split here (stratified, deterministic).
+    "chnsenticorp_htl": RegisteredDataset(None, "review", "label", ["negative", "positive"]),
+    "ag_news": RegisteredDataset(
+        "fancyzhx/ag_news", "text", "label", ["World", "Sports", "Business", "Sci/Tech"], {"train": "train", "test": "test"}
+    ),
+    "imdb": RegisteredDataset("stanfordnlp/imdb", "text", "label", ["negative", "positive"], {"train": "train", "test": "test"}),
+}
+NAMES = sorted(REGISTRY) + ["synthetic"]
+
+
+@dataclass
+class Splits:
+    texts: dict[str, list[str]]
+    labels: dict[str, list[int]]
+    label_names: list[str]
+
+
+def local_copy_dir(name: str, data_dir: str | None) -> Path | None:
+    """The folder of a local copy: `data_dir` if given, else $ATTENTION_DATA_ROOT/<name> if it exists."""
+    if data_dir:
+        path = Path(data_dir).expanduser()
+        if not path.is_dir():
+            raise DataError(f"{path}: data_dir is not a folder")
+        return path
+    root = os.environ.get(DATA_ROOT_ENV)
+    if root and (Path(root) / name).is_dir():
+        return Path(root) / name
+    return None
+
+
+def split_files(folder: Path) -> dict[str, Path]:
+    """train.* / validation.* / test.* / all.* files of a local copy, any supported suffix."""
+    found = {}
+    for split in ("train", "validation", "test", "all"):
+        for suffix in SUFFIXES:
+            if (folder / f"{split}{suffix}").is_file():
+                found[split] = folder / f"{split}{suffix}"
+                break
+    if "train" not in found and "all" not in found:
+        raise DataError(f"{folder}: no train.* or all.* file ({', '.join(SUFFIXES)}) in this local copy")
+    return found
+
+
+def check_utf8(path: Path) -> None:
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}: not valid UTF-8 (byte {offset + e.start}: {e.reason}); save it as UTF-8") from None
+            offset += len(chunk)
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not valid UTF-8 (truncated character at the end); save it as UTF-8") from None
+
+
+def read_table(path: Path, text_column: str, label_column: str) -> tuple[list[str], list]:
+    """Texts and raw labels of one CSV/TSV/JSON/JSONL/parquet file, read with `datasets`."""
+    import datasets
+
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    builder = SUFFIXES.get(path.suffix.lower())
+    if builder is None:
+        raise DataError(f"{path}: unsupported file type {path.suffix!r} (use {', '.join(SUFFIXES)})")
+    if builder != "parquet":
+        check_utf8(path)
+    kwargs = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
+    if builder == "csv":
+        kwargs["keep_default_na"] = False  # a text "NA" or "null" stays text
+    try:
+        table = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
+    except Exception as e:  # datasets wraps parser errors several layers deep; report the innermost
+        while e.__cause__ is not None or e.__context__ is not None:
+            e = e.__cause__ or e.__context__
+        raise DataError(f"{path}: could not be read as {path.suffix} ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    for column in (text_column, label_column):
+        if column not in table.column_names:
+            raise DataError(f"{path}: no column {column!r}; columns found: {', '.join(table.column_names)}")
+    return table[text_column], table[label_column]
+
+
+def drop_empty(texts: list, labels: list, where: str) -> tuple[list[str], list]:
+    """Empty, whitespace-only or missing texts carry nothing to learn from: skip them, and say how many."""
+    keep = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
+    if len(keep) < len(texts):
+        log.warning("%s: skipped %d empty or whitespace-only texts of %d", where, len(texts) - len(keep), len(texts))
+    if not keep:
+        raise DataError(f"{where}: no non-empty texts")
+    return [texts[i] for i in keep], [labels[i] for i in keep]
+
+
+def encode_labels(raw: dict[str, list], sources: dict[str, str], names: list[str] | None) -> tuple[dict[str, list[int]], list[str]]:
+    """Raw labels → integers. String labels become sorted label names; integer labels stay as they are."""
+    train = raw["train"]
+    if any(label is None for split in raw.values() for label in split):
+        split = next(s for s, labels in raw.items() if any(label is None for label in labels))
+        raise DataError(f"{sources[split]}: missing label values")
+    if all(isinstance(label, (int, bool)) or (isinstance(label, float) and label.is_integer()) for label in train):
+        n = max(int(label) for label in train) + 1
+        if min(int(label) for label in train) < 0:
+            raise DataError(f"{sources['train']}: negative integer labels")
+        names = names if names and len(names) >= n else [str(i) for i in range(n)]
+        to_index = {i: i for i in range(len(names))}
+        key = int
+    else:
+        names = sorted({str(label) for label in train})
+        to_index = {name: i for i, name in enumerate(names)}
+        key = str
+    encoded = {}
+    for split, labels in raw.items():
+        try:
+            encoded[split] = [to_index[key(label)] for label in labels]
+        except (KeyError, ValueError, TypeError):
+            unseen = sorted({str(label) for label in labels if _lookup(to_index, key, label) is None})
+            raise DataError(
+                f"{sources[split]}: label(s) {', '.join(unseen[:5])} not seen in training (training labels: {', '.join(names)})"
+            ) from None
+    return encoded, names
+
+
+def _lookup(to_index, key, label):
+    try:
+        return to_index.get(key(label))
+    except (ValueError, TypeError):
+        return None
+
+
+def stratified_split(labels: list[int], fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Indices (train, validation): `fraction` of each class goes to validation, the same for the same seed."""
+    rng = random.Random(seed)
+    train, val = [], []
+    for cls in sorted(set(labels)):
+        members = [i for i, label in enumerate(labels) if label == cls]
+        rng.shuffle(members)
+        n_val = max(1, round(len(members) * fraction)) if len(members) > 1 else 0
+        val += members[:n_val]
+        train += members[n_val:]
+    return sorted(train), sorted(val)
+
+
+def synthetic(n: int = 4000, seed: int = 0, vocab: int = 30, min_len: int = 6, max_len: int = 16) -> dict[str, tuple]:
+    """Label = which marker comes first ("alpha" before "beta" → 1): only attention between positions solves it;
+    a bag of words sees the same two markers either way."""
+    rng = random.Random(seed)
+    texts, labels = [], []
+    for _ in range(n):
+        words = [f"w{rng.randrange(vocab)}" for _ in range(rng.randint(min_len, max_len))]
+        i, j = sorted(rng.sample(range(len(words) + 2), 2))
+        first, second = ("alpha", "beta") if rng.random() < 0.5 else ("beta", "alpha")
+        words.insert(i, first)
+        words.insert(j, second)
+        texts.append(" ".join(words))
+        labels.append(int(first == "alpha"))
+    return {"all": (texts, labels)}
+
+
+def load_splits(
+    *,
+    dataset: str,
+    data_dir: str | None,
+    train_file: str | None,
+    val_file: str | None,
+    test_file: str | None,
+    text_column: str | None,
+    label_column: str | None,
+    val_fraction: float,
+    seed: int,
+) -> Splits:
+    names = None
+    if train_file:
+        files = {"train": Path(train_file), "validation": val_file and Path(val_file), "test": test_file and Path(test_file)}
+        files = {split: path for split, path in files.items() if path}
+        text_column, label_column = text_column or "text", label_column or "label"
+        raw = {split: read_table(path, text_column, label_column) for split, path in files.items()}
+        sources = {split: str(path) for split, path in files.items()}
+    elif dataset == "synthetic":
+        raw, sources = synthetic(seed=seed), {"all": "synthetic"}
+    elif dataset in REGISTRY:
+        spec = REGISTRY[dataset]
+        names, text_column, label_column = spec.label_names, text_column or spec.text_column, label_column or spec.label_column
+        folder = local_copy_dir(dataset, data_dir)
+        if folder is not None:
+            files = split_files(folder)
+            raw = {split: read_table(path, text_column, label_column) for split, path in files.items()}
+            sources = {split: str(path) for split, path in files.items()}
+        else:
+            raw, sources = load_from_hub(dataset, spec, text_column, label_column)
+    else:
+        raise DataError(f"unknown dataset {dataset!r}; registered: {', '.join(NAMES)} (or give train_file)")
+
+    raw = {split: drop_empty(*pair, where=sources[split]) for split, pair in raw.items()}
+    if "all" in raw:  # one file: train is split off below
+        raw["train"], sources["train"] = raw.pop("all"), sources.pop("all")
+    labels, label_names = encode_labels({s: pair[1] for s, pair in raw.items()}, sources, names)
+    texts = {split: pair[0] for split, pair in raw.items()}
+    if "validation" not in texts:
+        train_idx, val_idx = stratified_split(labels["train"], val_fraction, seed)
+        texts["validation"] = [texts["train"][i] for i in val_idx]
+        labels["validation"] = [labels["train"][i] for i in val_idx]
+        texts["train"] = [texts["train"][i] for i in train_idx]
+        labels["train"] = [labels["train"][i] for i in train_idx]
+    return Splits(texts, labels, label_names)
+
+
+def load_from_hub(name: str, spec: RegisteredDataset, text_column: str, label_column: str):
+    if spec.hub_id is None:
+        raise DataError(
+            f"dataset {name!r} has no hub copy: give data_dir=<folder with all.csv> or set {DATA_ROOT_ENV} to a folder holding {name}/"
+        )
+    import datasets
+
+    try:
+        hub = datasets.load_dataset(spec.hub_id)
+    except Exception as e:
+        raise DataError(
+            f"dataset {name!r}: no local copy (data_dir, or {DATA_ROOT_ENV}/{name}) and the hub ({spec.hub_id}) "
+            f"could not be reached: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from None
+    raw, sources = {}, {}
+    for split, hub_split in spec.hub_splits.items():
+        table = hub[hub_split]
+        for column in (text_column, label_column):
+            if column not in table.column_names:
+                raise DataError(f"{spec.hub_id}[{hub_split}]: no column {column!r}; columns found: {', '.join(table.column_names)}")
+        raw[split] = (table[text_column], table[label_column])
+        sources[split] = f"{spec.hub_id}[{hub_split}]"
+    return raw, sources

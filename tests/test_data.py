@@ -1,0 +1,176 @@
+"""Data sources, tokenizer and batching, on small files the tests write."""
+
+import json
+
+import pytest
+import torch
+
+from data.datamodule import BucketBatchSampler, TextDataModule
+from data.sources import DataError, load_splits, stratified_split
+from data.tokenizer import load_tokenizer, train_tokenizer
+
+POSITIVE = ["a great film", "wonderful and moving", "i loved it", "brilliant acting", "a joy to watch", "superb"]
+NEGATIVE = ["a dull mess", "boring and slow", "i hated it", "terrible acting", "a waste of time", "awful"]
+
+
+def rows(n=4):
+    return [(t, "pos") for t in POSITIVE * n] + [(t, "neg") for t in NEGATIVE * n]
+
+
+def write(path, rows, fmt=None, text="text", label="label"):
+    fmt = fmt or path.suffix.lstrip(".")
+    if fmt in ("csv", "tsv"):
+        sep = "," if fmt == "csv" else "\t"
+        lines = [f"{text}{sep}{label}"] + [f"{t}{sep}{y}" for t, y in rows]
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    elif fmt == "jsonl":
+        path.write_text("".join(json.dumps({text: t, label: y}) + "\n" for t, y in rows), encoding="utf-8")
+    elif fmt == "json":
+        path.write_text(json.dumps([{text: t, label: y} for t, y in rows]), encoding="utf-8")
+    elif fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({text: [t for t, _ in rows], label: [y for _, y in rows]}), path)
+    return path
+
+
+def splits_of(train_file, **kwargs):
+    args = dict(dataset="sst2", data_dir=None, val_file=None, test_file=None, text_column=None, label_column=None,
+                val_fraction=0.25, seed=0)
+    return load_splits(train_file=str(train_file), **{**args, **kwargs})
+
+
+@pytest.mark.parametrize("suffix", ["csv", "tsv", "jsonl", "json", "parquet"])
+def test_own_files_in_each_format(tmp_path, suffix):
+    path = write(tmp_path / f"train.{suffix}", rows())
+    splits = splits_of(path)
+    assert splits.label_names == ["neg", "pos"]  # string labels become sorted names
+    assert len(splits.texts["train"]) + len(splits.texts["validation"]) == 48
+    assert set(splits.labels["validation"]) == {0, 1}
+
+
+def test_integer_labels_stay_and_named_columns(tmp_path):
+    path = write(tmp_path / "t.csv", [(t, 1 if y == "pos" else 0) for t, y in rows()], text="review", label="y")
+    splits = splits_of(path, text_column="review", label_column="y")
+    assert splits.label_names == ["0", "1"]
+    index = splits.texts["train"].index("superb")
+    assert splits.labels["train"][index] == 1
+
+
+def test_stratified_split_is_deterministic_and_stratified():
+    labels = [0] * 80 + [1] * 20
+    train, val = stratified_split(labels, 0.1, seed=3)
+    assert stratified_split(labels, 0.1, seed=3) == (train, val)
+    assert stratified_split(labels, 0.1, seed=4) != (train, val)
+    assert sorted(labels[i] for i in val) == [0] * 8 + [1] * 2
+    assert set(train).isdisjoint(val) and len(train) + len(val) == 100
+
+
+def test_missing_file_and_missing_column_name_the_file(tmp_path):
+    with pytest.raises(DataError, match="nope.csv: file not found"):
+        splits_of(tmp_path / "nope.csv")
+    path = write(tmp_path / "t.csv", rows(), text="sentence")
+    with pytest.raises(DataError, match=r"t\.csv: no column 'text'; columns found: sentence, label"):
+        splits_of(path)
+
+
+def test_empty_texts_are_skipped_with_a_count(tmp_path, caplog):
+    path = write(tmp_path / "t.jsonl", rows() + [("   ", "pos"), ("", "neg")])
+    splits = splits_of(path)
+    assert len(splits.texts["train"]) + len(splits.texts["validation"]) == 48
+    assert "skipped 2 empty" in caplog.text
+    with pytest.raises(DataError, match="no non-empty texts"):
+        splits_of(write(tmp_path / "empty.jsonl", [(" ", "pos")]))
+
+
+def test_label_unseen_in_training_is_an_error(tmp_path):
+    train = write(tmp_path / "train.csv", rows())
+    val = write(tmp_path / "val.csv", [("so so", "meh"), ("great", "pos")])
+    with pytest.raises(DataError, match=r"val\.csv: label\(s\) meh not seen in training \(training labels: neg, pos\)"):
+        splits_of(train, val_file=str(val))
+
+
+def test_non_utf8_bytes_name_the_file(tmp_path):
+    path = tmp_path / "latin1.csv"
+    path.write_bytes("text,label\ncaf\xe9 au lait,pos\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1\.csv: not valid UTF-8 \(byte 14"):
+        splits_of(path)
+
+
+def test_unknown_dataset_and_bad_val_fraction(tmp_path):
+    with pytest.raises(DataError, match="unknown dataset 'sst3'"):
+        load_splits(dataset="sst3", data_dir=None, train_file=None, val_file=None, test_file=None,
+                    text_column=None, label_column=None, val_fraction=0.1, seed=0)
+    with pytest.raises(DataError, match="val_fraction"):
+        TextDataModule(val_fraction=1.5)
+
+
+def test_registered_dataset_without_hub_copy_says_so(monkeypatch):
+    monkeypatch.delenv("ATTENTION_DATA_ROOT", raising=False)
+    with pytest.raises(DataError, match="chnsenticorp_htl.*has no hub copy: give data_dir"):
+        load_splits(dataset="chnsenticorp_htl", data_dir=None, train_file=None, val_file=None, test_file=None,
+                    text_column=None, label_column=None, val_fraction=0.1, seed=0)
+
+
+def test_local_copy_of_a_registered_dataset(tmp_path, monkeypatch):
+    folder = tmp_path / "sst2"
+    folder.mkdir()
+    write(folder / "train.tsv", [(t, int(y == "pos")) for t, y in rows()], text="sentence")
+    write(folder / "validation.tsv", [("great", 1), ("awful", 0)], text="sentence")
+    monkeypatch.setenv("ATTENTION_DATA_ROOT", str(tmp_path))
+    splits = load_splits(dataset="sst2", data_dir=None, train_file=None, val_file=None, test_file=None,
+                         text_column=None, label_column=None, val_fraction=0.1, seed=0)
+    assert splits.label_names == ["negative", "positive"]
+    assert splits.texts["validation"] == ["great", "awful"] and splits.labels["validation"] == [1, 0]
+
+
+def test_tokenizer_round_trip_english_and_chinese():
+    texts = ["The movie was great, really great!", "a dull, boring film", "酒店的服务很好，房间干净。", "房间很小，服务差"]
+    tokenizer = load_tokenizer(train_tokenizer(texts * 3, vocab_size=200, max_length=32).to_str())
+    english = tokenizer.encode("the movie was great!")
+    assert "[UNK]" not in english.tokens
+    assert tokenizer.decode(english.ids) == "the movie was great!"
+    chinese = tokenizer.encode("服务很好")
+    assert chinese.tokens == ["服", "务", "很", "好"]  # one token per character, not one per sentence
+    assert tokenizer.decode(chinese.ids).replace(" ", "") == "服务很好"
+
+
+def test_very_long_text_is_truncated(tmp_path):
+    long_text = " ".join(["great"] * 100_000)
+    path = write(tmp_path / "t.csv", rows() + [(long_text, "pos")])
+    data = TextDataModule(train_file=str(path), max_length=16, vocab_size=100, cache_dir=str(tmp_path / "cache"))
+    assert max(max(data.split(s).lengths) for s in ("train", "validation")) == 16
+
+
+def test_encoded_once_then_cached(tmp_path, monkeypatch):
+    path = write(tmp_path / "t.csv", rows())
+    first = TextDataModule(train_file=str(path), vocab_size=100, cache_dir=str(tmp_path / "cache"))
+    assert first.label_names == ["neg", "pos"]
+    import data.datamodule
+
+    monkeypatch.setattr(data.datamodule, "load_splits", lambda **_: pytest.fail("data was read again"))
+    second = TextDataModule(train_file=str(path), vocab_size=100, cache_dir=str(tmp_path / "cache"), batch_size=3)
+    assert second.state["tokenizer"] == first.state["tokenizer"]
+    assert torch.equal(second.split("train").ids, first.split("train").ids)
+
+
+def test_batches_hold_ids_mask_labels_and_little_padding(tmp_path):
+    path = write(tmp_path / "t.csv", [(" ".join(["great"] * (1 + i % 20)), "pos" if i % 2 else "neg") for i in range(400)])
+    data = TextDataModule(train_file=str(path), vocab_size=100, batch_size=16, cache_dir=str(tmp_path / "cache"))
+    batches = list(data.train_dataloader())
+    assert len(batches) == len(data.train_dataloader())
+    batch = batches[0]
+    assert batch["input_ids"].dtype == torch.long and batch["labels"].shape == (len(batch["input_ids"]),)
+    assert torch.equal(batch["padding_mask"], batch["input_ids"] == 0)
+    real = sum((~b["padding_mask"]).sum().item() for b in batches)
+    total = sum(b["padding_mask"].numel() for b in batches)
+    assert real / total > 0.9  # bucketing: lengths 1..20 at random would give about 55%
+
+
+def test_bucket_sampler_shards_equally_across_ranks():
+    lengths = list(range(103))
+    ranks = [BucketBatchSampler(lengths, 10, shuffle=True, seed=1, rank=r, world_size=2).batches() for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) == 5
+    seen = [i for batches in ranks for batch in batches for i in batch]
+    assert len(seen) == len(set(seen))
