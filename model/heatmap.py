@@ -1,0 +1,152 @@
+"""Attention heatmaps: one example's weights as a grid of layers × heads, query rows × key columns, on 0-1.
+
+Headless by construction: figures are `matplotlib.figure.Figure` objects drawn by the Agg canvas, never pyplot,
+so nothing needs a display and nothing stays registered in pyplot's global figure list.
+Chinese (and other CJK) tokens are drawn with a CJK font when one is installed, as a per-glyph fallback after
+DejaVu Sans, so Latin text looks the same either way.
+"""
+
+import functools
+import logging
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib import font_manager, rc_context
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+log = logging.getLogger(__name__)
+
+# Family names of common CJK fonts, in order of preference, and the file names they ship under.
+CJK_FAMILY_HINTS = (
+    "Noto Sans CJK", "Noto Sans SC", "Source Han Sans", "WenQuanYi", "Droid Sans Fallback", "AR PL",
+    "SimHei", "Microsoft YaHei", "PingFang", "Hiragino Sans GB", "Heiti", "Noto Serif CJK",
+)
+CJK_FILE_HINTS = (
+    "notosanscjk", "notosanssc", "sourcehansans", "wqy", "droidsansfallback", "uming", "ukai",
+    "simhei", "msyh", "pingfang", "hiragino", "stheiti", "notoserifcjk",
+)
+CJK_CHARACTERS = re.compile("[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]")  # Han, kana, Hangul, full-width
+LABEL_FONT_SIZE = 7  # at 100+ dpi, the smallest size at which a Chinese character stays legible
+INCHES_PER_TOKEN = 0.15  # one label line at LABEL_FONT_SIZE points, with a little air
+MAX_LABEL_CHARACTERS = 14
+
+
+def _installed_cjk_family() -> str | None:
+    names = {entry.name for entry in font_manager.fontManager.ttflist}
+    for hint in CJK_FAMILY_HINTS:
+        for name in sorted(names):
+            if hint.lower() in name.lower() and "mono" not in name.lower():
+                return name
+    return None
+
+
+@functools.cache
+def find_cjk_font() -> str | None:
+    """The family name of an installed CJK font, or None.
+
+    Matplotlib's font list is cached on disk and misses fonts installed after the cache was built, so when the
+    list has none, system font files with a CJK-looking name are added to it (in memory only) and it is asked again.
+    """
+    family = _installed_cjk_family()
+    if family is None:
+        for path in font_manager.findSystemFonts():
+            if any(hint in Path(path).name.lower().replace("-", "").replace("_", "") for hint in CJK_FILE_HINTS):
+                try:
+                    font_manager.fontManager.addfont(path)
+                except (OSError, RuntimeError, ValueError):  # an unreadable or unsupported font file
+                    continue
+        family = _installed_cjk_family()
+    return family
+
+
+@functools.cache
+def _warn_no_cjk_font() -> None:
+    log.warning("no CJK font found; Chinese tokens in attention heatmaps will show as boxes "
+                "(install one, e.g. `apt-get install fonts-wqy-microhei`, see scripts/install_cjk_font.sh)")
+
+
+def font_families(texts) -> list[str]:
+    """DejaVu Sans, then the CJK font if there is one; warns once when CJK text is asked for and none exists."""
+    cjk = find_cjk_font()
+    if cjk is None:
+        if any(CJK_CHARACTERS.search(text) for text in texts):
+            _warn_no_cjk_font()
+        return ["DejaVu Sans"]
+    return ["DejaVu Sans", cjk]
+
+
+def shorten(token: str) -> str:
+    return token if len(token) <= MAX_LABEL_CHARACTERS else token[: MAX_LABEL_CHARACTERS - 1] + "…"
+
+
+def attention_figure(
+    weights,
+    tokens: list[str],
+    title: str | None = None,
+    max_tokens: int = 40,
+    key_padding_mask=None,
+) -> Figure:
+    """A grid of heatmaps, one per (layer, head), for a single example.
+
+    weights: (n_layers, H, L, L) tensor or array, query rows × key columns; (H, L, L) is read as one layer.
+    tokens: the L token strings. key_padding_mask: optional (L,) bool, True = padding; those rows, columns and
+    tokens are dropped first. Beyond max_tokens tokens, only the first max_tokens are drawn and the title says so.
+    """
+    weights = (weights if torch.is_tensor(weights) else torch.as_tensor(np.asarray(weights))).detach().float().cpu()
+    if weights.dim() == 3:
+        weights = weights[None]
+    if weights.dim() != 4 or weights.shape[-1] != weights.shape[-2]:
+        raise ValueError(f"weights must be (n_layers, H, L, L), got shape {tuple(weights.shape)}")
+    tokens = list(tokens)
+    if key_padding_mask is not None:
+        real = ~torch.as_tensor(key_padding_mask, dtype=torch.bool).cpu()
+        weights = weights[:, :, real][:, :, :, real]
+        tokens = [token for token, keep in zip(tokens, real.tolist()) if keep]
+    n_layers, n_heads, L, _ = weights.shape
+    if len(tokens) != L:
+        raise ValueError(f"{len(tokens)} tokens for attention over {L} positions")
+
+    shown = min(L, max_tokens)
+    weights, labels = weights[:, :, :shown, :shown].numpy(), [shorten(token) for token in tokens[:shown]]
+    heading = title or "attention weights"
+    if shown < L:
+        heading += f" (first {shown} of {L} tokens)"
+
+    # Each heatmap gets room for its cells plus its token labels on the left and below.
+    label_inches = 0.08 * max((len(label) for label in labels), default=1) + 0.4
+    cell_inches = max(1.6, INCHES_PER_TOKEN * shown)
+    size = (n_heads * (cell_inches + label_inches) + 1.0, n_layers * (cell_inches + label_inches + 0.3) + 0.6)
+    with rc_context({"font.family": font_families([heading, *labels]), "font.size": 8}):
+        fig = Figure(figsize=size, layout="constrained")
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(n_layers, n_heads, squeeze=False)
+        for layer in range(n_layers):
+            for head in range(n_heads):
+                ax = axes[layer, head]
+                image = ax.imshow(weights[layer, head], vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest")
+                ax.set_title(f"layer {layer} · head {head}", fontsize=8)
+                ax.set_xticks(range(shown), labels, rotation=90, fontsize=LABEL_FONT_SIZE)
+                ax.set_yticks(range(shown), labels, fontsize=LABEL_FONT_SIZE)
+                ax.tick_params(length=0, pad=1)
+        axes[-1, 0].set_xlabel("key", fontsize=8)
+        axes[-1, 0].set_ylabel("query", fontsize=8)
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=min(1.0, 0.9 / math.sqrt(n_layers)), label="weight")
+        fig.suptitle(heading, fontsize=10)
+    return fig
+
+
+def figure_to_array(fig: Figure) -> np.ndarray:
+    """(H, W, 3) uint8 RGB, e.g. for `SummaryWriter.add_image(tag, array, step, dataformats="HWC")`."""
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def save_png(fig: Figure, path, dpi: int = 150) -> Path:
+    path = Path(path)
+    fig.savefig(path, format="png", dpi=dpi)
+    return path

@@ -1,0 +1,212 @@
+"""Attention health figures and verdicts on constructed weights, and the recomputed scores against the layer."""
+
+import math
+
+import pytest
+import torch
+
+from model.classifier import AttentionClassifier
+from model.diagnostics import (
+    VERDICTS,
+    AttentionHealth,
+    HealthThresholds,
+    advice,
+    capture_attention,
+    normalized_entropy,
+    verdict_table_markdown,
+    warning_line,
+)
+
+B, H, L = 3, 2, 6
+
+
+def padding_mask(lengths, L=L):
+    return torch.arange(L)[None, :] >= torch.tensor(lengths)[:, None]  # (B, L), True = padding
+
+
+def blocked_pairs(mask, causal, L=L):
+    """Independent of the code under test: True where a query may not look at a key, (B, 1, L, L)."""
+    blocked = mask[:, None, None, :].clone() if mask is not None else torch.zeros(1, 1, 1, L, dtype=torch.bool)
+    if causal:
+        blocked = blocked | torch.ones(L, L, dtype=torch.bool).triu(1)
+    return blocked
+
+
+def masked_softmax(scores, mask, causal=False):
+    blocked = blocked_pairs(mask, causal, scores.shape[-1])
+    weights = scores.masked_fill(blocked, -math.inf).softmax(-1)
+    return weights.nan_to_num(0.0)  # rows with no key at all (padded queries under causal masks) become zeros
+
+
+def health_of(scores, mask=None, causal=False):
+    health = AttentionHealth()
+    health.update([masked_softmax(scores, mask, causal)], [scores], mask, causal=causal)
+    return health.compute()
+
+
+def only_verdict(figures):
+    (verdicts,) = figures.verdicts()
+    assert len(set(verdicts)) == 1, verdicts
+    return verdicts[0]
+
+
+def test_uniform_rows_are_over_uniform():
+    mask = padding_mask([6, 4, 2])
+    figures = health_of(torch.zeros(B, H, L, L), mask)
+    torch.testing.assert_close(figures.entropy, torch.ones(1, H))
+    assert only_verdict(figures) == "over-uniform"
+
+
+def test_one_key_standing_out_without_huge_spread_is_collapsed():
+    scores = torch.zeros(B, H, L, L)
+    scores[..., 0] = 8.0  # every query puts ~0.995 on the first key
+    figures = health_of(scores)
+    assert figures.max_weight.min() > 0.99
+    assert figures.score_std.max() < HealthThresholds().saturated_score_std
+    assert only_verdict(figures) == "collapsed"
+
+
+def test_huge_score_spread_is_saturated_not_collapsed():
+    torch.manual_seed(0)
+    scores = torch.randn(64, H, L, L) * 20.0  # what a missing 1/sqrt(d_k) does to a large head, exaggerated
+    figures = health_of(scores)
+    assert figures.entropy.max() < HealthThresholds().uniform_entropy
+    assert figures.score_std.min() > 15.0
+    assert only_verdict(figures) == "saturated"
+
+
+def test_moderate_random_scores_are_ok():
+    torch.manual_seed(0)
+    figures = health_of(torch.randn(64, H, L, L) * 2.0, padding_mask([6, 5, 3] * 21 + [4]))
+    assert only_verdict(figures) == "ok"
+
+
+def test_thresholds_change_the_verdict():
+    figures = health_of(torch.zeros(B, H, L, L))
+    assert only_verdict(figures) == "over-uniform"
+    assert set(figures.verdicts(HealthThresholds(uniform_entropy=1.01))[0]) == {"ok"}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_normalized_entropy_ignores_padding(causal):
+    torch.manual_seed(0)
+    n = 4
+    real_scores = torch.randn(B, H, n, n)
+    padded_scores = torch.randn(B, H, L, L) * 5.0  # padded rows and keys get arbitrary values
+    padded_scores[:, :, :n, :n] = real_scores
+    mask = padding_mask([n] * B)
+    real_weights = masked_softmax(real_scores, None, causal)
+    padded_weights = masked_softmax(padded_scores, mask, causal)
+    padded_weights[:, :, n:] = 1.0 / L  # a padded query's row must not count, whatever it holds
+
+    expected = normalized_entropy(real_weights, causal=causal)
+    torch.testing.assert_close(normalized_entropy(padded_weights, mask, causal), expected)
+    torch.testing.assert_close(health_of(padded_scores, mask, causal).entropy[0], expected)
+    assert not torch.allclose(normalized_entropy(padded_weights, None, causal), expected)
+
+
+def test_causal_rows_are_normalized_by_their_allowed_keys_and_single_key_rows_skipped():
+    figures = health_of(torch.zeros(B, H, L, L), causal=True)  # row i is uniform over its i + 1 keys
+    torch.testing.assert_close(figures.entropy, torch.ones(1, H))
+    assert figures.rows == B * (L - 1)  # the first query sees one key: no choice, not counted
+    torch.testing.assert_close(figures.max_weight, torch.full((1, H), sum(1 / k for k in range(2, L + 1)) / (L - 1)))
+
+
+def test_sequences_of_one_token_give_no_data():
+    figures = health_of(torch.randn(B, H, L, L), padding_mask([1, 1, 1]))
+    assert figures.rows == 0
+    assert only_verdict(figures) == "no-data"
+
+
+def test_two_batches_accumulate_exactly_like_one():
+    torch.manual_seed(0)
+    n_layers = 2
+    scores = [torch.randn(5, H, L, L) * 3 for _ in range(n_layers)]
+    mask = padding_mask([6, 2, 5, 3, 4])
+    weights = [masked_softmax(s, mask) for s in scores]
+
+    together = AttentionHealth()
+    together.update(weights, scores, mask)
+    apart = AttentionHealth()
+    apart.update([w[:1] for w in weights], [s[:1] for s in scores], mask[:1])  # uneven split: 1 + 4 examples
+    apart.update([w[1:] for w in weights], [s[1:] for s in scores], mask[1:])
+    one, two = together.compute(), apart.compute()
+    assert one.rows == two.rows == 6 + 2 + 5 + 3 + 4  # every real query sees two or more keys
+    for name in ("entropy", "max_weight", "score_std"):
+        torch.testing.assert_close(getattr(one, name), getattr(two, name))
+    # An average of the two batch averages would differ: the batches hold different numbers of rows.
+    first, second = AttentionHealth(), AttentionHealth()
+    first.update([w[:1] for w in weights], [s[:1] for s in scores], mask[:1])
+    second.update([w[1:] for w in weights], [s[1:] for s in scores], mask[1:])
+    averaged = (first.compute().entropy + second.compute().entropy) / 2
+    assert not torch.allclose(averaged, one.entropy)
+
+
+def test_score_std_is_the_spread_inside_rows():
+    # Every allowed row holds c and c + 2 (std 1) for a different c per row; softmax ignores c, so must the figure.
+    scores = torch.zeros(1, 1, 2, 2)
+    scores[0, 0, 0] = torch.tensor([-50.0, -48.0])
+    scores[0, 0, 1] = torch.tensor([30.0, 32.0])
+    figures = health_of(scores)
+    torch.testing.assert_close(figures.score_std, torch.ones(1, 1))
+
+
+def test_weight_sample_is_capped_and_drawn_from_counted_pairs():
+    torch.manual_seed(0)
+    mask = padding_mask([6, 4, 1])
+    scores = torch.randn(B, H, L, L)
+    weights = masked_softmax(scores, mask)
+    counted = ~blocked_pairs(mask, False) & ~mask[:, None, :, None]  # real query × real key
+    counted[2] = False  # the one-token example has no choice to make
+    everything = AttentionHealth(sample_size=10_000)
+    everything.update([weights], [scores], mask)
+    sample = everything.compute().weight_sample[0]  # (H, N)
+    for head in range(H):
+        expected = weights[:, head][counted[:, 0]].sort().values
+        torch.testing.assert_close(sample[head].sort().values, expected)
+
+    capped = AttentionHealth(sample_size=7)
+    capped.update([weights], [scores], mask)
+    capped.update([weights], [scores], mask)
+    assert capped.compute().weight_sample.shape == (1, H, 7)
+    assert (capped.compute().weight_sample > 0).all()  # blocked pairs (exact zeros here) never enter
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_recomputed_scores_reproduce_the_layer_weights(causal):
+    torch.manual_seed(0)
+    model = AttentionClassifier(vocab_size=20, num_classes=3, d_model=16, n_heads=2, n_layers=2, causal=causal).eval()
+    token_ids = torch.tensor([[5, 6, 7, 8, 9], [3, 4, 0, 0, 0], [7, 0, 0, 0, 0]])
+    mask = token_ids == 0
+
+    captured = capture_attention(model, token_ids, mask)
+    assert captured.causal == causal and len(captured.scores) == 2
+    for scores, weights in zip(captured.scores, captured.weights):
+        assert scores.shape == (3, 2, 5, 5)
+        expected = masked_softmax(scores, mask, causal).masked_fill(mask[:, None, :, None], 0.0)
+        reference = weights.masked_fill(mask[:, None, :, None], 0.0)  # padded queries' rows are not compared
+        torch.testing.assert_close(expected, reference)
+    torch.testing.assert_close(captured.logits, model(token_ids, mask).logits)
+    assert all(not block.attention._forward_hooks for block in model.blocks)  # hooks are removed afterwards
+
+
+def test_warning_line_names_layer_head_figure_and_advice():
+    torch.manual_seed(0)
+    weights = [masked_softmax(torch.zeros(B, H, L, L), None), masked_softmax(torch.randn(B, H, L, L) * 40, None)]
+    scores = [torch.zeros(B, H, L, L), torch.randn(B, H, L, L) * 40]
+    health = AttentionHealth()
+    health.update(weights, scores)
+    figures = health.compute()
+    assert figures.verdicts() == [["over-uniform"] * H, ["saturated"] * H]
+
+    line = warning_line(1, 0, "saturated", figures)
+    assert "layer 1 head 0" in line and "saturated" in line and advice("saturated") in line
+    assert f"score std {figures.score_std[1, 0]:.2f}" in line
+    assert "sqrt(d_k)" in advice("saturated") and "sqrt(d_k)" in advice("over-uniform")
+    assert all(advice(name) for name in VERDICTS)
+
+    table = verdict_table_markdown(figures).splitlines()
+    assert table[0] == "| layer | head | entropy | max weight | score std | verdict |"
+    assert len(table) == 2 + 2 * H
+    assert table[2].startswith("| 0 | 0 | 1.000 |") and table[2].endswith("| over-uniform |")
+    assert table[-1].startswith(f"| 1 | {H - 1} |") and table[-1].endswith("| saturated |")
