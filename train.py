@@ -8,13 +8,14 @@
 """
 
 import logging
+import sys
+from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.loggers import TensorBoardLogger
 
-from data import TextDataModule
+from data import DataError, TextDataModule
 from model.lightning_module import ClassifierModule
 
 
@@ -25,16 +26,36 @@ class CLI(LightningCLI):
         parser.link_arguments("data.num_tokens", "model.vocab_size", apply_on="instantiate")
         parser.link_arguments("data.label_names", "model.label_names", apply_on="instantiate")
 
+    def before_instantiate_classes(self):
+        # `--ckpt_path last` resumes the newest run: log into that run's version so its last.ckpt is found.
+        config = self.config.get(self.subcommand, {})
+        if config.get("ckpt_path") == "last":
+            logger = config["trainer"]["logger"]
+            if isinstance(logger, dict) or hasattr(logger, "init_args"):
+                args = logger["init_args"]
+                runs = Path(args.get("save_dir") or ".") / (args.get("name") or "lightning_logs")
+                resumable = sorted(runs.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+                if resumable and args.get("version") is None:
+                    args["version"] = resumable[-1].parent.parent.name
+
 
 def main(args=None):
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     torch.set_float32_matmul_precision("high")
+    try:
+        return cli(args)
+    except DataError as e:  # bad input: one line naming the file and what is wrong, no traceback
+        sys.exit(f"error: {e}")
+
+
+def cli(args=None):
     return CLI(
         ClassifierModule,
         TextDataModule,
         seed_everything_default=0,
         save_config_kwargs={"overwrite": True},
         trainer_defaults={
+            "use_distributed_sampler": False,  # BucketBatchSampler shards batches across processes itself
             "logger": {
                 "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
                 "init_args": {"save_dir": ".", "name": "lightning_logs", "default_hp_metric": False},

@@ -1,0 +1,91 @@
+"""End to end through train.py: learning, checkpoints, resuming, bad input, DDP on CPU."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import train
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+
+
+def fit(tmp_path, *extra):
+    args = ["fit", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
+            "--trainer.logger.init_args.save_dir", str(tmp_path), *QUIET, *extra]
+    return train.main(args)
+
+
+def run_script(tmp_path, *args):
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("smoke")
+    cli = fit(tmp_path)
+    return tmp_path, cli
+
+
+def test_smoke_config_learns_the_synthetic_task(smoke_run):
+    _, cli = smoke_run
+    assert cli.trainer.callback_metrics["val/acc"] > 0.9
+
+
+def test_checkpoints_best_and_last_load_without_running_code(smoke_run):
+    tmp_path, cli = smoke_run
+    checkpoints = sorted((tmp_path / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt"))
+    names = [p.name for p in checkpoints]
+    assert "last.ckpt" in names and any(n.startswith("best-") for n in names)
+    for path in checkpoints:
+        checkpoint = torch.load(path, weights_only=True, map_location="cpu")
+        state = checkpoint["TextDataModule"]  # self-contained: tokenizer and label names travel with the weights
+        assert state["label_names"] == ["0", "1"] and '"WordPiece"' in state["tokenizer"]
+        assert checkpoint["hyper_parameters"]["label_names"] == ["0", "1"]
+
+
+def test_model_vocabulary_and_classes_come_from_the_data(smoke_run):
+    _, cli = smoke_run
+    assert cli.model.hparams.vocab_size == cli.datamodule.tokenizer.get_vocab_size()
+    assert cli.model.model.head.out_features == 2
+
+
+def test_resume_from_last_continues_the_step_count(tmp_path):
+    fit(tmp_path, "--trainer.max_epochs", "1")
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    steps_after_one_epoch = torch.load(last, weights_only=True)["global_step"]
+    cli = fit(tmp_path, "--trainer.max_epochs", "2", "--ckpt_path", "last")
+    assert cli.trainer.global_step == 2 * steps_after_one_epoch
+    assert torch.load(last, weights_only=True)["global_step"] == 2 * steps_after_one_epoch
+    assert not (tmp_path / "lightning_logs" / "version_1").exists()  # the same run went on
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--data.train_file", "missing.csv"], "error: missing.csv: file not found"),
+        (["--data.dataset", "sst3"], "error: unknown dataset 'sst3'"),
+        (["--data.val_fraction", "0"], "error: val_fraction must be between 0 and 1"),
+    ],
+)
+def test_bad_input_gives_one_line_error_and_nonzero_exit(tmp_path, args, message):
+    result = run_script(tmp_path, "fit", "--config", SMOKE, *args)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_ddp_on_two_cpu_processes(tmp_path):
+    result = run_script(
+        tmp_path, "fit", "--config", SMOKE, *QUIET, "--trainer.max_epochs", "2", "--trainer.accelerator", "cpu",
+        "--trainer.strategy", "ddp", "--trainer.devices", "2",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoint = torch.load(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+    steps_per_epoch_one_process = -(-3600 // 64)  # 4000 synthetic texts, 10% held out, batch 64
+    assert checkpoint["global_step"] == 2 * (steps_per_epoch_one_process // 2)  # each rank took half the batches
