@@ -23,7 +23,7 @@ class CLI(LightningCLI):
     def add_arguments_to_parser(self, parser):
         # Sizes the data decides travel to the model; the user never types them twice.
         parser.link_arguments("data.max_length", "model.max_length")
-        parser.link_arguments("data.num_tokens", "model.vocab_size", apply_on="instantiate")
+        parser.link_arguments("data.vocab_size", "model.vocab_size")  # the tokenizer never exceeds it
         parser.link_arguments("data.label_names", "model.label_names", apply_on="instantiate")
 
     def before_instantiate_classes(self):

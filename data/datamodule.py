@@ -20,7 +20,7 @@ from data.sources import DataError, load_splits, local_copy_dir
 from data.tokenizer import KINDS, load_tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # bump when tokenization changes
 
 
 class EncodedSplit(Dataset):
@@ -119,7 +119,7 @@ class TextDataModule(L.LightningDataModule):
             val_fraction: share of train held out for validation when there is no validation split (0 < f < 1).
             max_length: longer texts are truncated to this many tokens.
             batch_size: texts per batch; batches are bucketed by length and padded per batch.
-            vocab_size: size of the tokenizer trained on the training split.
+            vocab_size: most tokens the tokenizer trained on the training split may have (fewer if the text has fewer).
             tokenizer: "wordpiece" (sub-words, the default) or "word" (whole words).
             num_workers: DataLoader worker processes.
             seed: seeds the validation split and the batch order.
@@ -140,10 +140,6 @@ class TextDataModule(L.LightningDataModule):
     @property
     def label_names(self) -> list[str]:
         return self.state["label_names"]
-
-    @property
-    def num_tokens(self) -> int:
-        return self.tokenizer.get_vocab_size()
 
     @property
     def tokenizer(self):

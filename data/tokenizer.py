@@ -13,7 +13,11 @@ KINDS = ("wordpiece", "word")
 def train_tokenizer(texts: list[str], *, vocab_size: int, max_length: int, kind: str = "wordpiece") -> Tokenizer:
     if kind == "wordpiece":
         tokenizer = Tokenizer(models.WordPiece(unk_token=UNK))
-        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=[PAD, UNK], show_progress=False)
+        # limit_alphabet: the characters seen are kept whole otherwise, and a Chinese corpus has thousands,
+        # which would push the vocabulary past vocab_size (the model's embedding has exactly vocab_size rows).
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size, special_tokens=[PAD, UNK], limit_alphabet=max(1, vocab_size // 2), show_progress=False
+        )
         tokenizer.decoder = decoders.WordPiece()
     elif kind == "word":  # whole words; unseen words become [UNK]
         tokenizer = Tokenizer(models.WordLevel(unk_token=UNK))
@@ -24,6 +28,7 @@ def train_tokenizer(texts: list[str], *, vocab_size: int, max_length: int, kind:
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.train_from_iterator(texts, trainer)
     tokenizer.enable_truncation(max_length)
+    assert tokenizer.get_vocab_size() <= vocab_size, "the tokenizer outgrew vocab_size"
     return tokenizer
 
 

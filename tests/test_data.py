@@ -174,3 +174,10 @@ def test_bucket_sampler_shards_equally_across_ranks():
     assert len(ranks[0]) == len(ranks[1]) == 5
     seen = [i for batches in ranks for batch in batches for i in batch]
     assert len(seen) == len(set(seen))
+
+
+def test_tokenizer_never_outgrows_vocab_size_even_with_many_characters():
+    texts = ["".join(chr(0x4E00 + (i * 7 + j) % 3000) for j in range(20)) for i in range(400)]  # ~3000 distinct CJK
+    tokenizer = train_tokenizer(texts, vocab_size=500, max_length=32)
+    assert tokenizer.get_vocab_size() <= 500
+    assert tokenizer.token_to_id("[PAD]") == 0 and tokenizer.token_to_id("[UNK]") == 1

@@ -1,5 +1,6 @@
 """End to end through train.py: learning, checkpoints, resuming, bad input, DDP on CPU."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +51,7 @@ def test_checkpoints_best_and_last_load_without_running_code(smoke_run):
 
 def test_model_vocabulary_and_classes_come_from_the_data(smoke_run):
     _, cli = smoke_run
-    assert cli.model.hparams.vocab_size == cli.datamodule.tokenizer.get_vocab_size()
+    assert cli.model.hparams.vocab_size == cli.datamodule.hparams.vocab_size >= cli.datamodule.tokenizer.get_vocab_size()
     assert cli.model.model.head.out_features == 2
 
 
@@ -89,3 +90,14 @@ def test_ddp_on_two_cpu_processes(tmp_path):
     checkpoint = torch.load(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
     steps_per_epoch_one_process = -(-3600 // 64)  # 4000 synthetic texts, 10% held out, batch 64
     assert checkpoint["global_step"] == 2 * (steps_per_epoch_one_process // 2)  # each rank took half the batches
+
+
+def test_no_offline_copy_and_no_network_says_what_to_do(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "ATTENTION_DATA_ROOT"}
+    env["HF_HUB_OFFLINE"] = "1"  # what an unreachable hub looks like, without waiting for network time-outs
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "fit", "--config", SMOKE, "--data.dataset", "ag_news"],
+        cwd=tmp_path, capture_output=True, text=True, env=env,
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "error: dataset 'ag_news': no local copy (data_dir, or ATTENTION_DATA_ROOT/ag_news)" in result.stderr
