@@ -71,6 +71,23 @@ class MultiHeadSelfAttention(nn.Module):
         out = self.dropout(weights) @ v  # (B, H, L, d)
         return self.w_o(self.merge_heads(out)), weights
 
+    def forward_packed(self, x: torch.Tensor, key_padding_mask: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        """The fused path on real tokens only, for callers that keep padding out: x (N, D) holds the N real tokens
+        of a (B, L) batch in row-major order, key_padding_mask (B, L) marks padding. Returns (N, D).
+
+        Projections skip the padding; only the attention core sees the (B, L) grid, with zeros at padded places.
+        Equal to forward() at the real tokens, outputs and gradients (tests/test_attention.py).
+        """
+        B, L = key_padding_mask.shape
+        real = ~key_padding_mask.bool()  # (B, L)
+        # One scatter onto the grid for q, k and v together: on a CPU, writing the padded grid costs more than
+        # the projections do.
+        qkv = unpack(torch.cat([self.w_q(x), self.w_k(x), self.w_v(x)], dim=-1), real)  # (B, L, 3·H·d)
+        q, k, v = qkv.view(B, L, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)  # each (B, H, L, d)
+        blocked = attention_mask(key_padding_mask, causal, L, x.device)  # (B, 1, L, L) or (B, 1, 1, L)
+        out = fused_attention(q, k, v, blocked, self.scale, self.dropout.p if self.training else 0.0)  # (B, H, L, d)
+        return self.w_o(out.transpose(1, 2)[real].flatten(1))  # (N, H·d) → (N, D)
+
     def split_heads(self, t: torch.Tensor) -> torch.Tensor:
         B, L, _ = t.shape
         return t.view(B, L, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, L, d)
@@ -91,6 +108,13 @@ def attention_mask(
         future = torch.ones(L, L, dtype=torch.bool, device=device).triu(diagonal=1)  # (L, L): keys after the query
         blocked = future[None, None] if blocked is None else blocked | future
     return blocked
+
+
+def unpack(t: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """(N, C) real tokens → (B, L, C) with zeros at padding; real (B, L) bool marks the N real places."""
+    grid = t.new_zeros(*real.shape, t.shape[-1])
+    grid[real] = t
+    return grid
 
 
 def fused_attention(q, k, v, blocked, scale: float, dropout_p: float) -> torch.Tensor:

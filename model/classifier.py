@@ -5,7 +5,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from model.attention import MultiHeadSelfAttention
+from model.attention import MultiHeadSelfAttention, unpack
 
 POOLINGS = ("mean", "max", "first", "attention")
 
@@ -30,8 +30,12 @@ class Block(nn.Module):
             self.norm2 = nn.LayerNorm(d_model)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x, key_padding_mask, causal, need_weights):
-        attended, weights = self.attention(x, key_padding_mask, causal=causal, need_weights=need_weights)
+    def forward(self, x, key_padding_mask, causal, need_weights, packed=False):
+        """x (B, L, D), or (N, D) real tokens only when packed. Everything but attention is per token."""
+        if packed:
+            attended, weights = self.attention.forward_packed(x, key_padding_mask, causal=causal), None
+        else:
+            attended, weights = self.attention(x, key_padding_mask, causal=causal, need_weights=need_weights)
         x = self.norm1(x + self.dropout(attended))
         if self.ffn is not None:
             x = self.norm2(x + self.dropout(self.ffn(x)))
@@ -68,6 +72,7 @@ class AttentionClassifier(nn.Module):
         dropout: float = 0.1,
         embedding_dropout: float = 0.1,
         attention_dropout: float = 0.0,
+        head_dropout: float = 0.0,
         pooling: str = "mean",
         bias: bool = False,
         scale: float | None = None,
@@ -89,6 +94,7 @@ class AttentionClassifier(nn.Module):
             for _ in range(n_layers)
         )
         self.attention_pool = AttentionPooling(d_model) if pooling == "attention" else None
+        self.head_dropout = nn.Dropout(head_dropout)
         self.head = nn.Linear(d_model, num_classes)
 
     def forward(
@@ -99,12 +105,24 @@ class AttentionClassifier(nn.Module):
         if L > self.max_length:
             raise ValueError(f"sequence length {L} exceeds max_length {self.max_length}")
         positions = torch.arange(L, device=token_ids.device)
-        x = self.embedding_dropout(self.token_embedding(token_ids) + self.position_embedding(positions))  # (B, L, D)
+        # Without weights to hand out, padding is left out of every per-token step (embedding, projections,
+        # feed-forward, LayerNorm, dropout): only the N real tokens travel, and attention alone sees the (B, L)
+        # grid. With short sentences padded to a long one that is most of the work; tests prove it equal.
+        packed = key_padding_mask is not None and not need_weights
+        if packed:
+            real = ~key_padding_mask.bool()  # (B, L)
+            x = self.token_embedding(token_ids[real]) + self.position_embedding(positions.expand(B, L)[real])  # (N, D)
+        else:
+            x = self.token_embedding(token_ids) + self.position_embedding(positions)  # (B, L, D)
+        x = self.embedding_dropout(x)
         attention = []
         for block in self.blocks:
-            x, weights = block(x, key_padding_mask, self.causal, need_weights)
+            x, weights = block(x, key_padding_mask, self.causal, need_weights, packed)
             attention.append(weights)
-        return ClassifierOutput(self.head(self.pool(x, key_padding_mask)), tuple(attention) if need_weights else None)
+        if packed:
+            x = unpack(x, real)  # (B, L, D), zeros at padding, which pooling ignores
+        sentence = self.head_dropout(self.pool(x, key_padding_mask))  # (B, D)
+        return ClassifierOutput(self.head(sentence), tuple(attention) if need_weights else None)
 
     def pool(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
         """(B, L, D) → (B, D), looking at real tokens only."""

@@ -193,3 +193,22 @@ def test_attention_dropout_only_in_training():
     torch.testing.assert_close(layer(x)[0], layer(x)[0])
     layer.train()
     assert not torch.allclose(layer(x)[0], layer(x)[0])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("left_padding", [False, True])
+def test_packed_path_equals_reference_path_at_real_tokens(causal, left_padding):
+    layer = make_layer(bias=True)
+    mask = padding_mask([7, 5, 2])
+    if left_padding:
+        mask = mask.flip(-1)
+    x = torch.randn(B, L, D, requires_grad=True)
+    reference, _ = layer(x, key_padding_mask=mask, causal=causal, need_weights=True)
+    reference = reference[~mask]  # (N, D): padded places are nobody's output
+    packed = layer.forward_packed(x[~mask], mask, causal=causal)
+    torch.testing.assert_close(packed, reference, atol=1e-5, rtol=1e-5)
+    target = torch.randn_like(reference)
+    grads_reference = torch.autograd.grad((reference * target).sum(), [x, *layer.parameters()])
+    grads_packed = torch.autograd.grad((packed * target).sum(), [x, *layer.parameters()])
+    for got, expected in zip(grads_packed, grads_reference):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)

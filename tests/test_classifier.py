@@ -52,3 +52,31 @@ def test_a_few_steps_drive_the_loss_down(pooling):
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < 0.1 * losses[0]
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_path_equals_reference_path(pooling, causal):
+    """need_weights=False leaves padding out of every per-token step; logits and gradients must not change."""
+    torch.manual_seed(0)
+    model = AttentionClassifier(
+        vocab_size=20, num_classes=3, d_model=16, n_heads=2, n_layers=2, d_ff=32, pooling=pooling, causal=causal,
+        bias=True, dropout=0.0, embedding_dropout=0.0,
+    )
+    token_ids, mask = tiny_batch()
+    reference = model(token_ids, mask, need_weights=True).logits  # the explicit path, padding computed throughout
+    packed = model(token_ids, mask, need_weights=False).logits
+    torch.testing.assert_close(packed, reference, atol=1e-5, rtol=1e-5)
+    parameters = list(model.parameters())
+    target = torch.randn_like(reference)
+    grads_reference = torch.autograd.grad((reference * target).sum(), parameters)
+    grads_packed = torch.autograd.grad((packed * target).sum(), parameters)
+    for got, expected in zip(grads_packed, grads_reference):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_packed_path_gives_finite_logits_for_an_all_padding_sequence():
+    model = AttentionClassifier(vocab_size=20, num_classes=2, d_model=16, n_heads=2, d_ff=32)
+    token_ids = torch.tensor([[3, 4, 5], [0, 0, 0]])
+    logits = model(token_ids, token_ids == 0).logits
+    assert torch.isfinite(logits).all()
