@@ -26,6 +26,7 @@ class ClassifierModule(L.LightningModule):
         dropout: float = 0.1,
         embedding_dropout: float = 0.1,
         attention_dropout: float = 0.0,
+        head_dropout: float = 0.0,
         pooling: str = "mean",
         bias: bool = False,
         scale: float | None = None,
@@ -48,6 +49,7 @@ class ClassifierModule(L.LightningModule):
             dropout: after attention and feed-forward, before each residual add.
             embedding_dropout: on token + position embeddings.
             attention_dropout: on the attention weights.
+            head_dropout: on the pooled sentence vector, before the linear head.
             pooling: how token vectors become one sentence vector: mean, max, first or attention.
             bias: biases in W_Q, W_K, W_V, W_O (the textbook formula has none).
             scale: multiplies Q·Kᵀ; default 1/sqrt(d_head). Try 1.0 or 0.01 to see attention break.
@@ -65,7 +67,7 @@ class ClassifierModule(L.LightningModule):
         self.model = AttentionClassifier(
             vocab_size=vocab_size, num_classes=num_classes, d_model=d_model, n_heads=n_heads, d_head=d_head,
             n_layers=n_layers, d_ff=d_ff, max_length=max_length, dropout=dropout, embedding_dropout=embedding_dropout,
-            attention_dropout=attention_dropout, pooling=pooling, bias=bias, scale=scale, causal=causal,
+            attention_dropout=attention_dropout, head_dropout=head_dropout, pooling=pooling, bias=bias, scale=scale, causal=causal,
         )
         metrics = MetricCollection(
             {"acc": MulticlassAccuracy(num_classes, average="micro"), "f1": MulticlassF1Score(num_classes, average="macro")}
