@@ -1,0 +1,153 @@
+"""How fast predictions are: batch throughput, single-text latency, and predict.py start-up.
+
+    python bench/predict_speed.py                    # a model shaped like configs/sst2.yaml, random weights
+    python bench/predict_speed.py --ckpt last.ckpt   # a trained checkpoint instead
+    python bench/predict_speed.py --smoke            # a few seconds: only checks that the bench runs
+
+Texts are the 872 SST-2 validation sentences when $ATTENTION_DATA_ROOT/sst2/validation.tsv exists (else
+synthetic sentences of SST-2-like lengths). Without --ckpt, a checkpoint laid out as train.py writes it is built:
+a word-piece tokenizer trained on those sentences and an AttentionClassifier with random weights (speed does not
+depend on the weights). Throughput and latency go through `TextClassifier.predict`, tokenization included, with
+torch's default thread count; start-up is the wall time of a whole `python predict.py --ckpt ... TEXT` process.
+The last line of stdout is one JSON object with every figure.
+"""
+
+import argparse
+import csv
+import json
+import logging
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import yaml
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from model import AttentionClassifier, TextClassifier
+
+log = logging.getLogger("bench.predict_speed")
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "configs" / "sst2.yaml"
+
+
+def sst2_sentences() -> list[str]:
+    root = os.environ.get("ATTENTION_DATA_ROOT", str(ROOT.parent / "shared" / "data"))
+    path = Path(root) / "sst2" / "validation.tsv"
+    if path.exists():
+        with open(path, newline="", encoding="utf-8") as f:
+            sentences = [row["sentence"].strip() for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
+        log.info("texts: %d SST-2 validation sentences from %s", len(sentences), path)
+        return sentences
+    rng = random.Random(0)
+    words = [f"word{i}" for i in range(2000)]
+    sentences = [" ".join(rng.choices(words, k=max(1, int(rng.lognormvariate(2.2, 0.7))))) for _ in range(872)]
+    log.info("texts: %d synthetic sentences (no %s)", len(sentences), path)
+    return sentences
+
+
+def train_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> Tokenizer:
+    """The same recipe as data/tokenizer.py (that module's package imports Lightning, which a bench need not load)."""
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True, handle_chinese_chars=True, strip_accents=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=["[PAD]", "[UNK]"], show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.enable_truncation(max_length)
+    return tokenizer
+
+
+def random_checkpoint(path: Path, texts: list[str], smoke: bool) -> Path:
+    """A checkpoint as train.py lays it out, for a network shaped like configs/sst2.yaml (tiny with smoke)."""
+    config = yaml.safe_load(CONFIG.read_text())
+    max_length, vocab_size = config["data"]["max_length"], config["data"]["vocab_size"]
+    shape = {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 0} if smoke else config["model"]
+    tokenizer = train_tokenizer(texts, vocab_size, max_length)
+    label_names = ["negative", "positive"]
+    hyper_parameters = {
+        key: value for key, value in shape.items() if key in ("d_model", "n_heads", "n_layers", "d_ff", "dropout")
+    }
+    hyper_parameters.update(vocab_size=tokenizer.get_vocab_size(), max_length=max_length, label_names=label_names)
+    torch.manual_seed(0)
+    sizes = {key: value for key, value in hyper_parameters.items() if key != "label_names"}
+    network = AttentionClassifier(num_classes=len(label_names), **sizes)
+    torch.save(
+        {
+            "state_dict": {f"model.{key}": value for key, value in network.state_dict().items()},
+            "hyper_parameters": hyper_parameters,
+            "TextDataModule": {"tokenizer": tokenizer.to_str(), "label_names": label_names, "max_length": max_length},
+        },
+        path,
+    )
+    log.info("random-weight checkpoint %s: %s", path, hyper_parameters | {"label_names": label_names})
+    return path
+
+
+def timed(function) -> float:
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ckpt", help="a trained checkpoint (default: random weights, shaped like configs/sst2.yaml)")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=5, help="timed passes over all texts; the median is reported")
+    parser.add_argument("--latency-calls", type=int, default=100)
+    parser.add_argument("--startup-runs", type=int, default=5)
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice, one per core)")
+    parser.add_argument("--smoke", action="store_true", help="tiny model, few repeats: checks that the bench runs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.repeats, args.latency_calls, args.startup_runs = 1, 5, 1
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    texts = sst2_sentences()
+    with tempfile.TemporaryDirectory() as folder:
+        ckpt = Path(args.ckpt) if args.ckpt else random_checkpoint(Path(folder) / "random.ckpt", texts, args.smoke)
+        classifier = TextClassifier.from_checkpoint(ckpt, device="cpu")
+        classifier.predict(texts, batch_size=args.batch_size)  # warm-up
+        seconds = statistics.median(
+            timed(lambda: classifier.predict(texts, batch_size=args.batch_size)) for _ in range(args.repeats)
+        )
+        # One text of median length, as a single user request would be.
+        single = sorted(texts, key=len)[len(texts) // 2]
+        for _ in range(5):
+            classifier.predict([single])
+        latency = statistics.median(timed(lambda: classifier.predict([single])) for _ in range(args.latency_calls))
+        command = [sys.executable, str(ROOT / "predict.py"), "--ckpt", str(ckpt), "--device", "cpu", single]
+        startup = statistics.median(
+            timed(lambda: subprocess.run(command, check=True, capture_output=True)) for _ in range(args.startup_runs)
+        )
+
+    figures = {
+        "texts": len(texts),
+        "batch_size": args.batch_size,
+        "torch_threads": torch.get_num_threads(),
+        "sentences_per_s": round(len(texts) / seconds, 1),
+        "single_text_latency_ms": round(latency * 1000, 2),
+        "predict_py_startup_s": round(startup, 3),
+        "load_average_1min": round(os.getloadavg()[0], 2),  # other work on the machine slows every figure
+    }
+    print(f"batch inference:     {figures['sentences_per_s']:10.1f} sentences/s  ({len(texts)} texts, batch "
+          f"{args.batch_size}, {figures['torch_threads']} torch threads, median of {args.repeats})")
+    print(f"single-text latency: {figures['single_text_latency_ms']:10.2f} ms  "
+          f"(median of {args.latency_calls} warm calls)")
+    print(f"predict.py start-up: {figures['predict_py_startup_s']:10.3f} s   (one text, whole process, "
+          f"median of {args.startup_runs})")
+    print(f"load average (1 min): {figures['load_average_1min']:9.2f}   on {os.cpu_count()} CPUs")
+    print(json.dumps(figures))
+    return figures
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Predictions from a checkpoint, without Lightning: texts in → labels, probabilities and (on request) attention.
+
+    from model import TextClassifier
+    classifier = TextClassifier.from_checkpoint("lightning_logs/version_0/checkpoints/last.ckpt")
+    classifier.predict(["a charming and affecting journey"])[0].label
+
+A checkpoint is self-contained: the network's sizes (hyper_parameters), its weights (state_dict, keys prefixed
+"model."), and the tokenizer and label names the DataModule saved under "TextDataModule". It is read with
+`torch.load(weights_only=True)` only, so a file from a stranger cannot run code; anything that is not such a
+checkpoint raises CheckpointError with one line naming the file and what is wrong.
+"""
+
+import inspect
+import pickle
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from model.classifier import AttentionClassifier
+
+PAD_ID, UNK_ID = 0, 1  # data/tokenizer.py; importing it would import Lightning through data/__init__.py
+# The network's constructor arguments that travel in hyper_parameters (num_classes comes from label_names).
+NETWORK_ARGUMENTS = set(inspect.signature(AttentionClassifier).parameters) - {"num_classes", "padding_idx"}
+
+
+class CheckpointError(ValueError):
+    """The file is missing, unreadable, unsafe, or not a checkpoint of this project."""
+
+
+@dataclass
+class Prediction:
+    text: str
+    label: str
+    probabilities: dict[str, float]  # label name → probability; label order, or the top k most likely first
+    tokens: list[str] | None = None  # the tokens the model saw, when attention was asked for
+    attention: torch.Tensor | None = None  # (n_layers, H, n, n) over those n tokens, when asked for
+    truncated_from: int | None = None  # the text's length in tokens when it was cut to max_length, else None
+
+    def to_dict(self, all_heads: bool = False, decimals: int = 6) -> dict:
+        """JSON-ready; attention is averaged over heads unless all_heads, and rounded to `decimals`."""
+        out = {"text": self.text, "label": self.label, "probabilities": self.probabilities}
+        if self.tokens is not None:
+            out["tokens"] = self.tokens
+        if self.attention is not None:
+            weights = self.attention if all_heads else self.attention.mean(dim=1)  # (n_layers, [H,] n, n)
+            out["attention"] = weights.double().round(decimals=decimals).tolist()  # double: no float32 digits noise
+        if self.truncated_from is not None:
+            out["truncated_from"] = self.truncated_from
+        return out
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda asked for, but CUDA is not available on this machine (use --device cpu or auto)")
+    return device
+
+
+def read_checkpoint(path) -> dict:
+    """The checkpoint dict, read safely; CheckpointError (one line, naming the file) on anything else."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: file not found")
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
+    with open(path, "rb") as file:
+        head = file.read(4)
+    if not head:
+        raise CheckpointError(f"{path}: empty file, not a checkpoint")
+    if head == b"PK\x03\x04" and not zipfile.is_zipfile(path):  # torch.save writes a zip archive
+        raise CheckpointError(f"{path}: truncated or damaged: the archive has no end (central directory)")
+    try:
+        # map_location="cpu": a checkpoint saved on a GPU loads on a machine without one; moved to the device later.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # weights_only refuses anything but tensors and plain data; torch's message names what it refused.
+        details = [line.strip() for line in str(e).splitlines() if line.strip()]
+        refused = next((line for line in details if "GLOBAL" in line or "global" in line), None)
+        if refused:
+            raise CheckpointError(
+                f"{path}: refused to load: it holds objects other than tensors and plain data, "
+                f"which could run code ({refused})"
+            ) from e
+        reason = next((line for line in details if line.startswith("Unsupported")), details[-1] if details else "")
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint (corrupt?): {reason}") from e
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint (truncated or corrupt?): {reason}") from e
+    if not isinstance(checkpoint, dict):
+        kind = type(checkpoint).__name__
+        raise CheckpointError(f"{path}: not a checkpoint of this project: holds a {kind}, not a dict")
+    missing = [key for key in ("state_dict", "hyper_parameters") if not isinstance(checkpoint.get(key), dict)]
+    if missing:
+        raise CheckpointError(f"{path}: not a checkpoint of this project: missing {', '.join(map(repr, missing))}")
+    data = checkpoint.get("TextDataModule")
+    if not isinstance(data, dict) or not isinstance(data.get("tokenizer"), str) or not data.get("label_names"):
+        raise CheckpointError(
+            f"{path}: no tokenizer and label names (the 'TextDataModule' entry train.py saves is missing or incomplete)"
+        )
+    return checkpoint
+
+
+class TextClassifier:
+    """A trained network with its tokenizer, loaded once; `predict` turns texts into Predictions."""
+
+    def __init__(self, model: AttentionClassifier, tokenizer: Tokenizer, label_names: list[str], device="cpu"):
+        self.device = resolve_device(device)
+        self.model = model.to(self.device).eval()
+        self.label_names = list(label_names)
+        # Truncation is done here rather than by the tokenizer, so the full length of a cut text is known.
+        truncation = tokenizer.truncation
+        self.max_length = min(model.max_length, truncation["max_length"] if truncation else model.max_length)
+        tokenizer.no_truncation()
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_checkpoint(cls, path, device: str | torch.device = "auto") -> "TextClassifier":
+        checkpoint = read_checkpoint(path)
+        hparams, data = checkpoint["hyper_parameters"], checkpoint["TextDataModule"]
+        label_names = list(data["label_names"])
+        if "vocab_size" not in hparams:
+            raise CheckpointError(f"{path}: hyper_parameters has no 'vocab_size'; cannot rebuild the network")
+        try:
+            tokenizer = Tokenizer.from_str(data["tokenizer"])
+        except Exception as e:  # the Rust tokenizer raises a plain Exception on bad JSON
+            raise CheckpointError(f"{path}: the tokenizer saved in the checkpoint is unreadable: {e}") from e
+        network_arguments = {key: value for key, value in hparams.items() if key in NETWORK_ARGUMENTS}
+        try:
+            model = AttentionClassifier(num_classes=len(label_names), **network_arguments)
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{path}: hyper_parameters do not describe a valid network: {e}") from e
+        prefix = "model."
+        state = checkpoint["state_dict"]
+        weights = {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
+        try:
+            model.load_state_dict(weights)
+        except RuntimeError as e:
+            reason = " ".join(str(e).split())[:300]
+            raise CheckpointError(
+                f"{path}: weights do not fit the network its hyper_parameters describe: {reason}"
+            ) from e
+        return cls(model, tokenizer, label_names, device=device)
+
+    def encode(self, texts: list[str]) -> tuple[list[list[int]], list[list[str]], list[int]]:
+        """Token ids and tokens cut to max_length, and each text's full length in tokens."""
+        ids, tokens, full_lengths = [], [], []
+        for encoding in self.tokenizer.encode_batch(list(texts)):
+            # As in training (data/datamodule.py): a text of only unknown symbols becomes one [UNK].
+            text_ids, text_tokens = (encoding.ids, encoding.tokens) if encoding.ids else ([UNK_ID], ["[UNK]"])
+            ids.append(text_ids[: self.max_length])
+            tokens.append(text_tokens[: self.max_length])
+            full_lengths.append(len(text_ids))
+        return ids, tokens, full_lengths
+
+    @torch.inference_mode()
+    def predict(
+        self, texts: list[str], attention: bool = False, top_k: int | None = None, batch_size: int = 256
+    ) -> list[Prediction]:
+        """One Prediction per text, in input order. Texts are batched by length (little padding), then put back."""
+        if isinstance(texts, str):
+            raise TypeError("predict takes a list of texts; wrap a single text in a list")
+        texts = list(texts)
+        empty = [i for i, text in enumerate(texts) if not text.strip()]
+        if empty:
+            raise ValueError(f"empty or whitespace-only text at position(s) {', '.join(map(str, empty[:10]))}")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        ids, tokens, full_lengths = self.encode(texts)
+        order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
+        predictions: list[Prediction | None] = [None] * len(texts)
+        for start in range(0, len(order), batch_size):
+            batch = order[start : start + batch_size]
+            probabilities, weights = self._forward([ids[i] for i in batch], attention)
+            for row, i in enumerate(batch):
+                n = len(ids[i])
+                predictions[i] = Prediction(
+                    text=texts[i],
+                    label=self.label_names[int(probabilities[row].argmax())],
+                    probabilities=self._label_probabilities(probabilities[row].tolist(), top_k),
+                    tokens=tokens[i] if attention else None,
+                    attention=weights[row, :, :, :n, :n].clone() if attention else None,
+                    truncated_from=full_lengths[i] if full_lengths[i] > n else None,
+                )
+        return predictions
+
+    def _forward(self, batch_ids: list[list[int]], attention: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Probabilities (B, num_classes) and, if asked, weights (B, n_layers, H, L, L), both on the CPU."""
+        lengths = torch.tensor([len(ids) for ids in batch_ids])
+        L = int(lengths.max())
+        input_ids = torch.full((len(batch_ids), L), PAD_ID, dtype=torch.long)  # (B, L)
+        for row, ids in enumerate(batch_ids):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+        key_padding_mask = torch.arange(L) >= lengths[:, None]  # (B, L), True at padding
+        # Length-sorted batches often have no padding at all; then there is nothing to mask.
+        mask = key_padding_mask.to(self.device) if key_padding_mask.any() else None
+        output = self.model(input_ids.to(self.device), mask, need_weights=attention)
+        probabilities = output.logits.float().softmax(dim=-1).cpu()  # (B, num_classes)
+        weights = torch.stack(output.attention, dim=1).float().cpu() if attention else None  # (B, n_layers, H, L, L)
+        return probabilities, weights
+
+    def _label_probabilities(self, probabilities: list[float], top_k: int | None) -> dict[str, float]:
+        pairs = list(zip(self.label_names, probabilities))
+        if top_k is not None:
+            pairs = sorted(pairs, key=lambda pair: pair[1], reverse=True)[:top_k]
+        return dict(pairs)

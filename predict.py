@@ -1,0 +1,195 @@
+"""Classify new texts with a trained checkpoint: one JSON object per input on stdout.
+
+For a whole dataset split with its labels, use `python train.py predict --config ... --ckpt_path ...` instead.
+The Python API behind this script is `model.TextClassifier` (model/inference.py).
+"""
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+log = logging.getLogger("predict")
+PROGRESS_BAR_ABOVE = 1000  # inputs; below this a bar shows only when stderr is a terminal
+TEXTS_PER_STEP = 16  # batches predicted (and written out) at a time, so output streams and memory stays flat
+NOTES_SHOWN = 10  # per kind of note; the rest are counted
+
+DESCRIPTION = """\
+Classify texts with a checkpoint from train.py. Prints one JSON object per input on stdout:
+  {"text": ..., "label": <label name>, "probabilities": {<label name>: p, ...}}
+Notes (truncated texts, replaced bytes, empty lines) go to stderr.
+
+Empty or whitespace-only inputs are not skipped: each gives {"text": ..., "error": "empty text"}, so output
+line N always belongs to input line N (paste/join the output with the input file), and a count goes to stderr.
+Texts longer than the model's max_length tokens are cut to it, as in training: their output gets
+"truncated_from": <length in tokens> and stderr a note. Bytes that are not UTF-8 are replaced by U+FFFD.
+A checkpoint that is missing, corrupt, unsafe or not from train.py gives a one-line error and exit status 2."""
+
+EPILOG = """\
+examples:
+  python predict.py --ckpt lightning_logs/version_0/checkpoints/last.ckpt "a charming and affecting journey"
+  python predict.py --ckpt last.ckpt --file reviews.txt > predictions.jsonl
+  cut -f1 data/sst2/validation.tsv | python predict.py --ckpt last.ckpt --file - --top-k 1
+  python predict.py --ckpt last.ckpt --attention "alpha w3 beta" | python -m json.tool
+  python predict.py --ckpt last.ckpt --attention-png heatmaps/ --file reviews.txt   # heatmaps/0000.png, ...
+"""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="predict.py", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("texts", nargs="*", metavar="TEXT", help="texts to classify (or use --file)")
+    parser.add_argument("--ckpt", required=True, metavar="PATH",
+                        help="checkpoint written by train.py, e.g. lightning_logs/version_0/checkpoints/last.ckpt")
+    parser.add_argument("--file", metavar="F", help="read one text per line from F; '-' reads standard input")
+    parser.add_argument("--top-k", type=positive_int, metavar="K",
+                        help="keep only the K most likely labels in probabilities, most likely first (default: all, "
+                             "in label order)")
+    parser.add_argument("--attention", action="store_true",
+                        help="add 'tokens' (what the model saw) and 'attention': per layer a tokens × tokens matrix "
+                             "(query rows, key columns), averaged over heads, rounded to 6 decimals")
+    parser.add_argument("--all-heads", action="store_true",
+                        help="with --attention, give every head: per layer, per head, a tokens × tokens matrix")
+    parser.add_argument("--attention-png", metavar="DIR",
+                        help="write an attention heatmap per input (layers × heads) to DIR/0000.png, DIR/0001.png, "
+                             "... (numbered from 0 in input order) and name it in the output as 'attention_png'")
+    parser.add_argument("--batch-size", type=positive_int, default=256, metavar="N",
+                        help="texts per forward pass (default: 256); texts are batched by length internally")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where the network runs; auto picks cuda when available (default: auto)")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    args = parser.parse_args(argv)
+    if bool(args.texts) == bool(args.file):
+        parser.error("give either TEXT arguments or --file (not both, not neither)")
+    if args.all_heads and not args.attention:
+        parser.error("--all-heads goes with --attention")
+    return args
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return number
+
+
+def read_inputs(args) -> list[str]:
+    """The texts, one per TEXT argument or per line of --file; undecodable bytes are replaced, with a note."""
+    if args.texts:
+        # Undecodable bytes in argv arrive as lone surrogates, which cannot be written as UTF-8.
+        raw = [text.encode("utf-8", "surrogateescape") for text in args.texts]
+        where = "text"
+    elif args.file == "-":
+        raw, where = sys.stdin.buffer.read().splitlines(), "line"
+    else:
+        path = Path(args.file)
+        if not path.is_file():
+            raise InputError(f"{path}: file not found" if not path.exists() else f"{path}: not a file")
+        raw, where = path.read_bytes().splitlines(), "line"
+    texts, replaced = [], []
+    for number, data in enumerate(raw, start=1):
+        try:
+            texts.append(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            texts.append(data.decode("utf-8", errors="replace"))
+            replaced.append(number)
+    if replaced:
+        shown = ", ".join(map(str, replaced[:NOTES_SHOWN])) + (", ..." if len(replaced) > NOTES_SHOWN else "")
+        log.info("%d input(s) held bytes that are not UTF-8, replaced by U+FFFD (%s %s)", len(replaced), where, shown)
+    return texts
+
+
+class InputError(ValueError):
+    pass
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("note: %(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        return run(args)
+    except BrokenPipeError:  # e.g. `| head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except ValueError as e:  # CheckpointError, InputError, a bad --device: one line, no traceback
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(args) -> int:
+    # Imported here, not at the top, so --help and argument errors answer without loading torch.
+    from model.inference import TextClassifier
+
+    texts = read_inputs(args)
+    classifier = TextClassifier.from_checkpoint(args.ckpt, device=args.device)
+    png_dir = Path(args.attention_png) if args.attention_png else None
+    if png_dir is not None:
+        try:
+            png_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise InputError(f"{png_dir}: cannot create the heatmap folder: {e.strerror}") from e
+    digits = max(4, len(str(len(texts) - 1)))
+    where = "text" if args.texts else "line"
+    empty, truncated = [], []
+    show_bar = len(texts) > PROGRESS_BAR_ABOVE or sys.stderr.isatty()
+    step = args.batch_size * TEXTS_PER_STEP
+    with tqdm(total=len(texts), unit="text", file=sys.stderr, disable=not show_bar) as bar:
+        for start in range(0, len(texts), step):
+            window = range(start, min(start + step, len(texts)))
+            real = [i for i in window if texts[i].strip()]
+            predictions = classifier.predict(
+                [texts[i] for i in real], attention=args.attention or png_dir is not None,
+                top_k=args.top_k, batch_size=args.batch_size,
+            )
+            by_index = dict(zip(real, predictions))
+            lines = []
+            for i in window:
+                if i not in by_index:
+                    empty.append(i + 1)
+                    lines.append({"text": texts[i], "error": "empty text"})
+                    continue
+                prediction = by_index[i]
+                out = prediction.to_dict(all_heads=args.all_heads)
+                if not args.attention:  # computed for the heatmap only
+                    for key in ("tokens", "attention"):
+                        out.pop(key, None)
+                if png_dir is not None:
+                    out["attention_png"] = str(write_png(prediction, png_dir / f"{i:0{digits}d}.png"))
+                if prediction.truncated_from is not None:
+                    truncated.append((i + 1, prediction.truncated_from))
+                lines.append(out)
+            sys.stdout.write("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+            sys.stdout.flush()
+            bar.update(len(window))
+    for number, length in truncated[:NOTES_SHOWN]:
+        log.info("%s %d: %d tokens, truncated to the model's max_length of %d", where, number, length,
+                 classifier.max_length)
+    if len(truncated) > NOTES_SHOWN:
+        log.info("... %d texts truncated in all", len(truncated))
+    if empty:
+        shown = ", ".join(map(str, empty[:NOTES_SHOWN])) + (", ..." if len(empty) > NOTES_SHOWN else "")
+        log.info('%d empty input(s) reported as {"error": "empty text"} (%s %s)', len(empty), where, shown)
+    return 0
+
+
+def write_png(prediction, path: Path) -> Path:
+    from model.heatmap import attention_figure, save_png  # matplotlib only when heatmaps are asked for
+
+    text = prediction.text if len(prediction.text) <= 60 else prediction.text[:59] + "…"
+    title = f"{prediction.label} ({max(prediction.probabilities.values()):.2f}): {text}"
+    return save_png(attention_figure(prediction.attention, prediction.tokens, title=title), path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,335 @@
+"""predict.py and the TextClassifier API: output shape, attention, bad checkpoints and inputs, import weight."""
+
+import csv
+import io
+import json
+import os
+import pickle
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import predict
+import train
+from model import CheckpointError, TextClassifier
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+LABELS = ["alpha first", "beta first", "no marker"]  # names, so a class index can never pass for a label
+TEXTS = ["w1 alpha w2 beta w3", "beta w4 alpha", "w5 w6 w7", "alpha beta w8 w9 w10 w11 w12 w13 w14 w15 w16"]
+
+
+def marker_dataset(n: int = 1500, seed: int = 0) -> list[tuple[str, str]]:
+    """Which of two markers comes first, or neither: three classes with string names. Thirty filler words, so the
+    tokenizer fills the smoke config's 64-entry vocabulary (a smaller one trips Lightning's hparams merge)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        words = [f"w{rng.randrange(30)}" for _ in range(rng.randint(4, 10))]
+        kind = rng.randrange(3)
+        if kind < 2:
+            first, second = ("alpha", "beta") if kind == 0 else ("beta", "alpha")
+            i, j = sorted(rng.sample(range(len(words) + 2), 2))
+            words.insert(i, first)
+            words.insert(j, second)
+        rows.append((" ".join(words), LABELS[kind]))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("predict")
+    train_file = tmp_path / "markers.csv"
+    with open(train_file, "w", newline="") as f:
+        csv.writer(f).writerows([("text", "label"), *marker_dataset()])
+    cli = train.main([
+        "fit", "--config", SMOKE, "--data.train_file", str(train_file), "--data.cache_dir", str(tmp_path / "cache"),
+        "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.max_epochs", "2", *QUIET,
+    ])
+    return tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", cli
+
+
+@pytest.fixture(scope="module")
+def ckpt(run):
+    return run[0]
+
+
+@pytest.fixture(scope="module")
+def classifier(ckpt):
+    return TextClassifier.from_checkpoint(ckpt, device="cpu")
+
+
+def predict_cli(capsys, *args) -> tuple[int, list[dict], str]:
+    """predict.main in this process: exit code, the JSON objects on stdout, stderr."""
+    code = predict.main([str(arg) for arg in args])
+    out, err = capsys.readouterr()
+    return code, [json.loads(line) for line in out.splitlines()], err
+
+
+def script(*args, stdin: bytes | None = None, python_flags=()) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *python_flags, str(ROOT / "predict.py"), *map(str, args)],
+        input=stdin, capture_output=True, cwd=ROOT,
+    )
+
+
+# --- output ---------------------------------------------------------------------------------------------------------
+
+
+def test_one_json_object_per_text_with_label_names_and_probabilities_summing_to_one(ckpt, capsys):
+    code, outputs, _ = predict_cli(capsys, "--ckpt", ckpt, *TEXTS)
+    assert code == 0
+    assert [o["text"] for o in outputs] == TEXTS
+    for output in outputs:
+        assert set(output) == {"text", "label", "probabilities"}
+        assert list(output["probabilities"]) == LABELS
+        assert sum(output["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
+        assert output["label"] == max(output["probabilities"], key=output["probabilities"].get)
+
+
+def test_file_and_stdin_give_the_same_output_as_arguments(ckpt, tmp_path, capsys, monkeypatch):
+    _, from_arguments, _ = predict_cli(capsys, "--ckpt", ckpt, *TEXTS)
+    path = tmp_path / "texts.txt"
+    path.write_text("\n".join(TEXTS) + "\n")
+    _, from_file, _ = predict_cli(capsys, "--ckpt", ckpt, "--file", path)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(path.read_bytes())))
+    _, from_stdin, _ = predict_cli(capsys, "--ckpt", ckpt, "--file", "-")
+    assert from_file == from_arguments == from_stdin
+
+
+def test_stdin_through_a_pipe_in_a_real_process(ckpt):
+    result = script("--ckpt", ckpt, "--file", "-", "--top-k", "1", stdin="\n".join(TEXTS).encode())
+    assert result.returncode == 0, result.stderr.decode()
+    outputs = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    assert [o["text"] for o in outputs] == TEXTS
+
+
+def test_top_k_keeps_the_k_most_likely_labels_most_likely_first(ckpt, capsys):
+    _, full, _ = predict_cli(capsys, "--ckpt", ckpt, *TEXTS)
+    _, top, _ = predict_cli(capsys, "--ckpt", ckpt, "--top-k", "2", *TEXTS)
+    for all_labels, output in zip(full, top):
+        expected = sorted(all_labels["probabilities"].items(), key=lambda pair: pair[1], reverse=True)[:2]
+        assert list(output["probabilities"].items()) == expected
+        assert output["label"] == expected[0][0]
+
+
+@pytest.mark.parametrize("all_heads", [False, True])
+def test_attention_covers_the_real_tokens_of_each_text(ckpt, run, capsys, all_heads):
+    hparams = run[1].model.hparams
+    heads_flag = ["--all-heads"] if all_heads else []
+    code, outputs, _ = predict_cli(capsys, "--ckpt", ckpt, "--attention", *heads_flag, *TEXTS)
+    assert code == 0
+    for output in outputs:
+        n = len(output["tokens"])
+        weights = torch.tensor(output["attention"])
+        heads = (hparams.n_heads,) if all_heads else ()
+        assert weights.shape == (hparams.n_layers, *heads, n, n)  # real tokens only: no padding rows or columns
+        assert torch.allclose(weights.sum(-1), torch.ones(()), atol=1e-4)  # each query row is a distribution
+    assert len({len(o["tokens"]) for o in outputs}) > 1  # texts of different lengths, padded together in one batch
+
+
+def test_attention_png_writes_one_readable_heatmap_per_text(ckpt, tmp_path, capsys):
+    from matplotlib.image import imread
+
+    folder = tmp_path / "heatmaps"
+    code, outputs, _ = predict_cli(capsys, "--ckpt", ckpt, "--attention-png", folder, *TEXTS[:2])
+    assert code == 0
+    assert [o["attention_png"] for o in outputs] == [str(folder / "0000.png"), str(folder / "0001.png")]
+    assert "attention" not in outputs[0]  # heatmaps alone do not fill stdout with weights
+    for output in outputs:
+        image = imread(output["attention_png"])
+        assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+        assert image.std() > 0  # something was drawn
+
+
+def test_progress_bar_only_for_large_inputs(ckpt, tmp_path, capsys):
+    small, large = tmp_path / "small.txt", tmp_path / "large.txt"
+    small.write_text("\n".join(TEXTS * 5) + "\n")
+    large.write_text("\n".join(TEXTS * 251) + "\n")  # 1004 lines
+    _, _, err = predict_cli(capsys, "--ckpt", ckpt, "--file", small)
+    assert "text/s" not in err and "20/20" not in err
+    _, outputs, err = predict_cli(capsys, "--ckpt", ckpt, "--file", large)
+    assert len(outputs) == 1004 and "1004/1004" in err
+
+
+# --- the Python API -------------------------------------------------------------------------------------------------
+
+
+def test_api_agrees_with_the_cli(ckpt, classifier, capsys):
+    _, outputs, _ = predict_cli(capsys, "--ckpt", ckpt, "--attention", *TEXTS)
+    predictions = classifier.predict(TEXTS, attention=True)
+    assert classifier.label_names == LABELS
+    assert [p.to_dict() for p in predictions] == outputs
+
+
+def test_batching_by_length_restores_input_order_and_changes_nothing(classifier):
+    texts = TEXTS * 3
+    together = classifier.predict(texts, batch_size=2)  # several batches, each padded to its longest text
+    one_by_one = [classifier.predict([text])[0] for text in texts]
+    assert [p.text for p in together] == texts
+    for a, b in zip(together, one_by_one):
+        assert a.label == b.label
+        assert a.probabilities == pytest.approx(b.probabilities, abs=1e-5)
+
+
+def test_saved_checkpoint_predicts_like_the_model_in_memory(run, classifier):
+    _, cli = run
+    network, tokenizer = cli.model.model.eval(), cli.datamodule.tokenizer
+    predictions = classifier.predict(TEXTS)
+    with torch.inference_mode():
+        for text, prediction in zip(TEXTS, predictions):
+            ids = torch.tensor([tokenizer.encode(text).ids])
+            expected = network(ids).logits.softmax(-1)[0].tolist()
+            assert list(prediction.probabilities.values()) == pytest.approx(expected, abs=1e-5)
+            assert prediction.label == cli.model.label_names[max(range(len(expected)), key=expected.__getitem__)]
+
+
+def test_api_rejects_empty_texts_and_a_bare_string(classifier):
+    with pytest.raises(ValueError, match="position"):
+        classifier.predict(["alpha beta", "   "])
+    with pytest.raises(TypeError):
+        classifier.predict("alpha beta")
+
+
+# --- inputs ---------------------------------------------------------------------------------------------------------
+
+
+def test_empty_lines_keep_their_place_with_an_error(ckpt, tmp_path, capsys):
+    path = tmp_path / "gaps.txt"
+    path.write_text(f"{TEXTS[0]}\n\n   \n{TEXTS[1]}\n")
+    code, outputs, err = predict_cli(capsys, "--ckpt", ckpt, "--file", path)
+    assert code == 0
+    assert [o.get("error") for o in outputs] == [None, "empty text", "empty text", None]
+    assert outputs[3]["text"] == TEXTS[1]
+    assert "2 empty input(s)" in err and "line 2, 3" in err
+
+
+def test_long_text_is_truncated_to_max_length_with_a_note(ckpt, classifier, capsys):
+    long_text = " ".join(["alpha w1 beta"] * 30)
+    all_tokens = classifier.tokenizer.encode(long_text).tokens  # this tokenizer no longer truncates by itself
+    assert classifier.max_length == 24 and len(all_tokens) > 24
+    code, outputs, err = predict_cli(capsys, "--ckpt", ckpt, "--attention", long_text)
+    assert code == 0
+    assert outputs[0]["truncated_from"] == len(all_tokens)
+    assert outputs[0]["tokens"] == all_tokens[:24]  # the first max_length tokens, as in training
+    assert f"text 1: {len(all_tokens)} tokens, truncated to the model's max_length of 24" in err
+
+
+def test_bytes_that_are_not_utf8_are_replaced_with_a_note(ckpt, tmp_path, capsys):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes(TEXTS[0].encode() + b"\n" + "café alpha beta".encode("latin-1") + b"\n")
+    code, outputs, err = predict_cli(capsys, "--ckpt", ckpt, "--file", path)
+    assert code == 0
+    assert outputs[1]["text"] == "caf\ufffd alpha beta" and outputs[1]["label"] in LABELS
+    assert "not UTF-8" in err and "line 2" in err
+
+
+# --- bad checkpoints ------------------------------------------------------------------------------------------------
+
+
+class RunsCode:
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def make_bad_checkpoint(kind: str, ckpt: Path, tmp_path: Path) -> Path:
+    path = tmp_path / f"{kind}.ckpt"
+    if kind == "missing":
+        return path
+    if kind == "corrupt":
+        path.write_bytes(random.Random(0).randbytes(4096))
+    elif kind == "truncated":
+        data = ckpt.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "foreign dict":
+        torch.save({"weights": torch.zeros(3)}, path)
+    elif kind == "no tokenizer":
+        checkpoint = torch.load(ckpt, weights_only=True)
+        del checkpoint["TextDataModule"]
+        torch.save(checkpoint, path)
+    elif kind.startswith("runs code"):
+        payload = RunsCode()
+        payload.marker = tmp_path / "code-ran"
+        if kind == "runs code":
+            torch.save({"state_dict": payload}, path)
+        else:  # the legacy format torch.load also reads: a bare pickle
+            with open(path, "wb") as f:
+                pickle.dump({"state_dict": payload}, f, protocol=2)
+    return path
+
+
+BAD_CHECKPOINTS = {
+    "missing": "file not found",
+    "corrupt": "not a readable PyTorch checkpoint",
+    "truncated": "truncated or damaged",
+    "foreign dict": "not a checkpoint of this project: missing 'state_dict', 'hyper_parameters'",
+    "no tokenizer": "no tokenizer and label names",
+    "runs code": "refused to load",
+    "runs code, bare pickle": "refused to load",
+}
+
+
+@pytest.mark.parametrize("kind", BAD_CHECKPOINTS)
+def test_bad_checkpoint_gives_one_line_error_and_exit_code_2(kind, ckpt, tmp_path, capsys):
+    path = make_bad_checkpoint(kind, ckpt, tmp_path)
+    code, outputs, err = predict_cli(capsys, "--ckpt", path, "alpha beta")
+    assert code == 2 and outputs == []
+    assert err == f"error: {path}: {err.split(': ', 2)[2]}"  # one line, naming the file
+    assert err.count("\n") == 1 and BAD_CHECKPOINTS[kind] in err
+    assert not (tmp_path / "code-ran").exists()
+    with pytest.raises(CheckpointError, match=str(path)):
+        TextClassifier.from_checkpoint(path)
+
+
+def test_bad_checkpoint_in_a_real_process_has_no_traceback_unless_debug(ckpt, tmp_path):
+    path = make_bad_checkpoint("truncated", ckpt, tmp_path)
+    quiet, loud = script("--ckpt", path, "alpha"), script("--ckpt", path, "--debug", "alpha")
+    assert quiet.returncode == 2 and quiet.stdout == b""
+    assert quiet.stderr.decode().startswith(f"error: {path}: truncated") and b"Traceback" not in quiet.stderr
+    assert loud.returncode != 0 and b"Traceback" in loud.stderr and b"CheckpointError" in loud.stderr
+
+
+def test_missing_input_file_is_a_one_line_error(ckpt, tmp_path, capsys):
+    code, _, err = predict_cli(capsys, "--ckpt", ckpt, "--file", tmp_path / "nope.txt")
+    assert code == 2 and err == f"error: {tmp_path / 'nope.txt'}: file not found\n"
+
+
+# --- start-up weight ------------------------------------------------------------------------------------------------
+
+HEAVY = {"lightning", "pytorch_lightning", "torchmetrics", "datasets", "matplotlib", "tensorboard"}
+
+
+def imported_top_level_modules(stderr: bytes) -> set[str]:
+    """Module names from `python -X importtime` lines: 'import time: self | cumulative | name'."""
+    lines = [line.split("|")[-1].strip() for line in stderr.decode().splitlines() if line.startswith("import time:")]
+    return {name.split(".")[0] for name in lines}
+
+
+def test_predict_imports_no_lightning_or_other_heavy_packages(ckpt):
+    result = script("--ckpt", ckpt, "alpha beta", python_flags=["-X", "importtime"])
+    assert result.returncode == 0
+    modules = imported_top_level_modules(result.stderr)
+    assert "torch" in modules and "tokenizers" in modules  # the check sees real imports
+    assert not modules & HEAVY
+
+
+def test_heatmaps_do_import_matplotlib(ckpt, tmp_path):
+    result = script("--ckpt", ckpt, "--attention-png", tmp_path, "alpha beta", python_flags=["-X", "importtime"])
+    assert result.returncode == 0
+    assert "matplotlib" in imported_top_level_modules(result.stderr)
+
+
+@pytest.mark.slow
+def test_speed_bench_smoke_run_ends_with_json_figures():
+    result = subprocess.run(
+        [sys.executable, "bench/predict_speed.py", "--smoke", "--threads", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
+    )
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    for key in ("sentences_per_s", "single_text_latency_ms", "predict_py_startup_s"):
+        assert figures[key] > 0, key
