@@ -72,7 +72,7 @@ def fasttext_accuracy(splits) -> float:
         for text, label in zip(splits.texts["train"], splits.labels["train"]):
             f.write(f"__label__{label} {line(text)}\n")
     try:
-        model = fasttext.train_supervised(f.name, epoch=10, wordNgrams=2, dim=100, lr=0.5, thread=1, seed=0, verbose=0)
+        model = fasttext.train_supervised(f.name, epoch=25, wordNgrams=2, dim=100, lr=0.1, thread=1, seed=0, verbose=0)
     finally:
         os.unlink(f.name)
     predicted = [int(model.predict(line(t))[0][0].removeprefix("__label__")) for t in splits.texts["validation"]]

@@ -239,6 +239,14 @@ class TextDataModule(L.LightningDataModule):
         """Saved in every checkpoint: what turns raw text into the model's input, and the label names."""
         return {"tokenizer": self.state["tokenizer"], "label_names": self.label_names, "max_length": self.hparams.max_length}
 
+    def load_state_dict(self, state: dict) -> None:
+        """Resuming, validating or testing a checkpoint: the data must be encoded the way the model was trained."""
+        if state.get("tokenizer") != self.state["tokenizer"] or state.get("label_names") != self.label_names:
+            raise DataError(
+                "the checkpoint's tokenizer or label names differ from what these data settings build; "
+                "use the config the checkpoint was trained with (its run's config.yaml)"
+            )
+
 
 def _stat(path) -> tuple[int, int]:
     try:

@@ -1,5 +1,6 @@
 """The classifier network, plain PyTorch: embedding → N × attention block → pooling → linear head."""
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -8,6 +9,7 @@ from torch import nn
 from model.attention import MultiHeadSelfAttention, unpack
 
 POOLINGS = ("mean", "max", "first", "attention")
+POSITIONS = ("learned", "sinusoidal", "none")
 
 
 class ClassifierOutput(NamedTuple):
@@ -57,6 +59,20 @@ class AttentionPooling(nn.Module):
         return (weights.unsqueeze(-1) * x).sum(dim=1)  # (B, D)
 
 
+def position_embedding(kind: str, max_length: int, d_model: int) -> nn.Embedding:
+    """Position vectors: learned, fixed sinusoids (Vaswani et al.; they give long sentences positions that
+    short training phrases never reach a sensible value), or none (attention then sees a bag of tokens)."""
+    if kind == "learned":
+        return nn.Embedding(max_length, d_model)
+    table = torch.zeros(max_length, d_model)
+    if kind == "sinusoidal":
+        position = torch.arange(max_length).unsqueeze(1)  # (max_length, 1)
+        frequency = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))  # (d_model / 2,)
+        table[:, 0::2] = torch.sin(position * frequency)
+        table[:, 1::2] = torch.cos(position * frequency)[:, : d_model // 2]
+    return nn.Embedding.from_pretrained(table, freeze=True)
+
+
 class AttentionClassifier(nn.Module):
     def __init__(
         self,
@@ -74,6 +90,7 @@ class AttentionClassifier(nn.Module):
         attention_dropout: float = 0.0,
         head_dropout: float = 0.0,
         pooling: str = "mean",
+        positions: str = "learned",
         bias: bool = False,
         scale: float | None = None,
         causal: bool = False,
@@ -82,9 +99,11 @@ class AttentionClassifier(nn.Module):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        if positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
         self.pooling, self.causal, self.max_length = pooling, causal, max_length
         self.token_embedding = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
-        self.position_embedding = nn.Embedding(max_length, d_model)
+        self.position_embedding = position_embedding(positions, max_length, d_model)
         self.embedding_dropout = nn.Dropout(embedding_dropout)
         self.blocks = nn.ModuleList(
             Block(

@@ -11,6 +11,8 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from model.classifier import AttentionClassifier
 
+UNK_ID = 1  # data/tokenizer.py: [PAD] is 0, [UNK] is 1
+
 
 class ClassifierModule(L.LightningModule):
     def __init__(
@@ -28,6 +30,7 @@ class ClassifierModule(L.LightningModule):
         attention_dropout: float = 0.0,
         head_dropout: float = 0.0,
         pooling: str = "mean",
+        positions: str = "learned",
         bias: bool = False,
         scale: float | None = None,
         causal: bool = False,
@@ -35,6 +38,7 @@ class ClassifierModule(L.LightningModule):
         weight_decay: float = 0.01,
         warmup_fraction: float = 0.05,
         label_smoothing: float = 0.0,
+        token_dropout: float = 0.0,
     ):
         """
         Args:
@@ -51,6 +55,7 @@ class ClassifierModule(L.LightningModule):
             attention_dropout: on the attention weights.
             head_dropout: on the pooled sentence vector, before the linear head.
             pooling: how token vectors become one sentence vector: mean, max, first or attention.
+            positions: position vectors added to the token embeddings: learned, sinusoidal or none.
             bias: biases in W_Q, W_K, W_V, W_O (the textbook formula has none).
             scale: multiplies Q·Kᵀ; default 1/sqrt(d_head). Try 1.0 or 0.01 to see attention break.
             causal: add the look-ahead mask (each token sees only itself and earlier tokens).
@@ -59,6 +64,8 @@ class ClassifierModule(L.LightningModule):
             warmup_fraction: share of training steps spent warming the learning rate up linearly; then it decays
                 to zero on a cosine.
             label_smoothing: cross-entropy label smoothing.
+            token_dropout: in training, the share of real tokens replaced by [UNK], so the model does not lean on
+                single rare words and copes with words it never saw.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -67,7 +74,7 @@ class ClassifierModule(L.LightningModule):
         self.model = AttentionClassifier(
             vocab_size=vocab_size, num_classes=num_classes, d_model=d_model, n_heads=n_heads, d_head=d_head,
             n_layers=n_layers, d_ff=d_ff, max_length=max_length, dropout=dropout, embedding_dropout=embedding_dropout,
-            attention_dropout=attention_dropout, head_dropout=head_dropout, pooling=pooling, bias=bias, scale=scale, causal=causal,
+            attention_dropout=attention_dropout, head_dropout=head_dropout, pooling=pooling, positions=positions, bias=bias, scale=scale, causal=causal,
         )
         metrics = MetricCollection(
             {"acc": MulticlassAccuracy(num_classes, average="micro"), "f1": MulticlassF1Score(num_classes, average="macro")}
@@ -80,7 +87,11 @@ class ClassifierModule(L.LightningModule):
         return self.model(input_ids, padding_mask, need_weights=need_weights)
 
     def training_step(self, batch, batch_idx):
-        logits = self(batch["input_ids"], batch["padding_mask"]).logits
+        input_ids = batch["input_ids"]
+        if self.hparams.token_dropout > 0:
+            dropped = torch.rand(input_ids.shape, device=input_ids.device) < self.hparams.token_dropout
+            input_ids = input_ids.masked_fill(dropped & ~batch["padding_mask"], UNK_ID)
+        logits = self(input_ids, batch["padding_mask"]).logits
         loss = F.cross_entropy(logits, batch["labels"], label_smoothing=self.hparams.label_smoothing)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(logits))
         self.train_metrics.update(logits, batch["labels"])

@@ -80,3 +80,14 @@ def test_packed_path_gives_finite_logits_for_an_all_padding_sequence():
     token_ids = torch.tensor([[3, 4, 5], [0, 0, 0]])
     logits = model(token_ids, token_ids == 0).logits
     assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "none"])
+def test_position_kinds(positions):
+    model = AttentionClassifier(vocab_size=20, num_classes=2, d_model=16, n_heads=2, positions=positions).eval()
+    token_ids = torch.tensor([[3, 4, 5, 6]])
+    reversed_ids = token_ids.flip(1)
+    same = torch.allclose(model(token_ids).logits, model(reversed_ids).logits, atol=1e-6)
+    assert same == (positions == "none")  # only without positions is word order invisible
+    trainable = model.position_embedding.weight.requires_grad
+    assert trainable == (positions == "learned")
