@@ -1,0 +1,167 @@
+"""AttentionMonitor through train.py on the synthetic smoke config: what reaches TensorBoard, when, and when it warns."""
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import train
+from model.callbacks import AttentionMonitor, pick_probes
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+PROBE_TEXT = "beta w3 w7 alpha w5"  # words of the synthetic vocabulary
+FIGURES = ("entropy", "max_weight", "score_std")
+
+
+def run(tmp_path, *extra, subcommand="fit"):
+    args = [subcommand, "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
+            "--trainer.logger.init_args.save_dir", str(tmp_path), *QUIET, *extra]
+    return train.main(args)
+
+
+def monitor_config(tmp_path, **init_args) -> str:
+    """A config overlay whose trainer.callbacks replaces smoke.yaml's with one configured AttentionMonitor."""
+    lines = ["trainer:", "  callbacks:", "    - class_path: model.callbacks.AttentionMonitor", "      init_args:"]
+    lines += [f"        {key}: {value!r}" for key, value in init_args.items()]
+    path = tmp_path / "monitor.yaml"
+    path.write_text("\n".join(lines).replace("'", '"') + "\n")
+    return str(path)
+
+
+def events(tmp_path) -> EventAccumulator:
+    (path,) = (tmp_path / "lightning_logs" / "version_0").glob("events.out.tfevents.*")
+    accumulator = EventAccumulator(str(path), size_guidance={"images": 0, "scalars": 0, "tensors": 0, "histograms": 0})
+    accumulator.Reload()
+    return accumulator
+
+
+def verdict_texts(accumulator) -> list[str]:
+    return [e.tensor_proto.string_val[0].decode() for e in accumulator.Tensors("attention_health/verdicts/text_summary")]
+
+
+def monitor_of(cli) -> AttentionMonitor:
+    (monitor,) = [c for c in cli.trainer.callbacks if isinstance(c, AttentionMonitor)]
+    return monitor
+
+
+class Warnings(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """Two epochs of smoke.yaml with 1 validation probe and one probe text from the config."""
+    tmp_path = tmp_path_factory.mktemp("monitor")
+    warnings = Warnings()
+    logging.getLogger("model.callbacks").addHandler(warnings)
+    try:
+        overlay = monitor_config(tmp_path, num_probes=1, probe_texts=[PROBE_TEXT])
+        cli = run(tmp_path, "--config", overlay, "--trainer.max_epochs", "2")
+    finally:
+        logging.getLogger("model.callbacks").removeHandler(warnings)
+    return cli, events(tmp_path), warnings.lines
+
+
+def test_probe_images_are_logged_at_each_validation_end_and_not_during_sanity_check(smoke_run):
+    cli, accumulator, _ = smoke_run
+    assert cli.trainer.num_sanity_val_steps > 0  # a sanity check did run
+    steps_per_epoch = cli.trainer.global_step // 2
+    assert sorted(accumulator.Tags()["images"]) == ["attention/probe_0", "attention/probe_1"]
+    for tag in ("attention/probe_0", "attention/probe_1"):
+        images = accumulator.Images(tag)
+        assert [image.step for image in images] == [steps_per_epoch, 2 * steps_per_epoch]
+        assert images[-1].encoded_image_string.startswith(b"\x89PNG") and images[-1].width > 200
+
+
+def test_probe_text_from_the_config_is_drawn_with_the_data_tokenizer(smoke_run):
+    cli, _, _ = smoke_run
+    _, tokens, titles = monitor_of(cli).probes
+    expected = cli.datamodule.tokenizer.encode(PROBE_TEXT).tokens
+    assert titles[1] == (PROBE_TEXT, "from the config")
+    assert [t for t in tokens[1] if t != "[PAD]"] == expected
+
+
+def test_health_scalars_histogram_and_verdicts_reach_tensorboard(smoke_run):
+    cli, accumulator, _ = smoke_run
+    steps_per_epoch = cli.trainer.global_step // 2
+    heads = cli.model.hparams.n_heads
+    for name in FIGURES:
+        for head in range(heads):
+            values = accumulator.Scalars(f"attention_health/{name}/layer0_head{head}")
+            assert [v.step for v in values] == [steps_per_epoch, 2 * steps_per_epoch]
+    entropy = [v.value for v in accumulator.Scalars("attention_health/entropy/layer0_head0")]
+    assert all(0.0 < e < 1.0 for e in entropy)
+    (histogram,) = accumulator.Histograms("attention_health/weights/layer0")[-1:]
+    assert 0.0 <= histogram.histogram_value.min and histogram.histogram_value.max <= 1.0
+    final = verdict_texts(accumulator)[-1]
+    assert final.count("\n| 0 |") == heads  # one row per head of the one layer
+
+
+def test_smoke_model_after_two_epochs_is_flagged_on_no_head(smoke_run):
+    cli, _, warnings = smoke_run
+    assert monitor_of(cli).figures.verdicts() == [["ok"] * cli.model.hparams.n_heads]
+    assert warnings == []
+
+
+def test_tiny_scale_is_flagged_over_uniform_with_one_warning_per_head(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="model.callbacks")
+    cli = run(tmp_path, "--model.scale", "0.001", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "10")
+    heads = cli.model.hparams.n_heads
+    lines = [r.getMessage() for r in caplog.records if r.name == "model.callbacks"]
+    assert len(lines) == heads
+    for head, line in enumerate(lines):
+        assert line.startswith(f"attention layer 0 head {head} is over-uniform (entropy 1.00")
+        assert "1/sqrt(d_k)" in line
+    assert verdict_texts(events(tmp_path))[-1].count("| over-uniform |") == heads
+
+
+def test_untrained_model_is_not_warned_about_but_its_verdict_is_logged(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="model.callbacks")
+    run(tmp_path, "--model.scale", "0.001", "--trainer.limit_val_batches", "2", subcommand="validate")
+    assert not [r for r in caplog.records if r.name == "model.callbacks"]
+    assert "| over-uniform |" in verdict_texts(events(tmp_path))[-1]
+
+
+def test_without_tensorboard_scalars_still_go_to_the_logger(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="model.callbacks")
+    run(
+        tmp_path, "--model.scale", "0.001", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "5",
+        "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.init_args.save_dir", str(tmp_path),
+    )
+    (metrics,) = tmp_path.glob("lightning_logs/version_0/metrics.csv")
+    assert "attention_health/entropy/layer0_head1" in metrics.read_text().splitlines()[0]
+    assert any("is over-uniform" in r.getMessage() for r in caplog.records)
+
+
+def test_probes_are_moderate_length_evenly_spaced_and_deterministic():
+    lengths = [1, 30, 5, 6, 7, 8, 50, 6, 7, 2, 9, 100, 6, 8, 7, 3]
+    picked = pick_probes(lengths, num_probes=4, max_tokens=40)
+    assert picked == pick_probes(lengths, num_probes=4, max_tokens=40)
+    assert len(set(picked)) == 4 and picked == sorted(picked)
+    assert all(5 <= lengths[i] <= 9 for i in picked)  # between the quartiles: no 1-, 2- or 100-token texts
+    assert picked[0] <= len(lengths) // 4 and picked[-1] >= 3 * len(lengths) // 4  # spread through the split
+    short = pick_probes(lengths, num_probes=4, max_tokens=6)  # only three moderate texts fit: any that fit
+    assert len(short) == 4 and all(2 <= lengths[i] <= 6 for i in short)
+    assert pick_probes([4, 4], num_probes=3, max_tokens=40) == [0, 1]  # never more than there are
+
+
+def test_a_reused_probe_figure_shows_the_new_weights_of_real_tokens_only():
+    monitor = AttentionMonitor(max_tokens=5)
+    tokens, padding = [f"t{i}" for i in range(8)], torch.arange(8) >= 6  # 6 real tokens, 5 shown
+    first, second = torch.rand(2, 3, 8, 8).softmax(-1), torch.rand(2, 3, 8, 8).softmax(-1)
+    figure = monitor.probe_figure(0, first, tokens, "epoch 0", padding)
+    assert monitor.probe_figure(0, second, tokens, "epoch 1", padding) is figure
+    images = [ax.images[0].get_array() for ax in figure.axes if ax.images]
+    assert len(images) == 6
+    for image, expected in zip(images, second[:, :, :5, :5].flatten(0, 1)):
+        assert torch.allclose(torch.as_tensor(image.data), expected)
+    assert figure.get_suptitle() == "epoch 1 (first 5 of 6 tokens)"
