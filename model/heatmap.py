@@ -129,8 +129,10 @@ def attention_figure(
                 ax = axes[layer, head]
                 image = ax.imshow(weights[layer, head], vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest")
                 ax.set_title(f"layer {layer} · head {head}", fontsize=8)
-                ax.set_xticks(range(shown), labels, rotation=90, fontsize=LABEL_FONT_SIZE)
-                ax.set_yticks(range(shown), labels, fontsize=LABEL_FONT_SIZE)
+                # Token labels on the outer edge of the grid only: every heatmap has the same tokens in the same
+                # places, and drawing hundreds of labels is most of the cost of an image.
+                ax.set_xticks(range(shown), labels if layer == n_layers - 1 else [], rotation=90, fontsize=LABEL_FONT_SIZE)
+                ax.set_yticks(range(shown), labels if head == 0 else [], fontsize=LABEL_FONT_SIZE)
                 ax.tick_params(length=0, pad=1)
         axes[-1, 0].set_xlabel("key", fontsize=8)
         axes[-1, 0].set_ylabel("query", fontsize=8)

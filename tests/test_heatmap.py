@@ -43,11 +43,15 @@ def test_one_heatmap_per_layer_and_head_on_a_fixed_scale():
     assert fig.get_suptitle() == "example"
 
 
-def test_tick_labels_are_the_tokens_on_both_axes():
-    fig = attention_figure(random_attention(1, 2, len(TOKENS)), TOKENS)
-    for ax in heatmap_axes(fig):
-        assert [label.get_text() for label in ax.get_xticklabels()] == TOKENS
-        assert [label.get_text() for label in ax.get_yticklabels()] == TOKENS
+def test_tick_labels_are_the_tokens_on_the_outer_edge_of_the_grid():
+    fig = attention_figure(random_attention(2, 2, len(TOKENS)), TOKENS)
+    axes = heatmap_axes(fig)  # layer by layer, head by head
+    for index, ax in enumerate(axes):
+        layer, head = divmod(index, 2)
+        x_labels = [label.get_text() for label in ax.get_xticklabels()]
+        y_labels = [label.get_text() for label in ax.get_yticklabels()]
+        assert x_labels == (TOKENS if layer == 1 else [""] * len(TOKENS))  # keys: along the bottom row
+        assert y_labels == (TOKENS if head == 0 else [""] * len(TOKENS))  # queries: down the left column
 
 
 def test_each_heatmap_shows_its_own_layer_and_head():
