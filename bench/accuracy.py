@@ -1,7 +1,7 @@
 """Validation accuracy of this model (several seeds) against TF-IDF + logistic regression and fastText,
 on the same splits. The README's results table comes from this script.
 
-    python bench/accuracy.py                          # SST-2 and ChnSentiCorp, 3 seeds each (about an hour on 2 cores)
+    python bench/accuracy.py --jobs 2                 # SST-2 and ChnSentiCorp, 3 seeds each, two runs at a time
     python bench/accuracy.py --datasets sst2 --seeds 0
     python bench/accuracy.py --peers-only             # the baselines alone, a minute
 
@@ -19,14 +19,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 import yaml
 
+from data.sources import load_splits
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-from data.sources import load_splits  # noqa: E402
 
 CONFIGS = {"sst2": "configs/sst2.yaml", "chnsenticorp_htl": "configs/chnsenticorp_htl.yaml"}
 log = logging.getLogger("bench.accuracy")
@@ -79,7 +80,7 @@ def fasttext_accuracy(splits) -> float:
     return float(sum(p == y for p, y in zip(predicted, splits.labels["validation"])) / len(predicted))
 
 
-def train_run(config: str, seed: int, out: Path, extra: list[str]) -> dict:
+def train_run(config: str, seed: int, out: Path, extra: list[str], threads: int | None = None) -> dict:
     """One `train.py fit` run; returns its best and last validation accuracy and wall time."""
     save_dir = out / f"{Path(config).stem}-seed{seed}"
     command = [sys.executable, str(ROOT / "train.py"), "fit", "--config", str(ROOT / config), "--seed_everything",
@@ -87,7 +88,8 @@ def train_run(config: str, seed: int, out: Path, extra: list[str]) -> dict:
                *extra]
     log.info("running %s", " ".join(command))
     start = time.perf_counter()
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - start
     if result.returncode != 0:
         raise SystemExit(f"training failed ({config}, seed {seed}):\n{result.stderr[-3000:]}")
@@ -102,6 +104,8 @@ def main():
     parser.add_argument("--datasets", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds for this model (%(default)s)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "accuracy", help="where runs are written (%(default)s)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="training runs at once; with 2 on a 2-core machine each gets one thread (%(default)s)")
     parser.add_argument("--peers-only", action="store_true", help="only TF-IDF + LR and fastText")
     parser.add_argument("--model-only", action="store_true", help="only this model")
     parser.add_argument("extra", nargs="*", help="extra train.py arguments after --, e.g. -- --trainer.max_epochs 1")
@@ -120,7 +124,9 @@ def main():
             except ImportError:
                 log.warning("fasttext is not installed (pip install -e '.[bench]'); skipping it")
         if not args.peers_only:
-            runs = [train_run(config, seed, args.out, args.extra) for seed in args.seeds]
+            threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
+            with ThreadPoolExecutor(args.jobs) as pool:
+                runs = list(pool.map(lambda seed: train_run(config, seed, args.out, args.extra, threads), args.seeds))
             row["this_model_runs"] = runs
             row["this_model"] = statistics.median(r["best_val_acc"] for r in runs)
 
