@@ -102,6 +102,7 @@ class TextDataModule(L.LightningDataModule):
         batch_size: int = 64,
         vocab_size: int = 8000,
         tokenizer: str = "wordpiece",
+        split_cjk: bool = True,
         num_workers: int = 0,
         seed: int = 0,
         cache_dir: str = ".cache",
@@ -121,6 +122,8 @@ class TextDataModule(L.LightningDataModule):
             batch_size: texts per batch; batches are bucketed by length and padded per batch.
             vocab_size: most tokens the tokenizer trained on the training split may have (fewer if the text has fewer).
             tokenizer: "wordpiece" (sub-words, the default) or "word" (whole words).
+            split_cjk: one token per Chinese/Japanese/Korean character (True), or learned multi-character pieces
+                (False, wordpiece only): CJK text has no spaces, so a run of characters is one "word" to split.
             num_workers: DataLoader worker processes.
             seed: seeds the validation split and the batch order.
             cache_dir: where encoded splits are cached, so a second run starts fast.
@@ -199,7 +202,7 @@ class TextDataModule(L.LightningDataModule):
             val_fraction=hp.val_fraction, seed=hp.seed,
         )
         tokenizer = train_tokenizer(
-            splits.texts["train"], vocab_size=hp.vocab_size, max_length=hp.max_length, kind=hp.tokenizer
+            splits.texts["train"], vocab_size=hp.vocab_size, max_length=hp.max_length, kind=hp.tokenizer, split_cjk=hp.split_cjk
         )
         encoded = {name: EncodedSplit.encode(tokenizer, texts, splits.labels[name]) for name, texts in splits.texts.items()}
         log.info(

@@ -10,7 +10,11 @@ PAD, UNK = "[PAD]", "[UNK]"  # ids 0 and 1
 KINDS = ("wordpiece", "word")
 
 
-def train_tokenizer(texts: list[str], *, vocab_size: int, max_length: int, kind: str = "wordpiece") -> Tokenizer:
+def train_tokenizer(
+    texts: list[str], *, vocab_size: int, max_length: int, kind: str = "wordpiece", split_cjk: bool = True
+) -> Tokenizer:
+    """split_cjk: every CJK character its own word (True), or runs of CJK characters left whole so that word
+    pieces learn multi-character words such as 服务 or 房间 (False; Chinese has no spaces to split on)."""
     if kind == "wordpiece":
         tokenizer = Tokenizer(models.WordPiece(unk_token=UNK))
         # limit_alphabet: the characters seen are kept whole otherwise, and a Chinese corpus has thousands,
@@ -24,7 +28,7 @@ def train_tokenizer(texts: list[str], *, vocab_size: int, max_length: int, kind:
         trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=[PAD, UNK], show_progress=False)
     else:
         raise ValueError(f"tokenizer kind must be one of {KINDS}, got {kind!r}")
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True, handle_chinese_chars=True, strip_accents=False)
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True, handle_chinese_chars=split_cjk, strip_accents=False)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.train_from_iterator(texts, trainer)
     tokenizer.enable_truncation(max_length)

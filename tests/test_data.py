@@ -181,3 +181,12 @@ def test_tokenizer_never_outgrows_vocab_size_even_with_many_characters():
     tokenizer = train_tokenizer(texts, vocab_size=500, max_length=32)
     assert tokenizer.get_vocab_size() <= 500
     assert tokenizer.token_to_id("[PAD]") == 0 and tokenizer.token_to_id("[UNK]") == 1
+
+
+def test_chinese_can_keep_multi_character_words():
+    texts = ["酒店的服务很好，房间干净。", "房间很小，服务差。", "服务很好，房间很大。", "房间干净，服务周到。"] * 5
+    tokenizer = train_tokenizer(texts, vocab_size=120, max_length=32, split_cjk=False)
+    tokens = tokenizer.encode("房间干净，服务很好。").tokens
+    assert any(len(token.removeprefix("##")) > 1 for token in tokens)  # learned words, not single characters
+    assert len(tokens) > 2  # and not one token per sentence
+    assert "".join(t.removeprefix("##") for t in tokens) == "房间干净，服务很好。"
