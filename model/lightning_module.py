@@ -1,6 +1,7 @@
 """The Lightning "system" around AttentionClassifier: loss, metrics, optimizer and schedule. Its typed
 __init__ arguments are the `model:` section of a config."""
 
+import copy
 import math
 
 import lightning as L
@@ -39,6 +40,7 @@ class ClassifierModule(L.LightningModule):
         warmup_fraction: float = 0.05,
         label_smoothing: float = 0.0,
         token_dropout: float = 0.0,
+        ema_decay: float = 0.0,
     ):
         """
         Args:
@@ -66,6 +68,9 @@ class ClassifierModule(L.LightningModule):
             label_smoothing: cross-entropy label smoothing.
             token_dropout: in training, the share of real tokens replaced by [UNK], so the model does not lean on
                 single rare words and copes with words it never saw.
+            ema_decay: above 0, `model` (validated, monitored, saved for prediction) is an exponential moving
+                average of the weights the optimizer moves (`online_model`), updated after every step; it smooths
+                out the noise of the last steps. 0 = no average: `model` is trained directly.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -74,8 +79,13 @@ class ClassifierModule(L.LightningModule):
         self.model = AttentionClassifier(
             vocab_size=vocab_size, num_classes=num_classes, d_model=d_model, n_heads=n_heads, d_head=d_head,
             n_layers=n_layers, d_ff=d_ff, max_length=max_length, dropout=dropout, embedding_dropout=embedding_dropout,
-            attention_dropout=attention_dropout, head_dropout=head_dropout, pooling=pooling, positions=positions, bias=bias, scale=scale, causal=causal,
+            attention_dropout=attention_dropout, head_dropout=head_dropout, pooling=pooling, positions=positions,
+            bias=bias, scale=scale, causal=causal,
         )
+        self._online = None
+        if ema_decay > 0:
+            self._online = copy.deepcopy(self.model)
+            self.model.requires_grad_(False)  # the average is never trained directly (and DDP must not wait for it)
         metrics = MetricCollection(
             {"acc": MulticlassAccuracy(num_classes, average="micro"), "f1": MulticlassF1Score(num_classes, average="macro")}
         )
@@ -83,15 +93,31 @@ class ClassifierModule(L.LightningModule):
         self.val_metrics, self.val_loss = metrics.clone(prefix="val/"), MeanMetric()
         self.test_metrics, self.test_loss = metrics.clone(prefix="test/"), MeanMetric()
 
+    @property
+    def online_model(self) -> AttentionClassifier:
+        """The network the optimizer trains: `model` itself, or with ema_decay the source of its average."""
+        return self.model if self._online is None else self._online
+
     def forward(self, input_ids, padding_mask=None, need_weights=False):
         return self.model(input_ids, padding_mask, need_weights=need_weights)
+
+    @torch.no_grad()
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self._online is None:
+            return
+        # The usual warm-up of the decay (as in TensorFlow's ExponentialMovingAverage): early on the average
+        # follows the fast-moving weights closely instead of dragging the random initialisation along.
+        step = self.trainer.global_step
+        decay = min(self.hparams.ema_decay, (1 + step) / (10 + step))
+        for averaged, online in zip(self.model.parameters(), self._online.parameters()):
+            averaged.lerp_(online, 1.0 - decay)
 
     def training_step(self, batch, batch_idx):
         input_ids = batch["input_ids"]
         if self.hparams.token_dropout > 0:
             dropped = torch.rand(input_ids.shape, device=input_ids.device) < self.hparams.token_dropout
             input_ids = input_ids.masked_fill(dropped & ~batch["padding_mask"], UNK_ID)
-        logits = self(input_ids, batch["padding_mask"]).logits
+        logits = self.online_model(input_ids, batch["padding_mask"]).logits
         loss = F.cross_entropy(logits, batch["labels"], label_smoothing=self.hparams.label_smoothing)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(logits))
         self.train_metrics.update(logits, batch["labels"])
@@ -119,8 +145,9 @@ class ClassifierModule(L.LightningModule):
 
     def configure_optimizers(self):
         # Weight decay on matrices only: decaying embeddings, biases and LayerNorm gains only hurts.
-        decay = [p for name, p in self.named_parameters() if p.ndim >= 2 and "embedding" not in name]
-        no_decay = [p for name, p in self.named_parameters() if not (p.ndim >= 2 and "embedding" not in name)]
+        parameters = list(self.online_model.named_parameters())
+        decay = [p for name, p in parameters if p.ndim >= 2 and "embedding" not in name]
+        no_decay = [p for name, p in parameters if not (p.ndim >= 2 and "embedding" not in name)]
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": self.hparams.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=self.hparams.lr,

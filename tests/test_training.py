@@ -101,3 +101,13 @@ def test_no_offline_copy_and_no_network_says_what_to_do(tmp_path):
     )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "error: dataset 'ag_news': no local copy (data_dir, or ATTENTION_DATA_ROOT/ag_news)" in result.stderr
+
+
+def test_ema_model_is_the_average_the_checkpoint_keeps(tmp_path):
+    cli = fit(tmp_path, "--trainer.max_epochs", "1", "--model.ema_decay", "0.9")
+    module = cli.model
+    averaged, online = dict(module.model.named_parameters()), dict(module.online_model.named_parameters())
+    assert not any(p.requires_grad for p in averaged.values())
+    assert not torch.equal(averaged["head.weight"], online["head.weight"])  # an average, not a copy
+    checkpoint = torch.load(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+    torch.testing.assert_close(checkpoint["state_dict"]["model.head.weight"], averaged["head.weight"])
