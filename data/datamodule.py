@@ -103,6 +103,8 @@ class TextDataModule(L.LightningDataModule):
         vocab_size: int = 8000,
         tokenizer: str = "wordpiece",
         split_cjk: bool = True,
+        split_punctuation: bool = True,
+        bucket_pool: int = 50,
         num_workers: int = 0,
         seed: int = 0,
         cache_dir: str = ".cache",
@@ -124,6 +126,10 @@ class TextDataModule(L.LightningDataModule):
             tokenizer: "wordpiece" (sub-words, the default) or "word" (whole words).
             split_cjk: one token per Chinese/Japanese/Korean character (True), or learned multi-character pieces
                 (False, wordpiece only): CJK text has no spaces, so a run of characters is one "word" to split.
+            split_punctuation: split at punctuation as well as whitespace (True), or at whitespace only (False:
+                for text that is already tokenized, such as SST-2's "does n't").
+            bucket_pool: training texts are sorted by length within pools of this many batches, so a batch holds
+                texts of similar length (little padding); 1 = plain random batches.
             num_workers: DataLoader worker processes.
             seed: seeds the validation split and the batch order.
             cache_dir: where encoded splits are cached, so a second run starts fast.
@@ -161,7 +167,7 @@ class TextDataModule(L.LightningDataModule):
 
     def cache_path(self) -> Path:
         hp = dict(self.hparams)
-        for key in ("batch_size", "num_workers", "cache_dir"):  # do not change what is encoded
+        for key in ("batch_size", "num_workers", "cache_dir", "bucket_pool"):  # do not change what is encoded
             hp.pop(key)
         files = [hp[k] for k in ("train_file", "val_file", "test_file") if hp[k]]
         folder = local_copy_dir(hp["dataset"], hp["data_dir"]) if not files and hp["dataset"] != "synthetic" else None
@@ -202,7 +208,8 @@ class TextDataModule(L.LightningDataModule):
             val_fraction=hp.val_fraction, seed=hp.seed,
         )
         tokenizer = train_tokenizer(
-            splits.texts["train"], vocab_size=hp.vocab_size, max_length=hp.max_length, kind=hp.tokenizer, split_cjk=hp.split_cjk
+            splits.texts["train"], vocab_size=hp.vocab_size, max_length=hp.max_length, kind=hp.tokenizer,
+            split_cjk=hp.split_cjk, split_punctuation=hp.split_punctuation,
         )
         encoded = {name: EncodedSplit.encode(tokenizer, texts, splits.labels[name]) for name, texts in splits.texts.items()}
         log.info(
@@ -218,7 +225,9 @@ class TextDataModule(L.LightningDataModule):
         data = self.split(split)
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        sampler = BucketBatchSampler(data.lengths, self.hparams.batch_size, shuffle, self.hparams.seed, rank, world)
+        sampler = BucketBatchSampler(
+            data.lengths, self.hparams.batch_size, shuffle, self.hparams.seed, rank, world, self.hparams.bucket_pool
+        )
         return DataLoader(
             data, batch_sampler=sampler, collate_fn=collate, num_workers=self.hparams.num_workers,
             persistent_workers=self.hparams.num_workers > 0,

@@ -11,10 +11,18 @@ KINDS = ("wordpiece", "word")
 
 
 def train_tokenizer(
-    texts: list[str], *, vocab_size: int, max_length: int, kind: str = "wordpiece", split_cjk: bool = True
+    texts: list[str],
+    *,
+    vocab_size: int,
+    max_length: int,
+    kind: str = "wordpiece",
+    split_cjk: bool = True,
+    split_punctuation: bool = True,
 ) -> Tokenizer:
     """split_cjk: every CJK character its own word (True), or runs of CJK characters left whole so that word
-    pieces learn multi-character words such as 服务 or 房间 (False; Chinese has no spaces to split on)."""
+    pieces learn multi-character words such as 服务 or 房间 (False; Chinese has no spaces to split on).
+    split_punctuation: split words at punctuation too (True), or at whitespace only (False, for text that is
+    already tokenized, where "n't" and "'s" are words of their own)."""
     if kind == "wordpiece":
         tokenizer = Tokenizer(models.WordPiece(unk_token=UNK))
         # limit_alphabet: the characters seen are kept whole otherwise, and a Chinese corpus has thousands,
@@ -29,7 +37,7 @@ def train_tokenizer(
     else:
         raise ValueError(f"tokenizer kind must be one of {KINDS}, got {kind!r}")
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True, handle_chinese_chars=split_cjk, strip_accents=False)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer() if split_punctuation else pre_tokenizers.WhitespaceSplit()
     tokenizer.train_from_iterator(texts, trainer)
     tokenizer.enable_truncation(max_length)
     assert tokenizer.get_vocab_size() <= vocab_size, "the tokenizer outgrew vocab_size"

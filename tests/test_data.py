@@ -190,3 +190,21 @@ def test_chinese_can_keep_multi_character_words():
     assert any(len(token.removeprefix("##")) > 1 for token in tokens)  # learned words, not single characters
     assert len(tokens) > 2  # and not one token per sentence
     assert "".join(t.removeprefix("##") for t in tokens) == "房间干净，服务很好。"
+
+
+def test_already_tokenized_text_can_keep_its_tokens_whole():
+    texts = ["it does n't work", "it 's a charming film", "does n't hold up"] * 3
+    split = train_tokenizer(texts, vocab_size=100, max_length=16, kind="word")
+    whole = train_tokenizer(texts, vocab_size=100, max_length=16, kind="word", split_punctuation=False)
+    assert split.encode("does n't").tokens == ["does", "n", "'", "t"]
+    assert whole.encode("does n't").tokens == ["does", "n't"]
+
+
+def test_bucket_pool_of_one_gives_plain_random_batches():
+    lengths = [1 + (i * 7919) % 40 for i in range(2000)]
+
+    def real_share(pool):
+        batches = BucketBatchSampler(lengths, 20, shuffle=True, seed=0, pool_batches=pool).batches()
+        return sum(lengths[i] for b in batches for i in b) / sum(len(b) * max(lengths[i] for i in b) for b in batches)
+
+    assert real_share(50) > 0.9 > 0.7 > real_share(1)
