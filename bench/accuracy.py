@@ -130,7 +130,7 @@ def main():
             row["this_model_runs"] = runs
             row["this_model"] = statistics.median(r["best_val_acc"] for r in runs)
 
-    print(f"\n| dataset | model | validation accuracy | train time (s) |\n|---|---|---|---|")
+    print("\n| dataset | model | validation accuracy | train time (s) |\n|---|---|---|---|")
     for name, row in results.items():
         if "this_model" in row:
             accs = ", ".join(f"{r['best_val_acc']:.4f}" for r in row["this_model_runs"])
