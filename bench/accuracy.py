@@ -23,6 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 
@@ -62,9 +63,14 @@ def tfidf_logreg(splits) -> float:
 
 
 def nb_logreg(splits) -> float:
+    probabilities = nb_logreg_probabilities(splits)
+    return float((probabilities.argmax(1) == np.array(splits.labels["validation"])).mean())
+
+
+def nb_logreg_probabilities(splits) -> np.ndarray:
     """Binary n-gram features scaled by their naive-Bayes log-count ratio, then logistic regression (NBSVM's
-    logistic cousin): among the strongest bag-of-n-grams sentiment classifiers."""
-    import numpy as np
+    logistic cousin): among the strongest bag-of-n-grams sentiment classifiers. Returns its class probabilities
+    for the validation texts, (N, 2), columns in label id order."""
     from sklearn.feature_extraction.text import CountVectorizer
     from sklearn.linear_model import LogisticRegression
 
@@ -72,14 +78,13 @@ def nb_logreg(splits) -> float:
     vectorizer = CountVectorizer(analyzer="char" if chinese else "word", ngram_range=(1, 2), binary=True,
                                  token_pattern=None if chinese else r"\S+")
     x_train, y_train = vectorizer.fit_transform(splits.texts["train"]), np.array(splits.labels["train"])
-    if len(set(y_train)) != 2:
+    if set(y_train) != {0, 1}:
         raise ValueError("NB-LR is for two classes")
     positive = np.asarray(x_train[y_train == 1].sum(0)).ravel() + 1  # add-one smoothed feature counts per class
     negative = np.asarray(x_train[y_train == 0].sum(0)).ravel() + 1
     ratio = np.log((positive / positive.sum()) / (negative / negative.sum()))
     classifier = LogisticRegression(C=1.0, max_iter=3000).fit(x_train.multiply(ratio).tocsr(), y_train)
-    predicted = classifier.predict(vectorizer.transform(splits.texts["validation"]).multiply(ratio).tocsr())
-    return float((predicted == np.array(splits.labels["validation"])).mean())
+    return classifier.predict_proba(vectorizer.transform(splits.texts["validation"]).multiply(ratio).tocsr())
 
 
 def fasttext_accuracy(splits) -> float:
