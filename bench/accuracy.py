@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +57,7 @@ def tfidf_logreg(splits) -> float:
     chinese = is_chinese(splits.texts["train"])
     # Character 1-3-grams for Chinese (no word boundaries), word 1-2-grams otherwise.
     vectorizer = TfidfVectorizer(analyzer="char" if chinese else "word", ngram_range=(1, 3) if chinese else (1, 2),
-                                 sublinear_tf=True, min_df=1 if chinese else 1)
+                                 sublinear_tf=True)
     x_train = vectorizer.fit_transform(splits.texts["train"])
     classifier = LogisticRegression(C=4.0, max_iter=2000).fit(x_train, splits.labels["train"])
     return float((classifier.predict(vectorizer.transform(splits.texts["validation"])) == splits.labels["validation"]).mean())
@@ -116,11 +117,11 @@ def train_run(config: str, seed: int, out: Path, extra: list[str], threads: int 
     log.info("running %s", " ".join(command))
     start = time.perf_counter()
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, check=False)
     seconds = time.perf_counter() - start
     if result.returncode != 0:
         raise SystemExit(f"training failed ({config}, seed {seed}):\n{result.stderr[-3000:]}")
-    last = sorted(save_dir.glob("lightning_logs/version_*/checkpoints/last.ckpt"))[-1]
+    last = max(save_dir.glob("lightning_logs/version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
     checkpoint = torch.load(last, weights_only=True, map_location="cpu")
     best = max(float(state["best_model_score"]) for key, state in checkpoint["callbacks"].items() if "ModelCheckpoint" in key)
     return {"seed": seed, "best_val_acc": best, "seconds": round(seconds, 1), "checkpoint": str(last)}
@@ -154,7 +155,8 @@ def main():
         if not args.peers_only:
             threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
             with ThreadPoolExecutor(args.jobs) as pool:
-                runs = list(pool.map(lambda seed: train_run(config, seed, args.out, args.extra, threads), args.seeds))
+                run = partial(train_run, config, out=args.out, extra=args.extra, threads=threads)
+                runs = list(pool.map(run, args.seeds))
             row["this_model_runs"] = runs
             row["this_model"] = statistics.median(r["best_val_acc"] for r in runs)
 

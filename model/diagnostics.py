@@ -16,9 +16,10 @@ Letters in the shape comments: B batch, L tokens, H heads, N counted pairs.
 """
 
 import math
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import torch
 

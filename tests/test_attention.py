@@ -31,7 +31,7 @@ def test_matches_scaled_dot_product_attention(causal, use_padding):
     layer = make_layer()
     x = torch.randn(B, L, D)
     mask = padding_mask([7, 5, 2]) if use_padding else None
-    out, weights = layer(x, key_padding_mask=mask, causal=causal)
+    out, _ = layer(x, key_padding_mask=mask, causal=causal)
 
     q, k, v = qkv(layer, x)
     allowed = torch.ones(B, 1, L, L, dtype=torch.bool)

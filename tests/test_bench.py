@@ -86,7 +86,7 @@ def test_ensemble_scores_checkpoints_on_the_split_train_py_validated_on(smoke_ru
 
 
 def test_ensemble_refuses_a_checkpoint_with_other_labels(smoke_run, tmp_path):
-    config, best, _ = smoke_run
+    _, best, _ = smoke_run
     other = tmp_path / "other.yaml"
     other.write_text(yaml.safe_dump({"data": {"dataset": "synthetic"}}))  # labels 0/1, not "alpha first"/...
     result = ensemble("--config", other, best)

@@ -105,7 +105,7 @@ def test_png_and_array_round_trip(tmp_path):
     assert array.dtype == np.uint8 and array.ndim == 3 and array.shape[2] == 3
     width, height = fig.get_size_inches() * fig.dpi
     assert abs(array.shape[0] - height) <= 1 and abs(array.shape[1] - width) <= 1
-    assert array.min() < 50 < 200 < array.max()  # something was drawn, not a blank canvas
+    assert array.min() < 50 and array.max() > 200  # something was drawn, not a blank canvas
 
 
 @pytest.mark.skipif(find_cjk_font() is None, reason="no CJK font installed")
