@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
@@ -42,12 +41,12 @@ def main():
     parser.add_argument("--nb-lr", action="store_true", help="also score NB-LR and its average with the checkpoints")
     parser.add_argument("--show", type=int, default=0, metavar="N", help="print N texts every checkpoint gets wrong")
     args = parser.parse_args()
-    torch.set_num_threads(1)
 
-    if not Path(args.config).is_file():
+    config = Path(args.config).resolve()  # relative to where you stand, not to the repository
+    if not config.is_file():
         raise SystemExit(f"error: {args.config}: config file not found")
     try:
-        splits = splits_for(args.config)
+        splits = splits_for(str(config))
     except DataError as e:
         raise SystemExit(f"error: {e}") from None
     texts, labels, names = splits.texts["validation"], np.array(splits.labels["validation"]), splits.label_names
