@@ -6,7 +6,8 @@ instead of one token per sentence; English is lower-cased and split into word pi
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-PAD, UNK = "[PAD]", "[UNK]"  # ids 0 and 1
+PAD, UNK = "[PAD]", "[UNK]"
+PAD_ID, UNK_ID = 0, 1  # the trainers put the special tokens first, in this order (tests/test_data.py checks)
 KINDS = ("wordpiece", "word")
 
 
