@@ -20,7 +20,7 @@ from data.sources import DataError, load_splits, local_copy_dir
 from data.tokenizer import KINDS, load_tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 2  # bump when tokenization changes
+CACHE_VERSION = 3  # bump when tokenization changes (3: deterministic WordPiece vocabulary)
 
 
 class EncodedSplit(Dataset):

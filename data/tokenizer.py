@@ -2,13 +2,23 @@
 
 The BERT normalizer puts spaces around every CJK character, so Chinese becomes one token per character
 instead of one token per sentence; English is lower-cased and split into word pieces.
+
+Training is deterministic: the same texts and settings give the same JSON in every process (see wordpiece_trainer).
 """
+
+import json
+import logging
+from collections import Counter
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from data.sources import DataError
+
+log = logging.getLogger(__name__)
 PAD, UNK = "[PAD]", "[UNK]"
 PAD_ID, UNK_ID = 0, 1  # the trainers put the special tokens first, in this order (tests/test_data.py checks)
 KINDS = ("wordpiece", "word")
+PREFIX = "##"  # marks a word piece that continues a word
 
 
 def train_tokenizer(
@@ -26,23 +36,83 @@ def train_tokenizer(
     already tokenized, where "n't" and "'s" are words of their own)."""
     if kind == "wordpiece":
         tokenizer = Tokenizer(models.WordPiece(unk_token=UNK))
-        # limit_alphabet: the characters seen are kept whole otherwise, and a Chinese corpus has thousands,
-        # which would push the vocabulary past vocab_size (the model's embedding has exactly vocab_size rows).
-        trainer = trainers.WordPieceTrainer(
-            vocab_size=vocab_size, special_tokens=[PAD, UNK], limit_alphabet=max(1, vocab_size // 2), show_progress=False
-        )
         tokenizer.decoder = decoders.WordPiece()
     elif kind == "word":  # whole words; unseen words become [UNK]
         tokenizer = Tokenizer(models.WordLevel(unk_token=UNK))
-        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=[PAD, UNK], show_progress=False)
     else:
         raise ValueError(f"tokenizer kind must be one of {KINDS}, got {kind!r}")
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True, handle_chinese_chars=split_cjk, strip_accents=False)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer() if split_punctuation else pre_tokenizers.WhitespaceSplit()
-    tokenizer.train_from_iterator(texts, trainer)
+    if kind == "wordpiece":
+        tokenizer.train_from_iterator(texts, wordpiece_trainer(tokenizer, texts, vocab_size))
+        tokenizer = without_added_tokens(tokenizer, keep=(PAD, UNK))
+    else:  # the word-level trainer orders words by count, then by the word itself: deterministic as it is
+        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=[PAD, UNK], show_progress=False)
+        tokenizer.train_from_iterator(texts, trainer)
+    if tokenizer.get_vocab_size() > vocab_size:  # the trainers promise otherwise; never train a model on it
+        raise DataError(f"vocab_size {vocab_size}: the trained tokenizer has {tokenizer.get_vocab_size()} tokens")
     tokenizer.enable_truncation(max_length)
-    assert tokenizer.get_vocab_size() <= vocab_size, "the tokenizer outgrew vocab_size"
     return tokenizer
+
+
+def wordpiece_trainer(tokenizer: Tokenizer, texts: list[str], vocab_size: int) -> trainers.WordPieceTrainer:
+    """A WordPiece trainer that gives the same vocabulary in every process, and never more than vocab_size tokens.
+
+    Left alone, the Hugging Face trainer numbers the "##x" pieces in hash order (random per process) and breaks
+    ties between equally frequent merges by those numbers, so even the learned set of tokens changed from run to run;
+    its limit_alphabet also drops characters of equal count at random. Here the alphabet is chosen up front and every
+    "##x" piece is handed over as a special token, in sorted order, so every number is fixed. without_added_tokens
+    then makes them ordinary tokens again.
+
+    The alphabet: the most frequent characters, at most half of vocab_size (the rest is left for learned pieces),
+    and only as many as fit with their "##x" forms and [PAD], [UNK]. Rarer characters become [UNK] (logged).
+    """
+    starts, inner = character_counts(tokenizer, texts)
+    total = starts + inner
+    by_count = sorted(total, key=lambda char: (-total[char], char))  # ties by the character: no randomness
+    alphabet, size = [], 2  # [PAD], [UNK]
+    for char in by_count:
+        cost = 1 + (char in inner)  # the character, and its "##x" form if it ever continues a word
+        if len(alphabet) >= max(1, vocab_size // 2) or size + cost > vocab_size:
+            break
+        alphabet.append(char)
+        size += cost
+    if by_count and not alphabet:
+        smallest = 3 + (by_count[0] in inner)
+        raise DataError(f"vocab_size {vocab_size} cannot hold [PAD], [UNK] and one character: use at least {smallest}")
+    if len(alphabet) < len(total):
+        dropped = sum(total.values()) - sum(total[char] for char in alphabet)
+        log.info("vocab_size %d keeps the %d most frequent of %d characters; the rest (%.2g%% of all characters) "
+                 "become [UNK]", vocab_size, len(alphabet), len(total), 100 * dropped / sum(total.values()))
+    pieces = sorted(PREFIX + char for char in alphabet if char in inner)
+    return trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=[PAD, UNK, *pieces], initial_alphabet=alphabet,
+        limit_alphabet=len(alphabet), continuing_subword_prefix=PREFIX, show_progress=False,
+    )
+
+
+def character_counts(tokenizer: Tokenizer, texts: list[str]) -> tuple[Counter, Counter]:
+    """How often each character starts a word, and how often it continues one, after normalizing and splitting
+    into words as the tokenizer does. Texts are first split at whitespace and counted, so that the slow per-word
+    step runs once per distinct chunk (IMDB: 250k chunks instead of 6M words)."""
+    chunks = Counter()
+    for text in texts:
+        chunks.update(tokenizer.normalizer.normalize_str(text).split())
+    starts, inner = Counter(), Counter()
+    for chunk, count in chunks.items():
+        for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(chunk):
+            starts[word[0]] += count
+            for char in word[1:]:
+                inner[char] += count
+    return starts, inner
+
+
+def without_added_tokens(tokenizer: Tokenizer, keep: tuple[str, ...]) -> Tokenizer:
+    """The same tokenizer with only `keep` as special tokens: the "##x" pieces stay in the vocabulary with their
+    ids, but are no longer matched in raw text or skipped when decoding."""
+    config = json.loads(tokenizer.to_str())
+    config["added_tokens"] = [token for token in config["added_tokens"] if token["content"] in keep]
+    return Tokenizer.from_str(json.dumps(config))
 
 
 def load_tokenizer(json_string: str) -> Tokenizer:

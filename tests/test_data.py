@@ -1,6 +1,9 @@
 """Data sources, tokenizer and batching, on small files the tests write."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,6 +11,8 @@ import torch
 from data.datamodule import BucketBatchSampler, TextDataModule
 from data.sources import DataError, load_splits, stratified_split
 from data.tokenizer import load_tokenizer, train_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 POSITIVE = ["a great film", "wonderful and moving", "i loved it", "brilliant acting", "a joy to watch", "superb"]
 NEGATIVE = ["a dull mess", "boring and slow", "i hated it", "terrible acting", "a waste of time", "awful"]
@@ -209,3 +214,40 @@ def test_bucket_pool_of_one_gives_plain_random_batches():
 
     assert real_share(50) > 0.9
     assert real_share(1) < 0.7
+
+
+TRAIN_IN_A_FRESH_PROCESS = """
+import hashlib, json, sys
+from data.tokenizer import train_tokenizer
+texts, kwargs = json.loads(sys.stdin.read())
+print(hashlib.sha256(train_tokenizer(texts, max_length=32, **kwargs).to_str().encode()).hexdigest())
+"""
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(kind="wordpiece", vocab_size=60),
+    dict(kind="wordpiece", vocab_size=14, split_cjk=False),  # CJK, an alphabet cut by a small vocab_size
+    dict(kind="word", vocab_size=20),
+])
+def test_tokenizer_training_gives_the_same_vocabulary_in_every_process(kwargs):
+    # Hash order differs between processes (not within one), so only fresh processes can show the difference.
+    texts = POSITIVE + NEGATIVE + ["酒店的服务很好，房间干净。", "房间很小，服务差。", "服务很好，房间很大。", "位置不错但是早餐一般"]
+    stdin = json.dumps([texts * 3, kwargs])
+    runs = [subprocess.run([sys.executable, "-c", TRAIN_IN_A_FRESH_PROCESS], input=stdin, capture_output=True, text=True,
+                           cwd=ROOT, check=True).stdout for _ in range(4)]
+    assert len(set(runs)) == 1, runs
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "word"])
+def test_vocab_size_below_the_alphabet_fits_by_dropping_rare_characters(kind):
+    texts = ["the quick brown fox jumps over the lazy dog", "pack my box with five dozen liquor jugs"] * 3
+    tokenizer = train_tokenizer(texts, vocab_size=12, max_length=16, kind=kind)
+    assert tokenizer.get_vocab_size() <= 12
+    assert tokenizer.token_to_id("[PAD]") == 0 and tokenizer.token_to_id("[UNK]") == 1
+    if kind == "wordpiece":
+        assert tokenizer.encode("o").tokens == ["o"]  # the most frequent character is kept
+
+
+def test_vocab_size_too_small_for_one_character_says_the_smallest_that_works():
+    with pytest.raises(DataError, match=r"^vocab_size 3 cannot hold \[PAD\], \[UNK\] and one character: use at least 4$"):
+        train_tokenizer(["hello world"], vocab_size=3, max_length=8)
