@@ -8,6 +8,7 @@ import codecs
 import logging
 import os
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,9 +93,15 @@ def check_utf8(path: Path) -> None:
 
 
 def read_table(path: Path, text_column: str, label_column: str) -> tuple[list[str], list]:
-    """Texts and raw labels of one CSV/TSV/JSON/JSONL/parquet file, read with `datasets`."""
+    """Texts and raw labels of one CSV/TSV/JSON/JSONL/parquet file, read with `datasets`.
+
+    CSV/TSV cells of the two columns are read as the file's own text: pandas would otherwise read a column of
+    numbers as numbers ("007" → 7, a text "42" → 42) and the labels "01", "10" as 1 and 10. JSON and parquet keep
+    the types the file gives them."""
     import datasets
 
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, not a file")
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     builder = SUFFIXES.get(path.suffix.lower())
@@ -102,9 +109,12 @@ def read_table(path: Path, text_column: str, label_column: str) -> tuple[list[st
         raise DataError(f"{path}: unsupported file type {path.suffix!r} (use {', '.join(SUFFIXES)})")
     if builder != "parquet":
         check_utf8(path)
+    if not has_rows(path, builder):  # `datasets` fails on each empty format with a different riddle
+        raise DataError(f"{path}: no rows" + (" (a header only, or an empty file)" if builder == "csv" else ""))
     kwargs = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
     if builder == "csv":
         kwargs["keep_default_na"] = False  # a text "NA" or "null" stays text
+        kwargs["converters"] = {text_column: str, label_column: str}  # cells as written, never parsed as numbers
     try:
         table = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
     except Exception as e:  # datasets wraps parser errors several layers deep; report the innermost
@@ -114,63 +124,102 @@ def read_table(path: Path, text_column: str, label_column: str) -> tuple[list[st
     for column in (text_column, label_column):
         if column not in table.column_names:
             raise DataError(f"{path}: no column {column!r}; columns found: {', '.join(table.column_names)}")
+    if table.num_rows == 0:
+        raise DataError(f"{path}: no rows")
     return table[text_column], table[label_column]
 
 
-def drop_empty(texts: list, labels: list, where: str) -> tuple[list[str], list]:
-    """Empty, whitespace-only or missing texts carry nothing to learn from: skip them, and say how many."""
-    keep = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
-    if len(keep) < len(texts):
-        log.warning("%s: skipped %d empty or whitespace-only texts of %d", where, len(texts) - len(keep), len(texts))
-    if not keep:
+def has_rows(path: Path, builder: str) -> bool:
+    """Whether the file holds anything past a CSV header (or, for JSON, past an empty list)."""
+    if builder == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.ParquetFile(path).metadata.num_rows > 0
+        except Exception:  # not parquet at all: `datasets` reports it
+            return True
+    with open(path, encoding="utf-8") as f:
+        if builder == "csv":
+            f.readline()
+        rest = f.read(1 << 16).strip()
+        while rest == "" and (chunk := f.read(1 << 20)):  # blank lines, however many
+            rest = chunk.strip()
+    return rest not in ("", "[]")
+
+
+def drop_unusable(texts: list, labels: list, where: str) -> tuple[list[str], list]:
+    """Rows without a text (empty, whitespace-only or missing) or without a label (an empty cell or a missing
+    value) give nothing to learn from or score against: they are skipped, with a warning that counts each kind.
+    Numbers in a text column (JSON, parquet) are texts too: 42 becomes "42"."""
+    texts = [text if isinstance(text, str) or text is None else str(text) for text in texts]
+    has_text = [text is not None and text.strip() != "" for text in texts]
+    keep = [i for i, label in enumerate(labels) if has_text[i] and not is_missing(label)]
+    if not all(has_text):
+        log.warning("%s: skipped %d empty or whitespace-only texts of %d", where, has_text.count(False), len(texts))
+    if sum(has_text) > len(keep):
+        log.warning("%s: skipped %d rows with an empty or missing label of %d", where, sum(has_text) - len(keep), len(texts))
+    if not any(has_text):
         raise DataError(f"{where}: no non-empty texts")
+    if not keep:
+        raise DataError(f"{where}: no row has a label")
     return [texts[i] for i in keep], [labels[i] for i in keep]
 
 
+def is_missing(label) -> bool:
+    return label is None or (isinstance(label, str) and not label.strip())
+
+
+def is_integer(label) -> bool:
+    """An integer, an integral float, or a text that is a plain integer ("3", "-1"; not "01", "+3" or "3.0")."""
+    if isinstance(label, bool):
+        return False
+    if isinstance(label, float):
+        return label.is_integer()
+    return isinstance(label, int) or (isinstance(label, str) and re.fullmatch(r"-?(0|[1-9][0-9]*)", label) is not None)
+
+
 def encode_labels(raw: dict[str, list], sources: dict[str, str], names: list[str] | None) -> tuple[dict[str, list[int]], list[str]]:
-    """Raw labels → integers. String labels become sorted label names; integer labels stay as they are."""
+    """Raw labels → class indices 0..n-1, and the label names.
+
+    Integer labels (see is_integer): if the registered dataset names its classes and every training label indexes
+    those names, the label is the class. Otherwise the sorted distinct training labels become 0..n-1 and keep their
+    values as names, so labels {1, 2} give classes named "1", "2" and no unused class 0. Any other labels are texts,
+    kept as written, and their sorted distinct values are the names: "01" and "10" are two classes, not 1 and 10."""
     train = raw["train"]
-    if any(label is None for split in raw.values() for label in split):
-        split = next(s for s, labels in raw.items() if any(label is None for label in labels))
-        raise DataError(f"{sources[split]}: missing label values")
-    if all(isinstance(label, (int, bool)) or (isinstance(label, float) and label.is_integer()) for label in train):
-        n = max(int(label) for label in train) + 1
-        if min(int(label) for label in train) < 0:
-            raise DataError(f"{sources['train']}: negative integer labels")
-        names = names if names and len(names) >= n else [str(i) for i in range(n)]
-        to_index = {i: i for i in range(len(names))}
-        key = int
+    if all(is_integer(label) for label in train):
+        values = sorted({int(label) for label in train})
+        if names and all(0 <= value < len(names) for value in values):  # registered names: the label is the class
+            to_index = {i: i for i in range(len(names))}
+        else:
+            names = [str(value) for value in values]
+            to_index = {value: i for i, value in enumerate(values)}
+
+        def key(label):
+            return int(label) if is_integer(label) else None
     else:
         names = sorted({str(label) for label in train})
         to_index = {name: i for i, name in enumerate(names)}
         key = str
     encoded = {}
     for split, labels in raw.items():
-        try:
-            encoded[split] = [to_index[key(label)] for label in labels]
-        except (KeyError, ValueError, TypeError):
-            unseen = sorted({str(label) for label in labels if _lookup(to_index, key, label) is None})
+        encoded[split] = [to_index.get(key(label)) for label in labels]
+        if None in encoded[split]:
+            unseen = sorted({str(label) for label, index in zip(labels, encoded[split]) if index is None})
             raise DataError(
                 f"{sources[split]}: label(s) {', '.join(unseen[:5])} not seen in training (training labels: {', '.join(names)})"
-            ) from None
+            )
     return encoded, names
 
 
-def _lookup(to_index, key, label):
-    try:
-        return to_index.get(key(label))
-    except (ValueError, TypeError):
-        return None
-
-
 def stratified_split(labels: list[int], fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """Indices (train, validation): `fraction` of each class goes to validation, the same for the same seed."""
+    """Indices (train, validation): `fraction` of each class goes to validation, the same for the same seed.
+    A class of one row stays in train, and every class keeps at least one training row."""
     rng = random.Random(seed)
     train, val = [], []
     for cls in sorted(set(labels)):
         members = [i for i, label in enumerate(labels) if label == cls]
         rng.shuffle(members)
-        n_val = max(1, round(len(members) * fraction)) if len(members) > 1 else 0
+        n_val = min(len(members) - 1, max(1, round(len(members) * fraction)))
         val += members[:n_val]
         train += members[n_val:]
     return sorted(train), sorted(val)
@@ -226,13 +275,24 @@ def load_splits(
     else:
         raise DataError(f"unknown dataset {dataset!r}; registered: {', '.join(NAMES)} (or give train_file)")
 
-    raw = {split: drop_empty(*pair, where=sources[split]) for split, pair in raw.items()}
+    raw = {split: drop_unusable(*pair, where=sources[split]) for split, pair in raw.items()}
     if "all" in raw:  # one file: train is split off below
         raw["train"], sources["train"] = raw.pop("all"), sources.pop("all")
     labels, label_names = encode_labels({s: pair[1] for s, pair in raw.items()}, sources, names)
     texts = {split: pair[0] for split, pair in raw.items()}
+    classes = sorted(set(labels["train"]))
+    if len(classes) < 2:
+        raise DataError(
+            f"{sources['train']}: needs at least two classes to learn from; "
+            f"all {len(labels['train'])} usable row(s) are labelled {label_names[classes[0]]!r}"
+        )
     if "validation" not in texts:
         train_idx, val_idx = stratified_split(labels["train"], val_fraction, seed)
+        if not val_idx:
+            raise DataError(
+                f"{sources['train']}: val_fraction {val_fraction} of {len(labels['train'])} rows leaves no validation "
+                f"rows (a class gives one only when it has two or more); give val_file, or more rows"
+            )
         texts["validation"] = [texts["train"][i] for i in val_idx]
         labels["validation"] = [labels["train"][i] for i in val_idx]
         texts["train"] = [texts["train"][i] for i in train_idx]
