@@ -129,7 +129,7 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
     # Imported here, not at the top, so --help and argument errors answer without loading torch.
-    from model.inference import TextClassifier
+    from inference import TextClassifier
 
     texts = read_inputs(args)
     classifier = TextClassifier.from_checkpoint(args.ckpt, device=args.device)
@@ -184,7 +184,7 @@ def run(args) -> int:
 
 
 def write_png(prediction, path: Path) -> Path:
-    from model.heatmap import attention_figure, save_png  # matplotlib only when heatmaps are asked for
+    from monitor.heatmap import attention_figure, save_png  # matplotlib only when heatmaps are asked for
 
     text = prediction.text if len(prediction.text) <= 60 else prediction.text[:59] + "…"
     title = f"{prediction.label} ({max(prediction.probabilities.values()):.2f}): {text}"

@@ -16,27 +16,33 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 from data import DataError, TextDataModule
-from model.lightning_module import ClassifierModule
+from model.config import ConfigError
+from training.module import ClassifierModule
 
 
 class CLI(LightningCLI):
     def add_arguments_to_parser(self, parser):
         # Sizes the data decides travel to the model; the user never types them twice.
-        parser.link_arguments("data.max_length", "model.max_length")
-        parser.link_arguments("data.vocab_size", "model.vocab_size")  # the tokenizer never exceeds it
+        parser.link_arguments("data.max_length", "model.network.max_length")
+        parser.link_arguments("data.vocab_size", "model.network.vocab_size")  # the tokenizer never exceeds it
         parser.link_arguments("data.label_names", "model.label_names", apply_on="instantiate")
+        parser.link_arguments("data.label_names", "model.network.num_classes", compute_fn=len, apply_on="instantiate")
 
     def before_instantiate_classes(self):
-        # `--ckpt_path last` resumes the newest run: log into that run's version so its last.ckpt is found.
         config = self.config.get(self.subcommand, {})
-        if config.get("ckpt_path") == "last":
-            logger = config["trainer"]["logger"]
-            if isinstance(logger, dict) or hasattr(logger, "init_args"):
-                args = logger["init_args"]
-                runs = Path(args.get("save_dir") or ".") / (args.get("name") or "lightning_logs")
-                resumable = sorted(runs.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
-                if resumable and args.get("version") is None:
-                    args["version"] = resumable[-1].parent.parent.name
+        logger = config["trainer"]["logger"]
+        logger_args = logger["init_args"] if isinstance(logger, dict) or hasattr(logger, "init_args") else None
+        # --trainer.default_root_dir DIR holds everything, as Lightning users expect: the logger's default "." is
+        # relative to it (checkpoints go under the logger's folder).
+        root = config["trainer"].get("default_root_dir")
+        if root and logger_args is not None and logger_args.get("save_dir") in (None, "."):
+            logger_args["save_dir"] = root
+        # `--ckpt_path last` resumes the newest run: log into that run's version so its last.ckpt is found.
+        if config.get("ckpt_path") == "last" and logger_args is not None and logger_args.get("version") is None:
+            runs = Path(logger_args.get("save_dir") or ".") / (logger_args.get("name") or "lightning_logs")
+            resumable = sorted(runs.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+            if resumable:
+                logger_args["version"] = resumable[-1].parent.parent.name
 
 
 def main(args=None):
@@ -44,7 +50,7 @@ def main(args=None):
     torch.set_float32_matmul_precision("high")
     try:
         return cli(args)
-    except DataError as e:  # bad input: one line naming the file and what is wrong, no traceback
+    except (DataError, ConfigError) as e:  # bad input: one line naming the file or setting, no traceback
         sys.exit(f"error: {e}")
 
 

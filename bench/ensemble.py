@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from bench.accuracy import nb_logreg_probabilities, splits_for  # noqa: E402
 from data.sources import DataError  # noqa: E402
-from model.inference import CheckpointError, TextClassifier  # noqa: E402
+from inference import CheckpointError, TextClassifier  # noqa: E402
 
 
 def checkpoint_probabilities(path: Path, texts: list[str], label_names: list[str]) -> np.ndarray:

@@ -1,17 +1,11 @@
-"""The network: hand-written attention (model/attention.py), the classifier around it, and its Lightning wrapper."""
+"""The network, plain PyTorch (no Lightning, no data, no matplotlib): the hand-written attention
+(model/attention.py), the classifier around it (model/classifier.py) and its one configuration (model/config.py)."""
 
-from model.attention import MultiHeadSelfAttention
-from model.classifier import AttentionClassifier
+from model.attention import AttentionWeights, MultiHeadSelfAttention
+from model.classifier import AttentionClassifier, ClassifierOutput
+from model.config import ConfigError, NetworkConfig
 
-__all__ = ["MultiHeadSelfAttention", "AttentionClassifier", "TextClassifier", "Prediction", "CheckpointError"]
-
-INFERENCE_NAMES = ("TextClassifier", "Prediction", "CheckpointError")
-
-
-def __getattr__(name):
-    # Imported on first use, so `import model` stays as light as the network itself.
-    if name in INFERENCE_NAMES:
-        from model import inference
-
-        return getattr(inference, name)
-    raise AttributeError(f"module 'model' has no attribute {name!r}")
+__all__ = [
+    "AttentionClassifier", "AttentionWeights", "ClassifierOutput", "ConfigError", "MultiHeadSelfAttention",
+    "NetworkConfig",
+]

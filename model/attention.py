@@ -4,14 +4,27 @@
     A = softmax(Q Kᵀ / √d)          each row sums to 1; padded keys get exactly 0
     out = concat_heads(A V) W_O
 
-Letters in the shape comments: B batch, L tokens, H heads, d head size, D model width.
+`MultiHeadSelfAttention.attend` holds those lines once; every caller goes through it: training, validation, the
+attention monitor, heatmaps and prediction. `attention_kernel="fused"` is an opt-in that gives the same numbers
+through torch's scaled_dot_product_attention (tests/test_attention.py proves them equal).
+
+Letters in the shape comments: B batch, L tokens, H heads, d head size, D model width, N real tokens of a batch.
 """
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+class AttentionWeights(NamedTuple):
+    """What a layer hands out when asked for its weights: exactly what it computed, for the monitor and heatmaps."""
+
+    weights: torch.Tensor  # (B, H, L, L) softmax rows: query × key; blocked keys hold exactly 0
+    scores: torch.Tensor  # (B, H, L, L) the pre-softmax scores Q Kᵀ · scale (blocked places hold a huge negative)
+    blocked: torch.Tensor | None  # broadcasts to (B, H, L, L); True where a query may not look at a key
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -24,12 +37,16 @@ class MultiHeadSelfAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = False,
         scale: float | None = None,
+        causal: bool = False,
+        kernel: str = "manual",
     ):
         super().__init__()
         d_head = d_head or d_model // n_heads
         if d_head < 1:
             raise ValueError(f"d_head must be >= 1, got d_model={d_model}, n_heads={n_heads}")
-        self.n_heads, self.d_head = n_heads, d_head
+        if kernel not in ("manual", "fused"):
+            raise ValueError(f"kernel must be 'manual' or 'fused', got {kernel!r}")
+        self.n_heads, self.d_head, self.causal, self.kernel = n_heads, d_head, causal, kernel
         # 1/√d keeps the dot products at unit variance whatever the head size; a float overrides it
         # (scale=1.0 reproduces "no scaling", which saturates the softmax for large d).
         self.scale = 1.0 / math.sqrt(d_head) if scale is None else float(scale)
@@ -40,53 +57,70 @@ class MultiHeadSelfAttention(nn.Module):
         self.w_o = nn.Linear(inner, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
+    def attend(self, q, k, v, blocked, need_weights: bool = False):
+        """The formula: q, k, v (B, H, L, d); blocked broadcasts to (B, H, L, L), True = may not look.
+        Returns (out (B, H, L, d), AttentionWeights or None)."""
+        if self.kernel == "fused" and not need_weights:
+            return fused_attention(q, k, v, blocked, self.scale, self.dropout.p if self.training else 0.0), None
+        scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, L, L)
+        if blocked is not None:
+            # Blocked keys get half the most negative finite number added rather than -inf: exp() of the sum is
+            # exactly 0 next to any allowed key, and a row with no allowed key at all stays finite (uniform);
+            # empty_rows() zeroes those below. Half, so that adding a score can never overflow to -inf. Added as
+            # one (B or 1, 1, L or 1, L) float mask, in place: several times faster than a boolean masked_fill, and
+            # the scaled product is a fresh tensor that autograd does not keep.
+            lowest = torch.finfo(scores.dtype).min / 2
+            scores += torch.zeros(blocked.shape, dtype=scores.dtype, device=scores.device).masked_fill_(blocked, lowest)
+        weights = scores.softmax(dim=-1)  # (B, H, L, L), each row sums to 1
+        out = self.dropout(weights) @ v  # (B, H, L, d)
+        if blocked is not None:
+            empty = empty_rows(blocked)  # (B or 1, 1, L, 1): queries with no key to look at give 0, not an average
+            if empty.any():  # rare (a text of padding only, or left padding with the look-ahead mask): skip the pass
+                out = out.masked_fill(empty, 0.0)
+                if need_weights:
+                    weights = weights.masked_fill(empty, 0.0)
+        return out, AttentionWeights(weights, scores, blocked) if need_weights else None
+
     def forward(
-        self,
-        x: torch.Tensor,
-        key_padding_mask: torch.Tensor | None = None,
-        causal: bool = False,
-        need_weights: bool = True,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, L, D); key_padding_mask (B, L) bool, True marks padding. Returns (out (B, L, D), weights (B, H, L, L) or None)."""
+        self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, need_weights: bool = False
+    ) -> tuple[torch.Tensor, AttentionWeights | None]:
+        """x (B, L, D); key_padding_mask (B, L) bool, True marks padding. Returns (out (B, L, D), weights or None)."""
         B, L, _ = x.shape
         q = self.split_heads(self.w_q(x))  # (B, H, L, d)
         k = self.split_heads(self.w_k(x))  # (B, H, L, d)
         v = self.split_heads(self.w_v(x))  # (B, H, L, d)
-        blocked = attention_mask(key_padding_mask, causal, L, x.device)  # (B or 1, 1, L, L), True = no attention
+        out, weights = self.attend(q, k, v, self.mask(key_padding_mask, L, x.device), need_weights)
+        return self.w_o(self.merge_heads(out)), weights  # (B, L, D)
 
-        if not need_weights:
-            # Same numbers through PyTorch's fused kernel (tests/test_attention.py proves them equal);
-            # the explicit path below is the reference and the one that can hand out the weights.
-            out = fused_attention(q, k, v, blocked, self.scale, self.dropout.p if self.training else 0.0)
-            return self.w_o(self.merge_heads(out)), None
+    def forward_packed(
+        self, x: torch.Tensor, key_padding_mask: torch.Tensor, need_weights: bool = False
+    ) -> tuple[torch.Tensor, AttentionWeights | None]:
+        """forward() for callers that keep padding out of per-token work: x (N, D) holds the N real tokens of a
+        (B, L) batch in row-major order, key_padding_mask (B, L) marks padding. Returns (out (N, D), weights or None).
 
-        scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, L, L)
-        if blocked is not None:
-            # The most negative finite number, not -inf: exp() of it is exactly 0, and a row whose keys are
-            # all padding becomes uniform instead of NaN; that row is zeroed just below.
-            scores = scores.masked_fill(blocked, torch.finfo(scores.dtype).min)
-        weights = scores.softmax(dim=-1)  # (B, H, L, L), each row sums to 1
-        if blocked is not None:
-            weights = weights.masked_fill(blocked, 0.0)  # exact zeros, also for all-padding rows
-        out = self.dropout(weights) @ v  # (B, H, L, d)
-        return self.w_o(self.merge_heads(out)), weights
-
-    def forward_packed(self, x: torch.Tensor, key_padding_mask: torch.Tensor, causal: bool = False) -> torch.Tensor:
-        """The fused path on real tokens only, for callers that keep padding out: x (N, D) holds the N real tokens
-        of a (B, L) batch in row-major order, key_padding_mask (B, L) marks padding. Returns (N, D).
-
-        Projections skip the padding; only the attention core sees the (B, L) grid, with zeros at padded places.
+        The projections see only real tokens; the same `attend` sees the (B, L) grid, zeros at padded places.
         Equal to forward() at the real tokens, outputs and gradients (tests/test_attention.py).
         """
         B, L = key_padding_mask.shape
         real = ~key_padding_mask.bool()  # (B, L)
-        # One scatter onto the grid for q, k and v together: on a CPU, writing the padded grid costs more than
-        # the projections do.
-        qkv = unpack(torch.cat([self.w_q(x), self.w_k(x), self.w_v(x)], dim=-1), real)  # (B, L, 3·H·d)
-        q, k, v = qkv.view(B, L, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)  # each (B, H, L, d)
-        blocked = attention_mask(key_padding_mask, causal, L, x.device)  # (B, 1, L, L) or (B, 1, 1, L)
-        out = fused_attention(q, k, v, blocked, self.scale, self.dropout.p if self.training else 0.0)  # (B, H, L, d)
-        return self.w_o(out.transpose(1, 2)[real].flatten(1))  # (N, H·d) → (N, D)
+        # One matrix product for W_Q, W_K and W_V together, and one scatter of all three onto the grid: on a CPU,
+        # writing the padded grid costs more than the projections do.
+        w_qkv = torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight])  # (3·H·d, D)
+        b_qkv = None if self.w_q.bias is None else torch.cat([self.w_q.bias, self.w_k.bias, self.w_v.bias])
+        qkv = F.linear(x, w_qkv, b_qkv).view(-1, 3, self.n_heads, self.d_head)  # (N, 3, H, d)
+        # The grid is laid out (3, B, H, L, d) and written through a (B, L, 3, H, d) view, so that q, k and v come
+        # out contiguous: the matrix products in attend() then read them as they are instead of copying them.
+        grid = x.new_zeros(3, B, self.n_heads, L, self.d_head)
+        grid.permute(1, 3, 0, 2, 4)[real] = qkv
+        q, k, v = grid  # each (B, H, L, d), zeros at padded places
+        # Without padding (and without the look-ahead mask) nothing is blocked: attend() then skips the mask.
+        padding = key_padding_mask if not real.all() else None
+        out, weights = self.attend(q, k, v, self.mask(padding, L, x.device), need_weights)
+        return self.w_o(out.transpose(1, 2)[real].flatten(1)), weights  # (N, H·d) → (N, D)
+
+    def mask(self, key_padding_mask: torch.Tensor | None, L: int, device=None) -> torch.Tensor | None:
+        """This layer's mask: (B or 1, 1, L or 1, L) bool, True where a query may not look at a key; None if none."""
+        return attention_mask(key_padding_mask, self.causal, L, device)
 
     def split_heads(self, t: torch.Tensor) -> torch.Tensor:
         B, L, _ = t.shape
@@ -98,9 +132,9 @@ class MultiHeadSelfAttention(nn.Module):
 
 
 def attention_mask(
-    key_padding_mask: torch.Tensor | None, causal: bool, L: int, device: torch.device
+    key_padding_mask: torch.Tensor | None, causal: bool, L: int, device: torch.device | None = None
 ) -> torch.Tensor | None:
-    """Boolean (B or 1, 1, L, L) mask, True where a query may not look at a key; None when nothing is masked."""
+    """Boolean (B or 1, 1, L or 1, L) mask, True where a query may not look at a key; None when nothing is masked."""
     blocked = None
     if key_padding_mask is not None:
         blocked = key_padding_mask.bool()[:, None, None, :]  # (B, 1, 1, L): padded keys, for every query
@@ -108,6 +142,11 @@ def attention_mask(
         future = torch.ones(L, L, dtype=torch.bool, device=device).triu(diagonal=1)  # (L, L): keys after the query
         blocked = future[None, None] if blocked is None else blocked | future
     return blocked
+
+
+def empty_rows(blocked: torch.Tensor) -> torch.Tensor:
+    """(B or 1, 1, L or 1, 1) bool: queries for which every key is blocked (a text of padding only)."""
+    return blocked.all(dim=-1, keepdim=True)
 
 
 def unpack(t: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
@@ -118,11 +157,11 @@ def unpack(t: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
 
 
 def fused_attention(q, k, v, blocked, scale: float, dropout_p: float) -> torch.Tensor:
-    """softmax(q kᵀ · scale) v through F.scaled_dot_product_attention, with the reference path's conventions."""
+    """The opt-in kernel: softmax(q kᵀ · scale) v through F.scaled_dot_product_attention, with attend()'s
+    conventions (a blocked key gets exactly 0; a query with no key to look at gives 0)."""
     if blocked is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
-    # An additive float mask (not a boolean one) keeps all-padding rows finite, as in the reference path.
+    # An additive float mask (not a boolean one) keeps all-padding rows finite, as in attend().
     bias = torch.zeros(blocked.shape, dtype=q.dtype, device=q.device).masked_fill(blocked, torch.finfo(q.dtype).min)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
-    empty_rows = blocked.all(dim=-1, keepdim=True)  # (B, 1, L, 1): queries with no key to look at
-    return out.masked_fill(empty_rows, 0.0)
+    return out.masked_fill(empty_rows(blocked), 0.0)

@@ -17,6 +17,12 @@ def make_layer(seed=0, **kwargs):
     return MultiHeadSelfAttention(d_model=D, n_heads=H, **kwargs).eval()
 
 
+def weights_of(layer, x, mask=None):
+    """(out, weights (B, H, L, L)) from the layer's own hand-out."""
+    out, attention = layer(x, key_padding_mask=mask, need_weights=True)
+    return out, attention.weights
+
+
 def padding_mask(lengths, L=L):
     return torch.arange(L)[None, :] >= torch.tensor(lengths)[:, None]  # (B, L), True = padding
 
@@ -28,10 +34,10 @@ def qkv(layer, x):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("use_padding", [False, True])
 def test_matches_scaled_dot_product_attention(causal, use_padding):
-    layer = make_layer()
+    layer = make_layer(causal=causal)
     x = torch.randn(B, L, D)
     mask = padding_mask([7, 5, 2]) if use_padding else None
-    out, _ = layer(x, key_padding_mask=mask, causal=causal)
+    out, _ = layer(x, key_padding_mask=mask)
 
     q, k, v = qkv(layer, x)
     allowed = torch.ones(B, 1, L, L, dtype=torch.bool)
@@ -56,7 +62,7 @@ def test_matches_nn_multihead_attention_with_copied_weights():
     x = torch.randn(B, L, D)
     mask = padding_mask([7, 4, 1])
 
-    out, weights = layer(x, key_padding_mask=mask)
+    out, weights = weights_of(layer, x, mask)
     expected_out, expected_weights = reference(x, x, x, key_padding_mask=mask, need_weights=True)
     torch.testing.assert_close(out, expected_out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(weights.mean(dim=1), expected_weights, atol=1e-6, rtol=1e-5)
@@ -91,27 +97,28 @@ def test_matches_numpy_formula():
         np.testing.assert_allclose(out[b].detach().numpy(), expected, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("kernel", ["manual", "fused"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gradcheck_float64_with_padding(causal):
+def test_gradcheck_float64_with_padding(causal, kernel):
     torch.manual_seed(0)
-    layer = MultiHeadSelfAttention(d_model=6, n_heads=2, bias=True).double()
+    layer = MultiHeadSelfAttention(d_model=6, n_heads=2, bias=True, causal=causal, kernel=kernel).double()
     x = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
     mask = padding_mask([4, 2], L=4)
-    assert torch.autograd.gradcheck(lambda x: layer(x, key_padding_mask=mask, causal=causal)[0], (x,))
+    assert torch.autograd.gradcheck(lambda x: layer(x, key_padding_mask=mask)[0], (x,))
 
 
 def test_rows_sum_to_one_and_padded_keys_get_exactly_zero():
     layer = make_layer()
     mask = padding_mask([7, 5, 2])
-    _, weights = layer(torch.randn(B, L, D), key_padding_mask=mask)
+    _, weights = weights_of(layer, torch.randn(B, L, D), mask)
     assert weights.shape == (B, H, L, L)
     torch.testing.assert_close(weights.sum(-1), torch.ones(B, H, L))
     assert (weights.masked_select(mask[:, None, None, :].expand_as(weights)) == 0).all()
 
 
 def test_causal_upper_triangle_is_exactly_zero():
-    layer = make_layer()
-    _, weights = layer(torch.randn(B, L, D), causal=True)
+    layer = make_layer(causal=True)
+    _, weights = weights_of(layer, torch.randn(B, L, D))
     upper = torch.ones(L, L, dtype=torch.bool).triu(diagonal=1)
     assert (weights[..., upper] == 0).all()
     torch.testing.assert_close(weights.sum(-1), torch.ones(B, H, L))
@@ -121,20 +128,20 @@ def test_all_padding_row_gives_zeros_not_nan():
     layer = make_layer()
     x = torch.randn(2, L, D, requires_grad=True)
     mask = padding_mask([3, 0])  # the second sequence is padding only
-    out, weights = layer(x, key_padding_mask=mask)
+    out, weights = weights_of(layer, x, mask)
     assert torch.isfinite(out).all()
     assert (weights[1] == 0).all()
     out.sum().backward()
     assert torch.isfinite(x.grad).all()
     # Left padding with a look-ahead mask: the first queries see no key at all.
     left = torch.arange(L)[None, :] < 2
-    out, weights = layer(torch.randn(1, L, D), key_padding_mask=left, causal=True)
+    out, weights = weights_of(make_layer(causal=True), torch.randn(1, L, D), left)
     assert torch.isfinite(out).all() and (weights[0, :, :2] == 0).all()
 
 
 def test_single_token():
     layer = make_layer()
-    out, weights = layer(torch.randn(B, 1, D))
+    out, weights = weights_of(layer, torch.randn(B, 1, D))
     assert out.shape == (B, 1, D)
     torch.testing.assert_close(weights, torch.ones(B, H, 1, 1))
 
@@ -151,17 +158,53 @@ def test_padding_changes_nothing_on_real_tokens():
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("lengths", [[7, 5, 2], [7, 0, 3], None])
-def test_fused_path_equals_reference_path(causal, lengths):
-    layer = make_layer(bias=True)
+def test_fused_kernel_equals_the_written_formula(causal, lengths):
+    """The opt-in kernel is the same function: outputs and gradients, with padding, look-ahead and empty rows."""
+    manual = make_layer(bias=True, causal=causal)
+    fused = make_layer(bias=True, causal=causal, kernel="fused")
+    fused.load_state_dict(manual.state_dict())
     x = torch.randn(B, L, D, requires_grad=True)
     mask = None if lengths is None else padding_mask(lengths)
-    reference, _ = layer(x, key_padding_mask=mask, causal=causal, need_weights=True)
-    fused, weights = layer(x, key_padding_mask=mask, causal=causal, need_weights=False)
+    reference, _ = manual(x, key_padding_mask=mask)
+    out, weights = fused(x, key_padding_mask=mask)
     assert weights is None
-    torch.testing.assert_close(fused, reference, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5)
     (grad_reference,) = torch.autograd.grad(reference.square().sum(), x)
-    (grad_fused,) = torch.autograd.grad(fused.square().sum(), x)
+    (grad_fused,) = torch.autograd.grad(out.square().sum(), x)
     torch.testing.assert_close(grad_fused, grad_reference, atol=1e-5, rtol=1e-4)
+
+
+def test_fused_kernel_uses_the_written_formula_when_weights_are_asked_for(monkeypatch):
+    layer = make_layer(kernel="fused")
+    calls = []
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1))
+    _, attention = layer(torch.randn(B, L, D), need_weights=True)
+    assert calls == [] and attention.weights.shape == (B, H, L, L)
+
+
+def test_manual_kernel_never_calls_the_fused_one(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("F.scaled_dot_product_attention called by the manual kernel")
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", refuse)
+    layer = make_layer(causal=True).train()
+    x = torch.randn(B, L, D)
+    mask = padding_mask([7, 5, 2])
+    layer(x, key_padding_mask=mask)[0].sum().backward()
+    layer.forward_packed(x[~mask], mask)[0].sum().backward()
+
+
+def test_scores_handed_out_are_the_layers_own():
+    """The monitor reads these: Q Kᵀ · scale as the layer computed it, and its own mask."""
+    layer = make_layer(causal=True, scale=0.3)
+    x = torch.randn(B, L, D)
+    mask = padding_mask([7, 5, 2])
+    _, attention = layer(x, key_padding_mask=mask, need_weights=True)
+    q, k, _ = qkv(layer, x)
+    blocked = attention.blocked.expand(B, H, L, L)
+    torch.testing.assert_close(attention.scores[~blocked], ((q @ k.transpose(-2, -1)) * 0.3)[~blocked])
+    expected_blocked = mask[:, None, None, :] | torch.ones(L, L, dtype=torch.bool).triu(1)
+    assert torch.equal(blocked, expected_blocked.expand(B, H, L, L))
 
 
 def normalized_entropy(weights):
@@ -175,7 +218,7 @@ def test_smaller_scale_gives_more_uniform_attention():
     for name, scale in [("small", 0.01), ("default", None), ("large", 4.0)]:
         torch.manual_seed(0)  # the same weights each time; only the scale differs
         layer = MultiHeadSelfAttention(d_model=D, n_heads=H, scale=scale).eval()
-        entropies[name] = normalized_entropy(layer(x)[1]).item()
+        entropies[name] = normalized_entropy(weights_of(layer, x)[1]).item()
     assert entropies["small"] > entropies["default"] > entropies["large"]
     assert entropies["small"] > 0.99  # nearly uniform: the model can no longer tell tokens apart
 
@@ -195,20 +238,24 @@ def test_attention_dropout_only_in_training():
     assert not torch.allclose(layer(x)[0], layer(x)[0])
 
 
+@pytest.mark.parametrize("kernel", ["manual", "fused"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("left_padding", [False, True])
-def test_packed_path_equals_reference_path_at_real_tokens(causal, left_padding):
-    layer = make_layer(bias=True)
+def test_packed_path_equals_reference_path_at_real_tokens(causal, left_padding, kernel):
+    layer = make_layer(bias=True, causal=causal, kernel=kernel)
     mask = padding_mask([7, 5, 2])
     if left_padding:
         mask = mask.flip(-1)
     x = torch.randn(B, L, D, requires_grad=True)
-    reference, _ = layer(x, key_padding_mask=mask, causal=causal, need_weights=True)
+    reference, reference_weights = weights_of(make_layer(bias=True, causal=causal), x, mask)  # manual, (B, L, D)
     reference = reference[~mask]  # (N, D): padded places are nobody's output
-    packed = layer.forward_packed(x[~mask], mask, causal=causal)
+    packed, _ = layer.forward_packed(x[~mask], mask)
     torch.testing.assert_close(packed, reference, atol=1e-5, rtol=1e-5)
+    _, packed_attention = layer.forward_packed(x[~mask], mask, need_weights=True)
+    real_queries = ~mask[:, None, :, None].expand(B, H, L, L)  # rows of padded queries are nobody's
+    torch.testing.assert_close(packed_attention.weights[real_queries], reference_weights[real_queries])
     target = torch.randn_like(reference)
-    grads_reference = torch.autograd.grad((reference * target).sum(), [x, *layer.parameters()])
-    grads_packed = torch.autograd.grad((packed * target).sum(), [x, *layer.parameters()])
+    grads_reference = torch.autograd.grad((reference * target).sum(), [x])
+    grads_packed = torch.autograd.grad((packed * target).sum(), [x])
     for got, expected in zip(grads_packed, grads_reference):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)

@@ -8,7 +8,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
-from model.callbacks import AttentionMonitor, pick_probes
+from monitor.callback import AttentionMonitor, pick_probes
+from monitor.health import AttentionHealth
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -25,7 +26,7 @@ def run(tmp_path, *extra, subcommand="fit"):
 
 def monitor_config(tmp_path, **init_args) -> str:
     """A config overlay whose trainer.callbacks replaces smoke.yaml's with one configured AttentionMonitor."""
-    lines = ["trainer:", "  callbacks:", "    - class_path: model.callbacks.AttentionMonitor", "      init_args:"]
+    lines = ["trainer:", "  callbacks:", "    - class_path: monitor.AttentionMonitor", "      init_args:"]
     lines += [f"        {key}: {value!r}" for key, value in init_args.items()]
     path = tmp_path / "monitor.yaml"
     path.write_text("\n".join(lines).replace("'", '"') + "\n")
@@ -62,12 +63,12 @@ def smoke_run(tmp_path_factory):
     """Two epochs of smoke.yaml with 1 validation probe and one probe text from the config."""
     tmp_path = tmp_path_factory.mktemp("monitor")
     warnings = Warnings()
-    logging.getLogger("model.callbacks").addHandler(warnings)
+    logging.getLogger("monitor.callback").addHandler(warnings)
     try:
         overlay = monitor_config(tmp_path, num_probes=1, probe_texts=[PROBE_TEXT])
         cli = run(tmp_path, "--config", overlay, "--trainer.max_epochs", "2")
     finally:
-        logging.getLogger("model.callbacks").removeHandler(warnings)
+        logging.getLogger("monitor.callback").removeHandler(warnings)
     return cli, events(tmp_path), warnings.lines
 
 
@@ -93,7 +94,7 @@ def test_probe_text_from_the_config_is_drawn_with_the_data_tokenizer(smoke_run):
 def test_health_scalars_histogram_and_verdicts_reach_tensorboard(smoke_run):
     cli, accumulator, _ = smoke_run
     steps_per_epoch = cli.trainer.global_step // 2
-    heads = cli.model.hparams.n_heads
+    heads = cli.model.network.n_heads
     for name in FIGURES:
         for head in range(heads):
             values = accumulator.Scalars(f"attention_health/{name}/layer0_head{head}")
@@ -106,17 +107,26 @@ def test_health_scalars_histogram_and_verdicts_reach_tensorboard(smoke_run):
     assert final.count("\n| 0 |") == heads  # one row per head of the one layer
 
 
-def test_smoke_model_after_two_epochs_is_flagged_on_no_head(smoke_run):
-    cli, _, warnings = smoke_run
-    assert monitor_of(cli).figures.verdicts() == [["ok"] * cli.model.hparams.n_heads]
-    assert warnings == []
+def test_figures_are_the_health_of_the_whole_validation_set(smoke_run):
+    """Known answer: the monitor's figures equal AttentionHealth over every validation batch of the final model."""
+    cli, _, _ = smoke_run
+    model = cli.model.model.eval()
+    health = AttentionHealth()
+    with torch.no_grad():
+        for batch in cli.datamodule.val_dataloader():
+            health.update(model(batch["input_ids"], batch["padding_mask"], need_weights=True).attention,
+                          batch["padding_mask"])
+    expected, figures = health.compute(), monitor_of(cli).figures
+    assert figures.rows == expected.rows == sum(n for n in cli.datamodule.split("validation").lengths if n >= 2)
+    for name in FIGURES:
+        torch.testing.assert_close(getattr(figures, name), getattr(expected, name))
 
 
 def test_tiny_scale_is_flagged_over_uniform_with_one_warning_per_head(tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="model.callbacks")
-    cli = run(tmp_path, "--model.scale", "0.001", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "10")
-    heads = cli.model.hparams.n_heads
-    lines = [r.getMessage() for r in caplog.records if r.name == "model.callbacks"]
+    caplog.set_level(logging.WARNING, logger="monitor.callback")
+    cli = run(tmp_path, "--model.network.scale", "0.001", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "10")
+    heads = cli.model.network.n_heads
+    lines = [r.getMessage() for r in caplog.records if r.name == "monitor.callback"]
     assert len(lines) == heads
     for head, line in enumerate(lines):
         assert line.startswith(f"attention layer 0 head {head} is over-uniform (entropy 1.00")
@@ -125,16 +135,16 @@ def test_tiny_scale_is_flagged_over_uniform_with_one_warning_per_head(tmp_path, 
 
 
 def test_untrained_model_is_not_warned_about_but_its_verdict_is_logged(tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="model.callbacks")
-    run(tmp_path, "--model.scale", "0.001", "--trainer.limit_val_batches", "2", subcommand="validate")
-    assert not [r for r in caplog.records if r.name == "model.callbacks"]
+    caplog.set_level(logging.WARNING, logger="monitor.callback")
+    run(tmp_path, "--model.network.scale", "0.001", "--trainer.limit_val_batches", "2", subcommand="validate")
+    assert not [r for r in caplog.records if r.name == "monitor.callback"]
     assert "| over-uniform |" in verdict_texts(events(tmp_path))[-1]
 
 
 def test_without_tensorboard_scalars_still_go_to_the_logger(tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="model.callbacks")
+    caplog.set_level(logging.WARNING, logger="monitor.callback")
     run(
-        tmp_path, "--model.scale", "0.001", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "5",
+        tmp_path, "--model.network.scale", "0.001", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "5",
         "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.init_args.save_dir", str(tmp_path),
     )
     (metrics,) = tmp_path.glob("lightning_logs/version_0/metrics.csv")

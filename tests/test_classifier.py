@@ -1,7 +1,12 @@
 import pytest
 import torch
 
-from model.classifier import POOLINGS, AttentionClassifier
+from model.classifier import AttentionClassifier
+from model.config import POOLINGS, ConfigError, NetworkConfig
+
+
+def classifier(**settings) -> AttentionClassifier:
+    return AttentionClassifier(NetworkConfig(**settings))
 
 
 def tiny_batch():
@@ -11,17 +16,17 @@ def tiny_batch():
 
 @pytest.mark.parametrize("pooling", POOLINGS)
 def test_forward_shapes_for_every_pooling(pooling):
-    model = AttentionClassifier(vocab_size=20, num_classes=3, d_model=16, n_heads=2, n_layers=2, d_ff=32, pooling=pooling)
+    model = classifier(vocab_size=20, num_classes=3, d_model=16, n_heads=2, n_layers=2, d_ff=32, pooling=pooling)
     token_ids, mask = tiny_batch()
     logits, attention = model(token_ids, mask, need_weights=True)
     assert logits.shape == (3, 3)
-    assert len(attention) == 2 and all(a.shape == (3, 2, 5, 5) for a in attention)
+    assert len(attention) == 2 and all(a.weights.shape == a.scores.shape == (3, 2, 5, 5) for a in attention)
     assert model(token_ids, mask).attention is None
 
 
 @pytest.mark.parametrize("pooling", ["mean", "max", "attention"])
 def test_pooling_ignores_padding(pooling):
-    model = AttentionClassifier(vocab_size=20, num_classes=2, d_model=16, n_heads=2, pooling=pooling).eval()
+    model = classifier(vocab_size=20, num_classes=2, d_model=16, n_heads=2, pooling=pooling).eval()
     short = torch.tensor([[3, 4]])
     padded = torch.tensor([[3, 4, 0, 0]])
     logits_short = model(short, short == 0).logits
@@ -30,17 +35,17 @@ def test_pooling_ignores_padding(pooling):
 
 
 def test_rejects_too_long_input_and_unknown_pooling():
-    model = AttentionClassifier(vocab_size=20, num_classes=2, d_model=8, n_heads=2, max_length=4)
+    model = classifier(vocab_size=20, num_classes=2, d_model=8, n_heads=2, max_length=4)
     with pytest.raises(ValueError, match="max_length"):
         model(torch.ones(1, 5, dtype=torch.long))
-    with pytest.raises(ValueError, match="pooling"):
-        AttentionClassifier(vocab_size=20, num_classes=2, pooling="cls")
+    with pytest.raises(ConfigError, match="pooling"):
+        classifier(vocab_size=20, num_classes=2, pooling="cls")
 
 
 @pytest.mark.parametrize("pooling", POOLINGS)
 def test_a_few_steps_drive_the_loss_down(pooling):
     torch.manual_seed(0)
-    model = AttentionClassifier(vocab_size=20, num_classes=3, d_model=16, n_heads=2, pooling=pooling, dropout=0.0)
+    model = classifier(vocab_size=20, num_classes=3, d_model=16, n_heads=2, pooling=pooling, dropout=0.0)
     token_ids, mask = tiny_batch()
     labels = torch.tensor([0, 1, 2])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -54,29 +59,33 @@ def test_a_few_steps_drive_the_loss_down(pooling):
     assert losses[-1] < 0.1 * losses[0]
 
 
-@pytest.mark.parametrize("pooling", POOLINGS)
+@pytest.mark.parametrize("kernel", ["manual", "fused"])
+@pytest.mark.parametrize("pooling", ["mean", "max", "attention"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_packed_path_equals_reference_path(pooling, causal):
-    """need_weights=False leaves padding out of every per-token step; logits and gradients must not change."""
+def test_padded_batch_equals_each_text_alone(pooling, causal, kernel):
+    """Padding is left out of every per-token step: each text in a padded batch gets the logits and gradients it
+    gets alone, with or without weights handed out."""
     torch.manual_seed(0)
-    model = AttentionClassifier(
+    model = classifier(
         vocab_size=20, num_classes=3, d_model=16, n_heads=2, n_layers=2, d_ff=32, pooling=pooling, causal=causal,
-        bias=True, dropout=0.0, embedding_dropout=0.0,
+        bias=True, dropout=0.0, embedding_dropout=0.0, attention_kernel=kernel,
     )
     token_ids, mask = tiny_batch()
-    reference = model(token_ids, mask, need_weights=True).logits  # the explicit path, padding computed throughout
-    packed = model(token_ids, mask, need_weights=False).logits
-    torch.testing.assert_close(packed, reference, atol=1e-5, rtol=1e-5)
+    batch = model(token_ids, mask).logits
+    # The manual kernel runs the very same code with weights handed out; the fused one switches to it for them.
+    exact = 0 if kernel == "manual" else 1e-5
+    torch.testing.assert_close(model(token_ids, mask, need_weights=True).logits, batch, atol=exact, rtol=exact)
+    for row in range(len(token_ids)):
+        alone = token_ids[row : row + 1, : int((~mask[row]).sum())]  # (1, n): no padding at all
+        torch.testing.assert_close(model(alone).logits[0], batch[row], atol=1e-5, rtol=1e-5)
     parameters = list(model.parameters())
-    target = torch.randn_like(reference)
-    grads_reference = torch.autograd.grad((reference * target).sum(), parameters)
-    grads_packed = torch.autograd.grad((packed * target).sum(), parameters)
-    for got, expected in zip(grads_packed, grads_reference):
-        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    (grad_batch,) = torch.autograd.grad(batch[1].sum(), parameters[:1])
+    (grad_alone,) = torch.autograd.grad(model(token_ids[1:2, :2]).logits.sum(), parameters[:1])
+    torch.testing.assert_close(grad_batch, grad_alone, atol=1e-5, rtol=1e-4)
 
 
 def test_packed_path_gives_finite_logits_for_an_all_padding_sequence():
-    model = AttentionClassifier(vocab_size=20, num_classes=2, d_model=16, n_heads=2, d_ff=32)
+    model = classifier(vocab_size=20, num_classes=2, d_model=16, n_heads=2, d_ff=32)
     token_ids = torch.tensor([[3, 4, 5], [0, 0, 0]])
     logits = model(token_ids, token_ids == 0).logits
     assert torch.isfinite(logits).all()
@@ -84,10 +93,35 @@ def test_packed_path_gives_finite_logits_for_an_all_padding_sequence():
 
 @pytest.mark.parametrize("positions", ["learned", "sinusoidal", "none"])
 def test_position_kinds(positions):
-    model = AttentionClassifier(vocab_size=20, num_classes=2, d_model=16, n_heads=2, positions=positions).eval()
+    model = classifier(vocab_size=20, num_classes=2, d_model=16, n_heads=2, positions=positions).eval()
     token_ids = torch.tensor([[3, 4, 5, 6]])
     reversed_ids = token_ids.flip(1)
     same = torch.allclose(model(token_ids).logits, model(reversed_ids).logits, atol=1e-6)
     assert same == (positions == "none")  # only without positions is word order invisible
     trainable = model.position_embedding.weight.requires_grad
     assert trainable == (positions == "learned")
+
+
+@pytest.mark.parametrize(
+    "settings, setting",
+    [
+        ({"pooling": "foo"}, "pooling"),
+        ({"n_heads": 0}, "n_heads"),
+        ({"d_model": 4, "n_heads": 8}, "n_heads 8 is larger than d_model 4"),
+        ({"dropout": 1.5}, "dropout"),
+        ({"causal": True, "pooling": "first"}, "causal"),
+        ({"attention_kernel": "flash"}, "attention_kernel"),
+        ({"scale": 0.0}, "scale"),
+    ],
+)
+def test_impossible_settings_are_refused_with_one_line_naming_them(settings, setting):
+    with pytest.raises(ConfigError, match=setting) as error:
+        NetworkConfig(**settings)
+    assert "\n" not in str(error.value)
+
+
+def test_config_round_trips_through_a_plain_dict_and_refuses_unknown_keys():
+    config = NetworkConfig(d_model=32, scale=0.5, causal=True, pooling="max", positions="none")
+    assert NetworkConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ConfigError, match="d_modle"):
+        NetworkConfig.from_dict({**config.to_dict(), "d_modle": 64})

@@ -10,8 +10,8 @@ from matplotlib import font_manager
 from matplotlib.ft2font import FT2Font
 from PIL import Image
 
-import model.heatmap as heatmap
-from model.heatmap import attention_figure, figure_to_array, find_cjk_font, save_png
+import monitor.heatmap as heatmap
+from monitor.heatmap import attention_figure, figure_to_array, find_cjk_font, save_png
 
 TOKENS = ["[CLS]", "我", "喜欢", "这部", "电影", "but", "the", "ending", "drags"]
 
@@ -123,7 +123,7 @@ def test_chinese_tokens_render_with_the_cjk_font():
 def test_without_a_cjk_font_chinese_falls_back_with_one_warning(monkeypatch, caplog):
     monkeypatch.setattr(heatmap, "find_cjk_font", lambda: None)
     heatmap._warn_no_cjk_font.cache_clear()
-    with caplog.at_level(logging.WARNING, logger="model.heatmap"):
+    with caplog.at_level(logging.WARNING, logger="monitor.heatmap"):
         figures = [attention_figure(random_attention(1, 1, len(TOKENS)), TOKENS) for _ in range(2)]
     assert len([r for r in caplog.records if "no CJK font" in r.getMessage()]) == 1
     # The control for the test above: without the CJK font the same labels do lose their glyphs.
@@ -134,6 +134,6 @@ def test_without_a_cjk_font_chinese_falls_back_with_one_warning(monkeypatch, cap
 def test_latin_tokens_never_warn_about_fonts(monkeypatch, caplog):
     monkeypatch.setattr(heatmap, "find_cjk_font", lambda: None)
     heatmap._warn_no_cjk_font.cache_clear()
-    with caplog.at_level(logging.WARNING, logger="model.heatmap"):
+    with caplog.at_level(logging.WARNING, logger="monitor.heatmap"):
         fig = attention_figure(random_attention(1, 1, 3), ["the", "ending", "drags"])
     assert not caplog.records and draw_and_collect_glyph_warnings(fig) == []

@@ -15,7 +15,7 @@ import torch
 
 import predict
 import train
-from model import CheckpointError, TextClassifier
+from inference import CheckpointError, TextClassifier
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -120,7 +120,7 @@ def test_top_k_keeps_the_k_most_likely_labels_most_likely_first(ckpt, capsys):
 
 @pytest.mark.parametrize("all_heads", [False, True])
 def test_attention_covers_the_real_tokens_of_each_text(ckpt, run, capsys, all_heads):
-    hparams = run[1].model.hparams
+    hparams = run[1].model.network
     heads_flag = ["--all-heads"] if all_heads else []
     code, outputs, _ = predict_cli(capsys, "--ckpt", ckpt, "--attention", *heads_flag, *TEXTS)
     assert code == 0
@@ -333,3 +333,17 @@ def test_speed_bench_smoke_run_ends_with_json_figures():
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     for key in ("sentences_per_s", "single_text_latency_ms", "predict_py_startup_s"):
         assert figures[key] > 0, key
+
+
+def test_a_checkpoint_of_the_first_layout_loads_with_the_same_predictions(ckpt, classifier, tmp_path):
+    """Before NetworkConfig, hyper_parameters held the network's settings flat (and no num_classes or kernel)."""
+    checkpoint = torch.load(ckpt, weights_only=True)
+    network = checkpoint["hyper_parameters"].pop("network")
+    for key in ("num_classes", "attention_kernel"):
+        network.pop(key)
+    checkpoint["hyper_parameters"].update(network)
+    old = tmp_path / "old.ckpt"
+    torch.save(checkpoint, old)
+    loaded = TextClassifier.from_checkpoint(old, device="cpu")
+    assert loaded.model.config == classifier.model.config
+    assert [p.probabilities for p in loaded.predict(TEXTS)] == [p.probabilities for p in classifier.predict(TEXTS)]

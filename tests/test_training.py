@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import train
+from inference import TextClassifier
+from training.module import ClassifierModule
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -51,7 +53,7 @@ def test_checkpoints_best_and_last_load_without_running_code(smoke_run):
 
 def test_model_vocabulary_and_classes_come_from_the_data(smoke_run):
     _, cli = smoke_run
-    assert cli.model.hparams.vocab_size == cli.datamodule.hparams.vocab_size >= cli.datamodule.tokenizer.get_vocab_size()
+    assert cli.model.network.vocab_size == cli.datamodule.hparams.vocab_size >= cli.datamodule.tokenizer.get_vocab_size()
     assert cli.model.model.head.out_features == 2
 
 
@@ -71,6 +73,8 @@ def test_resume_from_last_continues_the_step_count(tmp_path):
         (["--data.train_file", "missing.csv"], "error: missing.csv: file not found"),
         (["--data.dataset", "sst3"], "error: unknown dataset 'sst3'"),
         (["--data.val_fraction", "0"], "error: val_fraction must be between 0 and 1"),
+        (["--model.network.causal", "true", "--model.network.pooling", "first"], "causal: true with pooling: first"),
+        (["--model.network.n_heads", "0"], "n_heads must be an integer >= 1, got 0"),
     ],
 )
 def test_bad_input_gives_one_line_error_and_nonzero_exit(tmp_path, args, message):
@@ -111,3 +115,43 @@ def test_ema_model_is_the_average_the_checkpoint_keeps(tmp_path):
     assert not torch.equal(averaged["head.weight"], online["head.weight"])  # an average, not a copy
     checkpoint = torch.load(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
     torch.testing.assert_close(checkpoint["state_dict"]["model.head.weight"], averaged["head.weight"])
+
+
+def test_weightless_settings_survive_save_and_load(tmp_path):
+    """scale, causal, pooling and positions hold no weights: only the stored NetworkConfig can bring them back."""
+    cli = fit(
+        tmp_path, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "10",
+        "--model.network.scale", "0.5", "--model.network.causal", "true", "--model.network.pooling", "max",
+        "--model.network.positions", "sinusoidal",
+    )
+    trained = cli.model.network
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    classifier = TextClassifier.from_checkpoint(last, device="cpu")
+    assert classifier.model.config == trained
+    assert (trained.scale, trained.causal, trained.pooling, trained.positions) == (0.5, True, "max", "sinusoidal")
+    texts = ["alpha w3 beta w7", "beta w1 w2 alpha w9 w4"]
+    ids = [cli.datamodule.tokenizer.encode(t).ids for t in texts]
+    L = max(map(len, ids))
+    input_ids = torch.tensor([i + [0] * (L - len(i)) for i in ids])
+    with torch.no_grad():
+        expected = cli.model.eval()(input_ids, input_ids == 0).logits.softmax(-1)
+    got = [list(p.probabilities.values()) for p in classifier.predict(texts)]
+    torch.testing.assert_close(torch.tensor(got), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_default_root_dir_holds_logs_and_checkpoints(tmp_path):
+    root = tmp_path / "runs"
+    train.main(["fit", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"), *QUIET,
+                "--trainer.default_root_dir", str(root), "--trainer.max_epochs", "1",
+                "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2"])
+    assert (root / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").exists()
+    assert (root / "lightning_logs" / "version_0" / "config.yaml").exists()
+
+
+def test_ema_is_updated_once_per_optimizer_step_not_per_micro_batch(tmp_path, monkeypatch):
+    updates = []
+    original = ClassifierModule.update_average
+    monkeypatch.setattr(ClassifierModule, "update_average", lambda self: updates.append(1) or original(self))
+    cli = fit(tmp_path, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "8",
+              "--trainer.accumulate_grad_batches", "4", "--model.ema_decay", "0.9", "--trainer.limit_val_batches", "1")
+    assert cli.trainer.global_step == 2 and len(updates) == 2

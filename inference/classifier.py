@@ -1,6 +1,6 @@
 """Predictions from a checkpoint, without Lightning: texts in → labels, probabilities and (on request) attention.
 
-    from model import TextClassifier
+    from inference import TextClassifier
     classifier = TextClassifier.from_checkpoint("lightning_logs/version_0/checkpoints/last.ckpt")
     classifier.predict(["a charming and affecting journey"])[0].label
 
@@ -10,20 +10,17 @@ A checkpoint is self-contained: the network's sizes (hyper_parameters), its weig
 checkpoint raises CheckpointError with one line naming the file and what is wrong.
 """
 
-import inspect
 import pickle
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 
+from data.tokenizer import PAD_ID, UNK_ID
 from model.classifier import AttentionClassifier
-
-PAD_ID, UNK_ID = 0, 1  # data/tokenizer.py; importing it would import Lightning through data/__init__.py
-# The network's constructor arguments that travel in hyper_parameters (num_classes comes from label_names).
-NETWORK_ARGUMENTS = set(inspect.signature(AttentionClassifier).parameters) - {"num_classes", "padding_idx"}
+from model.config import NetworkConfig
 
 
 class CheckpointError(ValueError):
@@ -105,6 +102,21 @@ def read_checkpoint(path) -> dict:
     return checkpoint
 
 
+def network_config(hparams: dict, label_names: list[str]) -> NetworkConfig:
+    """The NetworkConfig a checkpoint stores under hyper_parameters["network"]. Checkpoints written before it
+    existed kept the same settings flat in hyper_parameters; they are read the same way."""
+    if "network" in hparams:
+        config = NetworkConfig.from_dict(hparams["network"])
+    elif "vocab_size" in hparams:  # the flat layout of the first version
+        names = {f.name for f in fields(NetworkConfig)}
+        config = NetworkConfig(**{k: v for k, v in hparams.items() if k in names}, num_classes=len(label_names))
+    else:
+        raise ValueError("hyper_parameters has no 'network' settings")
+    if config.num_classes != len(label_names):
+        raise ValueError(f"num_classes {config.num_classes} but {len(label_names)} label names")
+    return config
+
+
 class TextClassifier:
     """A trained network with its tokenizer, loaded once; `predict` turns texts into Predictions."""
 
@@ -123,15 +135,12 @@ class TextClassifier:
         checkpoint = read_checkpoint(path)
         hparams, data = checkpoint["hyper_parameters"], checkpoint["TextDataModule"]
         label_names = list(data["label_names"])
-        if "vocab_size" not in hparams:
-            raise CheckpointError(f"{path}: hyper_parameters has no 'vocab_size'; cannot rebuild the network")
         try:
             tokenizer = Tokenizer.from_str(data["tokenizer"])
         except Exception as e:  # the Rust tokenizer raises a plain Exception on bad JSON
             raise CheckpointError(f"{path}: the tokenizer saved in the checkpoint is unreadable: {e}") from e
-        network_arguments = {key: value for key, value in hparams.items() if key in NETWORK_ARGUMENTS}
         try:
-            model = AttentionClassifier(num_classes=len(label_names), **network_arguments)
+            model = AttentionClassifier(network_config(hparams, label_names))
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{path}: hyper_parameters do not describe a valid network: {e}") from e
         prefix = "model."
@@ -202,7 +211,9 @@ class TextClassifier:
         mask = key_padding_mask.to(self.device) if key_padding_mask.any() else None
         output = self.model(input_ids.to(self.device), mask, need_weights=attention)
         probabilities = output.logits.float().softmax(dim=-1).cpu()  # (B, num_classes)
-        weights = torch.stack(output.attention, dim=1).float().cpu() if attention else None  # (B, n_layers, H, L, L)
+        weights = None
+        if attention:  # each layer's own weights, (B, n_layers, H, L, L)
+            weights = torch.stack([layer.weights for layer in output.attention], dim=1).float().cpu()
         return probabilities, weights
 
     def _label_probabilities(self, probabilities: list[float], top_k: int | None) -> dict[str, float]:

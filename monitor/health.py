@@ -1,7 +1,12 @@
 """Attention health: is each head over-uniform, collapsed, saturated, or ok? Pure torch, no Lightning.
 
-What counts. A query row is *counted* when its query is a real token and it may look at two or more keys
-(real keys, and for a causal model only keys at or before it). A row with a single allowed key has no choice
+The figures are read from what each layer computed in the forward pass (`AttentionWeights`: its weights, its
+pre-softmax scores and its own mask), never recomputed here, so a change to how the layer makes scores shows up
+in the figures as it is.
+
+What counts. A query row is *counted* when its query is a real token and it may look at two or more keys (the
+keys the layer's own mask allows: real keys, and for a causal layer only keys at or before it). A row with a
+single allowed key has no choice
 to make: its entropy is 0/log 1, undefined, and its max weight is 1 whatever the model learned, so counting it
 would make every causal head look collapsed. Every figure below is a mean over counted rows (or their allowed
 query×key pairs) of the whole validation set, accumulated exactly, not an average of batch averages.
@@ -17,13 +22,11 @@ Letters in the shape comments: B batch, L tokens, H heads, N counted pairs.
 
 import math
 from collections.abc import Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
-from model.attention import MultiHeadSelfAttention, attention_mask
+from model.attention import AttentionWeights
 
 VERDICTS = ("ok", "over-uniform", "collapsed", "saturated", "no-data")
 
@@ -60,15 +63,14 @@ class HealthThresholds:
     saturated_max_weight: float = 0.7
 
 
-def allowed_keys(key_padding_mask: torch.Tensor | None, causal: bool, L: int, device=None) -> torch.Tensor:
-    """(B or 1, 1, L, L) bool, True where a query may look at a key: the attention layer's own mask, negated."""
-    blocked = attention_mask(key_padding_mask, causal, L, device)
-    return torch.ones(1, 1, L, L, dtype=torch.bool, device=device) if blocked is None else ~blocked
+def allowed_keys(blocked: torch.Tensor | None, L: int, device=None) -> torch.Tensor:
+    """(B or 1, 1, L or 1, L) bool, True where a query may look at a key: the layer's own mask, negated."""
+    return torch.ones(1, 1, 1, L, dtype=torch.bool, device=device) if blocked is None else ~blocked
 
 
 def counted_rows(allowed: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
-    """(B or 1, 1, L) bool: real queries with at least two allowed keys (see the module docstring)."""
-    counted = allowed.sum(dim=-1) >= 2  # (B or 1, 1, L)
+    """(B or 1, 1, L or 1) bool: real queries with at least two allowed keys (see the module docstring)."""
+    counted = allowed.sum(dim=-1) >= 2  # (B or 1, 1, L or 1)
     if key_padding_mask is not None:
         counted = counted & ~key_padding_mask.bool()[:, None, :]
     return counted
@@ -77,57 +79,20 @@ def counted_rows(allowed: torch.Tensor, key_padding_mask: torch.Tensor | None) -
 def row_normalized_entropy(weights: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """(B, H, L, L) weights → (B, H, L) entropy / log(allowed keys); meaningful on counted rows only."""
     entropy = -torch.xlogy(weights, weights).sum(dim=-1)  # (B, H, L), 0·log 0 = 0
-    n_keys = allowed.sum(dim=-1).to(weights.dtype)  # (B or 1, 1, L)
+    n_keys = allowed.sum(dim=-1).to(weights.dtype)  # (B or 1, 1, L or 1)
     return entropy / n_keys.clamp(min=2).log()
 
 
-def normalized_entropy(
-    weights: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False
-) -> torch.Tensor:
-    """One layer's weights (B, H, L, L) → (H,) mean normalized entropy over counted rows (NaN if none).
+def normalized_entropy(attention: AttentionWeights, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One layer's attention → (H,) mean normalized entropy over counted rows (NaN if none).
 
-    1.0 is uniform over the allowed keys, 0.0 is one-hot. For a whole model, stack one call per layer or use
-    AttentionHealth, which also accumulates over batches.
+    1.0 is uniform over the allowed keys, 0.0 is one-hot. For a whole model over many batches use AttentionHealth.
     """
-    B, H, L, _ = weights.shape
-    allowed = allowed_keys(key_padding_mask, causal, L, weights.device)
+    B, H, L, _ = attention.weights.shape
+    allowed = allowed_keys(attention.blocked, L, attention.weights.device)
     counted = counted_rows(allowed, key_padding_mask).expand(B, H, L)
-    per_row = row_normalized_entropy(weights, allowed)
+    per_row = row_normalized_entropy(attention.weights, allowed)
     return (per_row * counted).sum(dim=(0, 2)) / counted.sum(dim=(0, 2))
-
-
-def attention_scores(layer: MultiHeadSelfAttention, x: torch.Tensor) -> torch.Tensor:
-    """The layer's pre-softmax scores for input x (B, L, D): (q @ kᵀ) · scale, (B, H, L, L), before masking."""
-    q = layer.split_heads(layer.w_q(x))  # (B, H, L, d)
-    k = layer.split_heads(layer.w_k(x))  # (B, H, L, d)
-    return (q @ k.transpose(-2, -1)) * layer.scale  # (B, H, L, L)
-
-
-class CapturedAttention(NamedTuple):
-    logits: torch.Tensor  # (B, num_classes)
-    weights: tuple[torch.Tensor, ...]  # per layer (B, H, L, L)
-    scores: tuple[torch.Tensor, ...]  # per layer (B, H, L, L), pre-softmax, unmasked
-    causal: bool  # whether the layers masked future keys
-
-
-@torch.no_grad()
-def capture_attention(
-    model, token_ids: torch.Tensor, key_padding_mask: torch.Tensor | None = None
-) -> CapturedAttention:
-    """Run an AttentionClassifier once with hooks on each `blocks[i].attention`, recomputing its scores from the
-    input the layer actually received. The model and its attention layer are left untouched."""
-    scores, causal_flags = [], []
-
-    def record(layer, args, kwargs, output):
-        x = args[0] if args else kwargs["x"]
-        causal_flags.append(bool(args[2] if len(args) > 2 else kwargs.get("causal", False)))
-        scores.append(attention_scores(layer, x))
-
-    with ExitStack() as hooks:
-        for block in model.blocks:
-            hooks.callback(block.attention.register_forward_hook(record, with_kwargs=True).remove)
-        logits, weights = model(token_ids, key_padding_mask, need_weights=True)
-    return CapturedAttention(logits, tuple(weights), tuple(scores), any(causal_flags))
 
 
 @dataclass
@@ -167,17 +132,14 @@ class AttentionHealth:
         self.generator = None
 
     @torch.no_grad()
-    def update(
-        self,
-        weights: Sequence[torch.Tensor],
-        scores: Sequence[torch.Tensor],
-        key_padding_mask: torch.Tensor | None = None,
-        causal: bool = False,
-    ) -> None:
-        """weights and scores: one (B, H, L, L) per layer, e.g. from `capture_attention`."""
+    def update(self, attention: Sequence[AttentionWeights], key_padding_mask: torch.Tensor | None = None) -> None:
+        """attention: one AttentionWeights per layer, as the network handed them out for this batch
+        (`model(ids, key_padding_mask, need_weights=True).attention`); all layers share one mask."""
+        weights = [layer.weights for layer in attention]
+        scores = [layer.scores for layer in attention]
         B, H, L, _ = weights[0].shape
         device = weights[0].device
-        allowed = allowed_keys(key_padding_mask, causal, L, device)
+        allowed = allowed_keys(attention[0].blocked, L, device)
         counted = counted_rows(allowed, key_padding_mask).expand(B, 1, L)  # (B, 1, L)
         pairs = (allowed & counted[..., None]).expand(B, 1, L, L)  # (B, 1, L, L): allowed keys of counted rows
         n_keys = allowed.sum(dim=-1).expand(B, 1, L)  # (B, 1, L)

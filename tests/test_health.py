@@ -1,17 +1,18 @@
-"""Attention health figures and verdicts on constructed weights, and the recomputed scores against the layer."""
+"""Attention health figures and verdicts on constructed weights, and on what a real layer hands out."""
 
 import math
 
 import pytest
 import torch
 
+from model.attention import AttentionWeights
 from model.classifier import AttentionClassifier
-from model.diagnostics import (
+from model.config import NetworkConfig
+from monitor.health import (
     VERDICTS,
     AttentionHealth,
     HealthThresholds,
     advice,
-    capture_attention,
     normalized_entropy,
     verdict_table_markdown,
     warning_line,
@@ -38,9 +39,15 @@ def masked_softmax(scores, mask, causal=False):
     return weights.nan_to_num(0.0)  # rows with no key at all (padded queries under causal masks) become zeros
 
 
+def attention_of(scores, mask=None, causal=False, weights=None):
+    """What a layer would hand out for these scores: its weights, its scores, its mask."""
+    weights = masked_softmax(scores, mask, causal) if weights is None else weights
+    return AttentionWeights(weights, scores, blocked_pairs(mask, causal, scores.shape[-1]))
+
+
 def health_of(scores, mask=None, causal=False):
     health = AttentionHealth()
-    health.update([masked_softmax(scores, mask, causal)], [scores], mask, causal=causal)
+    health.update([attention_of(scores, mask, causal)], mask)
     return health.compute()
 
 
@@ -99,10 +106,10 @@ def test_normalized_entropy_ignores_padding(causal):
     padded_weights = masked_softmax(padded_scores, mask, causal)
     padded_weights[:, :, n:] = 1.0 / L  # a padded query's row must not count, whatever it holds
 
-    expected = normalized_entropy(real_weights, causal=causal)
-    torch.testing.assert_close(normalized_entropy(padded_weights, mask, causal), expected)
+    expected = normalized_entropy(attention_of(real_scores, None, causal, real_weights))
+    torch.testing.assert_close(normalized_entropy(attention_of(padded_scores, mask, causal, padded_weights), mask), expected)
     torch.testing.assert_close(health_of(padded_scores, mask, causal).entropy[0], expected)
-    assert not torch.allclose(normalized_entropy(padded_weights, None, causal), expected)
+    assert not torch.allclose(normalized_entropy(attention_of(padded_scores, None, causal, padded_weights)), expected)
 
 
 def test_causal_rows_are_normalized_by_their_allowed_keys_and_single_key_rows_skipped():
@@ -123,21 +130,23 @@ def test_two_batches_accumulate_exactly_like_one():
     n_layers = 2
     scores = [torch.randn(5, H, L, L) * 3 for _ in range(n_layers)]
     mask = padding_mask([6, 2, 5, 3, 4])
-    weights = [masked_softmax(s, mask) for s in scores]
+
+    def layers(rows):
+        return [attention_of(s[rows], mask[rows]) for s in scores]
 
     together = AttentionHealth()
-    together.update(weights, scores, mask)
+    together.update(layers(slice(None)), mask)
     apart = AttentionHealth()
-    apart.update([w[:1] for w in weights], [s[:1] for s in scores], mask[:1])  # uneven split: 1 + 4 examples
-    apart.update([w[1:] for w in weights], [s[1:] for s in scores], mask[1:])
+    apart.update(layers(slice(0, 1)), mask[:1])  # uneven split: 1 + 4 examples
+    apart.update(layers(slice(1, None)), mask[1:])
     one, two = together.compute(), apart.compute()
     assert one.rows == two.rows == 6 + 2 + 5 + 3 + 4  # every real query sees two or more keys
     for name in ("entropy", "max_weight", "score_std"):
         torch.testing.assert_close(getattr(one, name), getattr(two, name))
     # An average of the two batch averages would differ: the batches hold different numbers of rows.
     first, second = AttentionHealth(), AttentionHealth()
-    first.update([w[:1] for w in weights], [s[:1] for s in scores], mask[:1])
-    second.update([w[1:] for w in weights], [s[1:] for s in scores], mask[1:])
+    first.update(layers(slice(0, 1)), mask[:1])
+    second.update(layers(slice(1, None)), mask[1:])
     averaged = (first.compute().entropy + second.compute().entropy) / 2
     assert not torch.allclose(averaged, one.entropy)
 
@@ -159,43 +168,47 @@ def test_weight_sample_is_capped_and_drawn_from_counted_pairs():
     counted = ~blocked_pairs(mask, False) & ~mask[:, None, :, None]  # real query × real key
     counted[2] = False  # the one-token example has no choice to make
     everything = AttentionHealth(sample_size=10_000)
-    everything.update([weights], [scores], mask)
+    everything.update([attention_of(scores, mask)], mask)
     sample = everything.compute().weight_sample[0]  # (H, N)
     for head in range(H):
         expected = weights[:, head][counted[:, 0]].sort().values
         torch.testing.assert_close(sample[head].sort().values, expected)
 
     capped = AttentionHealth(sample_size=7)
-    capped.update([weights], [scores], mask)
-    capped.update([weights], [scores], mask)
+    capped.update([attention_of(scores, mask)], mask)
+    capped.update([attention_of(scores, mask)], mask)
     assert capped.compute().weight_sample.shape == (1, H, 7)
     assert (capped.compute().weight_sample > 0).all()  # blocked pairs (exact zeros here) never enter
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_recomputed_scores_reproduce_the_layer_weights(causal):
+def test_health_of_a_real_layer_is_computed_from_what_it_handed_out(causal):
+    """The figures come from the layer's own weights, scores and mask: a known answer built independently."""
     torch.manual_seed(0)
-    model = AttentionClassifier(vocab_size=20, num_classes=3, d_model=16, n_heads=2, n_layers=2, causal=causal).eval()
+    model = AttentionClassifier(NetworkConfig(vocab_size=20, num_classes=3, d_model=16, n_heads=2, causal=causal))
     token_ids = torch.tensor([[5, 6, 7, 8, 9], [3, 4, 0, 0, 0], [7, 0, 0, 0, 0]])
     mask = token_ids == 0
-
-    captured = capture_attention(model, token_ids, mask)
-    assert captured.causal == causal and len(captured.scores) == 2
-    for scores, weights in zip(captured.scores, captured.weights):
-        assert scores.shape == (3, 2, 5, 5)
-        expected = masked_softmax(scores, mask, causal).masked_fill(mask[:, None, :, None], 0.0)
-        reference = weights.masked_fill(mask[:, None, :, None], 0.0)  # padded queries' rows are not compared
-        torch.testing.assert_close(expected, reference)
-    torch.testing.assert_close(captured.logits, model(token_ids, mask).logits)
-    assert all(not block.attention._forward_hooks for block in model.blocks)  # hooks are removed afterwards
+    (attention,) = model.eval()(token_ids, mask, need_weights=True).attention
+    health = AttentionHealth()
+    health.update([attention], mask)
+    figures = health.compute()
+    # Independently: real queries with two or more allowed keys, entropy over those keys.
+    expected_rows = (4 if causal else 5) + (1 if causal else 2)  # the one-token text and first queries don't count
+    assert figures.rows == expected_rows
+    entropies = []
+    for b, n in enumerate([5, 2, 1]):
+        for i in range(n):
+            keys = i + 1 if causal else n
+            if keys >= 2:
+                row = attention.weights[b, :, i, :keys]  # (H, keys)
+                entropies.append(-(row * row.log()).sum(-1) / math.log(keys))
+    torch.testing.assert_close(figures.entropy[0], torch.stack(entropies).mean(0), atol=1e-6, rtol=1e-5)
 
 
 def test_warning_line_names_layer_head_figure_and_advice():
     torch.manual_seed(0)
-    weights = [masked_softmax(torch.zeros(B, H, L, L), None), masked_softmax(torch.randn(B, H, L, L) * 40, None)]
-    scores = [torch.zeros(B, H, L, L), torch.randn(B, H, L, L) * 40]
     health = AttentionHealth()
-    health.update(weights, scores)
+    health.update([attention_of(torch.zeros(B, H, L, L)), attention_of(torch.randn(B, H, L, L) * 40)])
     figures = health.compute()
     assert figures.verdicts() == [["over-uniform"] * H, ["saturated"] * H]
 
@@ -203,7 +216,8 @@ def test_warning_line_names_layer_head_figure_and_advice():
     assert "layer 1 head 0" in line and "saturated" in line and advice("saturated") in line
     assert f"score std {figures.score_std[1, 0]:.2f}" in line
     assert "sqrt(d_k)" in advice("saturated") and "sqrt(d_k)" in advice("over-uniform")
-    assert all(advice(name) for name in VERDICTS)
+    assert len({advice(name) for name in VERDICTS}) == len(VERDICTS)  # each verdict its own advice
+    assert "padding mask" in advice("collapsed")
 
     table = verdict_table_markdown(figures).splitlines()
     assert table[0] == "| layer | head | entropy | max weight | score std | verdict |"

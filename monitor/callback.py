@@ -7,8 +7,9 @@ At the end of every validation epoch (never during the sanity check, whose model
     attention_health/verdicts                   the verdict table, markdown (text)
 and one `logging` warning per head whose verdict is not "ok", naming the figure, the likely cause and what to try.
 
-Cost: one extra forward pass (with the explicit, weight-returning attention path) per validation batch, no work at
-all on training batches unless `every_n_train_steps` asks for probe images during training.
+The health figures come from the validation pass itself: while the monitor is attached, `validation_step` asks
+the network to hand out the weights and scores its layers computed for that batch (no second forward pass, no
+recomputation). No work at all on training batches unless `every_n_train_steps` asks for probe images.
 """
 
 import logging
@@ -18,8 +19,9 @@ from lightning.pytorch import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from data.datamodule import collate
-from model.diagnostics import AttentionHealth, HealthThresholds, capture_attention, verdict_table_markdown, warning_line
-from model.heatmap import attention_figure, figure_to_array
+from data.tokenizer import UNK_ID
+from monitor.health import AttentionHealth, HealthThresholds, verdict_table_markdown, warning_line
+from monitor.heatmap import attention_figure, figure_to_array
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +108,7 @@ class AttentionMonitor(Callback):
             label_name = label_names[int(label)] if label_names else int(label)
             titles.append((tokenizer.decode(ids.tolist()), f"validation #{i}, label {label_name}"))
         for text in self.probe_texts:
-            ids = tokenizer.encode(text).ids[:max_length] or [1]  # a text of only unknown symbols → [UNK]
+            ids = tokenizer.encode(text).ids[:max_length] or [UNK_ID]  # a text of only unknown symbols → [UNK]
             items.append((torch.tensor(ids), torch.tensor(-1)))
             titles.append((text, "from the config"))
         if not items:
@@ -129,7 +131,7 @@ class AttentionMonitor(Callback):
             logits, weights = model(input_ids, padding_mask, need_weights=True)
         finally:
             model.train(was_training)
-        weights = torch.stack(weights, dim=1).float().cpu()  # (B, n_layers, H, L, L)
+        weights = torch.stack([layer.weights for layer in weights], dim=1).float().cpu()  # (B, n_layers, H, L, L)
         probabilities = logits.float().softmax(-1).cpu()
         label_names = getattr(pl_module, "label_names", None) or [str(c) for c in range(probabilities.shape[-1])]
         for i, (text, origin) in enumerate(titles):
@@ -166,6 +168,12 @@ class AttentionMonitor(Callback):
 
     # ---- health -------------------------------------------------------------------------------------------------
 
+    def setup(self, trainer, pl_module, stage):
+        pl_module.keep_validation_attention = True  # validation_step hands out what its layers computed
+
+    def teardown(self, trainer, pl_module, stage):
+        pl_module.keep_validation_attention = False
+
     def on_validation_epoch_start(self, trainer, pl_module):
         self.health.reset()
 
@@ -174,8 +182,11 @@ class AttentionMonitor(Callback):
             return  # under DDP the figures cover rank zero's share of the validation set
         if self.health_batches is not None and batch_idx >= self.health_batches:
             return
-        captured = capture_attention(pl_module.model, batch["input_ids"], batch["padding_mask"])
-        self.health.update(captured.weights, captured.scores, batch["padding_mask"], causal=captured.causal)
+        attention = outputs.get("attention") if isinstance(outputs, dict) else None
+        if attention is None:
+            raise RuntimeError("AttentionMonitor needs a LightningModule whose validation_step returns "
+                               "{'attention': ...} when keep_validation_attention is set (training/module.py)")
+        self.health.update(attention, batch["padding_mask"])
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking or not trainer.is_global_zero or self.health.sums is None:

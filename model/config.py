@@ -1,0 +1,118 @@
+"""NetworkConfig: every setting of the network, in one place.
+
+`AttentionClassifier(config)` is built from it; the Lightning module takes it as its `network` argument (so a
+config file says `model: network: d_model: 64` and the command line `--model.network.d_model 64`); the
+checkpoint stores it whole as a dict under hyper_parameters["network"]; inference, benchmarks and tests rebuild
+the network with `NetworkConfig(**that_dict)`. A new option is a new field here and nothing else.
+"""
+
+from dataclasses import asdict, dataclass, fields
+
+POOLINGS = ("mean", "max", "first", "attention")
+POSITIONS = ("learned", "sinusoidal", "none")
+KERNELS = ("manual", "fused")
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work; the message is one line naming the setting and its value."""
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """The shape and behaviour of the network (model/classifier.py).
+
+    Args:
+        vocab_size: embedding rows; train.py sets it from the data (the tokenizer never exceeds it).
+        num_classes: outputs of the linear head; train.py sets it from the data's label names.
+        max_length: longest input in tokens (rows of the position table); train.py links it to data.max_length.
+        d_model: width of the embeddings and of every layer.
+        n_heads: attention heads per layer.
+        d_head: size of each head; default d_model // n_heads.
+        n_layers: attention blocks stacked.
+        d_ff: hidden width of the position-wise feed-forward after attention; 0 leaves it out.
+        dropout: after attention and feed-forward, before each residual add.
+        embedding_dropout: on token + position embeddings.
+        attention_dropout: on the attention weights.
+        head_dropout: on the pooled sentence vector, before the linear head.
+        pooling: how token vectors become one sentence vector: mean, max, first or attention.
+        positions: position vectors added to the token embeddings: learned, sinusoidal or none.
+        bias: biases in W_Q, W_K, W_V, W_O (the textbook formula has none).
+        scale: multiplies Q·Kᵀ; default 1/sqrt(d_head). Try 1.0 or 0.001 to see attention break.
+        causal: add the look-ahead mask (each token sees only itself and earlier tokens).
+        attention_kernel: "manual" (default) computes softmax(Q Kᵀ · scale) V with the lines in
+            model/attention.py; "fused" hands the same formula to torch's scaled_dot_product_attention (faster,
+            proven equal by tests/test_attention.py), except where weights are asked for (monitor, heatmaps,
+            predict.py --attention), which always use the written lines.
+    """
+
+    vocab_size: int = 8000
+    num_classes: int = 2
+    max_length: int = 128
+    d_model: int = 128
+    n_heads: int = 4
+    d_head: int | None = None
+    n_layers: int = 1
+    d_ff: int = 0
+    dropout: float = 0.1
+    embedding_dropout: float = 0.1
+    attention_dropout: float = 0.0
+    head_dropout: float = 0.0
+    pooling: str = "mean"
+    positions: str = "learned"
+    bias: bool = False
+    scale: float | None = None
+    causal: bool = False
+    attention_kernel: str = "manual"
+
+    def __post_init__(self):
+        for name in ("vocab_size", "max_length", "d_model", "n_heads", "n_layers"):
+            _at_least(name, getattr(self, name), 1)
+        _at_least("num_classes", self.num_classes, 2)
+        _at_least("d_ff", self.d_ff, 0)
+        if self.d_head is not None:
+            _at_least("d_head", self.d_head, 1)
+        elif self.n_heads > self.d_model:
+            raise ConfigError(
+                f"n_heads {self.n_heads} is larger than d_model {self.d_model}: each head would have size 0 "
+                "(lower n_heads or set d_head)"
+            )
+        for name in ("dropout", "embedding_dropout", "attention_dropout", "head_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {value}")
+        _one_of("pooling", self.pooling, POOLINGS)
+        _one_of("positions", self.positions, POSITIONS)
+        _one_of("attention_kernel", self.attention_kernel, KERNELS)
+        if self.scale is not None and not self.scale > 0:
+            raise ConfigError(f"scale must be > 0 (or null for 1/sqrt(d_head)), got {self.scale}")
+        if self.causal and self.pooling == "first":
+            # With the look-ahead mask the first token sees only itself: the sentence vector would ignore the text.
+            raise ConfigError("causal: true with pooling: first would classify the first token alone; "
+                              "use pooling mean, max or attention")
+
+    @property
+    def head_size(self) -> int:
+        return self.d_head or self.d_model // self.n_heads
+
+    def to_dict(self) -> dict:
+        """Plain data for the checkpoint (loadable with torch.load(weights_only=True))."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "NetworkConfig":
+        """Rebuild from a checkpoint's dict; an unknown key is an error (a setting renamed since must not vanish)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown network setting(s) {', '.join(unknown)}")
+        return cls(**values)
+
+
+def _at_least(name: str, value, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def _one_of(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
