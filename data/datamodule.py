@@ -16,11 +16,15 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from data.sources import DataError, load_splits, local_copy_dir
-from data.tokenizer import KINDS, load_tokenizer, train_tokenizer
+from data.sources import DataError, Splits, load_splits, local_copy_dir
+from data.tokenizer import KINDS, PAD_ID, UNK_ID, load_tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 3  # bump when tokenization changes (3: deterministic WordPiece vocabulary)
+# Texts are cut to this many characters per token of max_length before tokenizing, so a 1 MB line costs no more
+# than a long review. Real text has 1-2 (Chinese) to 4-6 (English) characters per token: a cut text still holds
+# far more than max_length tokens, and the tokens past max_length are dropped anyway.
+CHARS_PER_TOKEN_BOUND = 50
 
 
 class EncodedSplit(Dataset):
@@ -31,8 +35,12 @@ class EncodedSplit(Dataset):
         self.lengths = (offsets[1:] - offsets[:-1]).tolist()
 
     @classmethod
-    def encode(cls, tokenizer, texts: list[str], labels: list[int]) -> "EncodedSplit":
-        encoded = [e.ids or [1] for e in tokenizer.encode_batch(texts)]  # a text of only unknown symbols → [UNK]
+    def encode(cls, tokenizer, texts: list[str], labels: list[int], max_length: int) -> "EncodedSplit":
+        """Token ids of each text, truncated to max_length tokens; texts are first cut to
+        max_length * CHARS_PER_TOKEN_BOUND characters (see there), so the tokenizer never sees a huge line whole."""
+        max_chars = max_length * CHARS_PER_TOKEN_BOUND
+        texts = [text[:max_chars] for text in texts]
+        encoded = [e.ids or [UNK_ID] for e in tokenizer.encode_batch(texts)]  # only unknown symbols → [UNK]
         offsets = torch.tensor([0] + [len(ids) for ids in encoded]).cumsum(0)
         ids = torch.tensor([i for ids in encoded for i in ids], dtype=torch.int32)
         return cls(ids, offsets, torch.tensor(labels))
@@ -49,10 +57,10 @@ class EncodedSplit(Dataset):
 
 def collate(items) -> dict[str, torch.Tensor]:
     L = max(len(ids) for ids, _ in items)
-    input_ids = torch.zeros(len(items), L, dtype=torch.long)  # 0 is [PAD]
+    input_ids = torch.full((len(items), L), PAD_ID, dtype=torch.long)
     for row, (ids, _) in enumerate(items):
         input_ids[row, : len(ids)] = ids
-    return {"input_ids": input_ids, "padding_mask": input_ids == 0, "labels": torch.stack([label for _, label in items])}
+    return {"input_ids": input_ids, "padding_mask": input_ids == PAD_ID, "labels": torch.stack([label for _, label in items])}
 
 
 class BucketBatchSampler(Sampler[list[int]]):
@@ -181,42 +189,73 @@ class TextDataModule(L.LightningDataModule):
         return Path(self.hparams.cache_dir) / f"{name}-{key}.pt"
 
     def _load_or_build(self) -> dict:
+        """The encoded data from the cache, or built and cached. One lock file per cache folder (`.lock`, left in
+        place: removing it would race with a process about to lock it): with several processes (DDP) the first
+        builds, the others wait and load. A cache folder that cannot be written is not an error: the data are
+        encoded in memory, with a warning (tokenizer training is deterministic, so every process gets the same)."""
         path = self.cache_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # A file lock: with several processes (DDP), the first builds, the others wait and load the same tokenizer.
-        with open(path.with_suffix(".lock"), "w") as lock:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(path.parent / ".lock", "a")
+        except OSError as e:
+            log.warning("cache_dir %s cannot be written (%s): encoding without a cache", path.parent, e.strerror)
+            return self._load(path) or self._build()
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if path.exists():
-                try:
-                    cached = torch.load(path, weights_only=True)
-                    splits = {name: EncodedSplit(**s) for name, s in cached["splits"].items()}
-                    log.info("loaded encoded data from %s", path)
-                    return {**cached, "splits": splits}
-                except Exception as e:
-                    log.warning("%s: unreadable cache (%s); encoding again", path, e)
-            state = self._build()
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            torch.save({**state, "splits": {name: s.state() for name, s in state["splits"].items()}}, tmp)
-            os.replace(tmp, path)
+            state = self._load(path)
+            if state is None:
+                state = self._build()
+                self._save(state, path)
             return state
 
-    def _build(self) -> dict:
+    def _load(self, path: Path) -> dict | None:
+        if not path.exists():
+            return None
+        try:
+            cached = torch.load(path, weights_only=True)
+            splits = {name: EncodedSplit(**s) for name, s in cached["splits"].items()}
+        except Exception as e:
+            log.warning("%s: unreadable cache (%s); encoding again", path, e)
+            return None
+        log.info("loaded encoded data from %s", path)
+        return {**cached, "splits": splits}
+
+    def _save(self, state: dict, path: Path) -> None:
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        try:
+            torch.save({**state, "splits": {name: s.state() for name, s in state["splits"].items()}}, tmp)
+            os.replace(tmp, path)
+        except (OSError, RuntimeError) as e:  # a full disk or a read-only folder (torch raises RuntimeError)
+            tmp.unlink(missing_ok=True)
+            log.warning("%s: could not write the cache (%s); the data stay in memory only", path, getattr(e, "strerror", e))
+
+    def _read_splits(self) -> Splits:
         hp = self.hparams
-        splits = load_splits(
+        return load_splits(
             dataset=hp.dataset, data_dir=hp.data_dir, train_file=hp.train_file, val_file=hp.val_file,
             test_file=hp.test_file, text_column=hp.text_column, label_column=hp.label_column,
             val_fraction=hp.val_fraction, seed=hp.seed,
         )
-        tokenizer = train_tokenizer(
-            splits.texts["train"], vocab_size=hp.vocab_size, max_length=hp.max_length, kind=hp.tokenizer,
-            split_cjk=hp.split_cjk, split_punctuation=hp.split_punctuation,
-        )
-        encoded = {name: EncodedSplit.encode(tokenizer, texts, splits.labels[name]) for name, texts in splits.texts.items()}
+
+    def _encode(self, tokenizer, splits: Splits) -> dict:
+        encoded = {
+            name: EncodedSplit.encode(tokenizer, texts, splits.labels[name], self.hparams.max_length)
+            for name, texts in splits.texts.items()
+        }
         log.info(
             "encoded %s; vocabulary %d; labels %s",
             ", ".join(f"{name} {len(s)}" for name, s in encoded.items()), tokenizer.get_vocab_size(), splits.label_names,
         )
         return {"tokenizer": tokenizer.to_str(), "label_names": splits.label_names, "splits": encoded}
+
+    def _build(self) -> dict:
+        hp = self.hparams
+        splits = self._read_splits()
+        tokenizer = train_tokenizer(
+            splits.texts["train"], vocab_size=hp.vocab_size, max_length=hp.max_length, kind=hp.tokenizer,
+            split_cjk=hp.split_cjk, split_punctuation=hp.split_punctuation,
+        )
+        return self._encode(tokenizer, splits)
 
     def prepare_data(self):
         self.state  # noqa: B018  (builds the cache once, before the loaders need it)
@@ -252,12 +291,28 @@ class TextDataModule(L.LightningDataModule):
         return {"tokenizer": self.state["tokenizer"], "label_names": self.label_names, "max_length": self.hparams.max_length}
 
     def load_state_dict(self, state: dict) -> None:
-        """Resuming, validating or testing a checkpoint: the data must be encoded the way the model was trained."""
-        if state.get("tokenizer") != self.state["tokenizer"] or state.get("label_names") != self.label_names:
+        """A checkpoint restored for fit (resume), validate, test or predict: the data must be encoded the way the
+        model was trained. Lightning calls this before it builds the dataloaders, so they see what is set here.
+
+        The label names and max_length must be the checkpoint's. A tokenizer that differs from the one trained on
+        these data (one trained before a CACHE_VERSION change, or by another `tokenizers` release) is adopted: the
+        splits are read and encoded again with it, in memory (the cache keeps the data's own tokenizer)."""
+        if state.get("label_names") != self.label_names:
             raise DataError(
-                "the checkpoint's tokenizer or label names differ from what these data settings build; "
-                "use the config the checkpoint was trained with (its run's config.yaml)"
+                f"the checkpoint's label names {state.get('label_names')} differ from these data's {self.label_names}; "
+                "use the data the checkpoint was trained on (its run's config.yaml)"
             )
+        if state.get("max_length") != self.hparams.max_length:
+            raise DataError(
+                f"the checkpoint's max_length {state.get('max_length')} differs from data.max_length "
+                f"{self.hparams.max_length}; use the checkpoint's (its run's config.yaml)"
+            )
+        if state.get("tokenizer") != self.state["tokenizer"]:
+            log.info("the checkpoint's tokenizer differs from the one trained on these data: "
+                     "encoding them with the checkpoint's")
+            tokenizer = load_tokenizer(state["tokenizer"])
+            self._state = self._encode(tokenizer, self._read_splits())
+            self._tokenizer = tokenizer
 
 
 def _stat(path) -> tuple[int, int]:

@@ -1,6 +1,9 @@
 """Bad input data: each case is skipped with a counted warning or refused with one line naming the file or setting."""
 
+import logging
+
 import pytest
+import torch
 
 from data.sources import DataError, load_splits
 
@@ -84,8 +87,9 @@ def test_a_directory_as_train_file_says_so(tmp_path):
     assert one_line(error) == f"{tmp_path}: is a directory, not a file"
 
 
-@pytest.mark.parametrize("name, content", [("train.csv", "text,label\n"), ("train.csv", ""), ("train.tsv", "text\tlabel\n\n\n"),
-                                           ("train.jsonl", ""), ("train.json", "[]")])
+@pytest.mark.parametrize("name, content", [
+    ("train.csv", "text,label\n"), ("train.csv", ""), ("train.tsv", "text\tlabel\n\n\n"), ("train.jsonl", ""), ("train.json", "[]"),
+])
 def test_a_file_without_rows_says_no_rows(tmp_path, name, content):
     path = tmp_path / name
     path.write_text(content)
@@ -103,3 +107,96 @@ def test_a_parquet_file_without_rows_says_no_rows(tmp_path):
     with pytest.raises(DataError) as error:
         splits_of(path)
     assert one_line(error) == f"{path}: no rows"
+
+
+# --- the DataModule: cache, long texts, checkpoints -----------------------------------------------------------------
+
+
+def datamodule(tmp_path, **kwargs):
+    from data.datamodule import TextDataModule
+
+    path = tmp_path / "train.csv"
+    if not path.exists():
+        csv_file(tmp_path, GOOD * 3)
+    return TextDataModule(train_file=str(path), cache_dir=str(tmp_path / "cache"), **{"vocab_size": 40, **kwargs})
+
+
+def test_one_lock_file_per_cache_folder_not_per_cache_key(tmp_path):
+    datamodule(tmp_path).state, datamodule(tmp_path, vocab_size=30).state  # noqa: B018  (two cache keys)
+    cache = tmp_path / "cache"
+    assert len(list(cache.glob("*.pt"))) == 2
+    assert sorted(p.name for p in cache.iterdir() if not p.name.endswith(".pt")) == [".lock"]
+
+
+def test_a_cache_dir_that_cannot_be_written_encodes_in_memory_with_a_warning(tmp_path, caplog):
+    from data.datamodule import TextDataModule
+
+    (tmp_path / "blocked").write_text("a file where the cache folder should be")
+    cache = tmp_path / "blocked" / "cache"  # a read-only folder would do, but root may write anywhere
+    data = TextDataModule(train_file=str(csv_file(tmp_path, GOOD * 3)), vocab_size=40, cache_dir=str(cache))
+    assert len(data.split("train")) + len(data.split("validation")) == 36
+    assert f"cache_dir {cache} cannot be written" in caplog.text
+
+
+def test_a_huge_line_is_cut_to_a_character_bound_before_tokenizing(tmp_path):
+    from data.datamodule import CHARS_PER_TOKEN_BOUND, EncodedSplit
+
+    data = datamodule(tmp_path, max_length=8)
+    seen = []
+
+    class Recording:
+        def encode_batch(self, texts):
+            seen.extend(map(len, texts))
+            return data.tokenizer.encode_batch(texts)
+
+    split = EncodedSplit.encode(Recording(), ["good film " * 100_000, "bad"], [0, 1], max_length=8)
+    assert max(seen) == 8 * CHARS_PER_TOKEN_BOUND
+    assert split.lengths == [8, 1]  # still max_length tokens: the cut lost only what truncation drops
+
+
+def test_a_checkpoint_with_another_tokenizer_has_the_data_encoded_with_it(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="data.datamodule")
+    trained = datamodule(tmp_path, tokenizer="word")
+    data = datamodule(tmp_path)  # the same data, another tokenizer
+    assert data.state["tokenizer"] != trained.state["tokenizer"]
+    data.load_state_dict(trained.state_dict())
+    assert data.tokenizer.to_str() == trained.state["tokenizer"]
+    for split in ("train", "validation"):
+        assert torch.equal(data.split(split).ids, trained.split(split).ids)
+    assert "encoding them with the checkpoint's" in caplog.text
+
+
+def test_a_checkpoint_with_other_label_names_or_max_length_is_refused(tmp_path):
+    data = datamodule(tmp_path)
+    with pytest.raises(DataError) as error:
+        data.load_state_dict({**data.state_dict(), "label_names": ["negative", "positive"]})
+    assert one_line(error).startswith(
+        "the checkpoint's label names ['negative', 'positive'] differ from these data's ['neg', 'pos']"
+    )
+    with pytest.raises(DataError) as error:
+        data.load_state_dict({**data.state_dict(), "max_length": 64})
+    assert one_line(error).startswith("the checkpoint's max_length 64 differs from data.max_length 128")
+
+
+def test_lightning_restores_the_tokenizer_before_it_builds_the_loaders(tmp_path):
+    import lightning as L
+
+    class Recorder(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.seen = []
+
+        def validation_step(self, batch, batch_idx):
+            self.seen.append(batch["input_ids"])
+
+    trained = datamodule(tmp_path, tokenizer="word", batch_size=100)
+    model = Recorder()
+    checkpoint = tmp_path / "word.ckpt"
+    torch.save({"state_dict": model.state_dict(), "pytorch-lightning_version": L.__version__,
+                "TextDataModule": trained.state_dict()}, checkpoint)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.validate(model, datamodule=datamodule(tmp_path, batch_size=100), ckpt_path=checkpoint, verbose=False)
+    expected = next(iter(trained.val_dataloader()))["input_ids"]
+    assert len(model.seen) == 1 and torch.equal(model.seen[0], expected)

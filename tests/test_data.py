@@ -233,8 +233,9 @@ def test_tokenizer_training_gives_the_same_vocabulary_in_every_process(kwargs):
     # Hash order differs between processes (not within one), so only fresh processes can show the difference.
     texts = POSITIVE + NEGATIVE + ["酒店的服务很好，房间干净。", "房间很小，服务差。", "服务很好，房间很大。", "位置不错但是早餐一般"]
     stdin = json.dumps([texts * 3, kwargs])
-    runs = [subprocess.run([sys.executable, "-c", TRAIN_IN_A_FRESH_PROCESS], input=stdin, capture_output=True, text=True,
-                           cwd=ROOT, check=True).stdout for _ in range(4)]
+    command = [sys.executable, "-c", TRAIN_IN_A_FRESH_PROCESS]
+    runs = [subprocess.run(command, input=stdin, capture_output=True, text=True, cwd=ROOT, check=True).stdout
+            for _ in range(4)]
     assert len(set(runs)) == 1, runs
 
 
@@ -249,5 +250,6 @@ def test_vocab_size_below_the_alphabet_fits_by_dropping_rare_characters(kind):
 
 
 def test_vocab_size_too_small_for_one_character_says_the_smallest_that_works():
-    with pytest.raises(DataError, match=r"^vocab_size 3 cannot hold \[PAD\], \[UNK\] and one character: use at least 4$"):
+    expected = r"^vocab_size 3 cannot hold \[PAD\], \[UNK\] and one character: use at least 4$"
+    with pytest.raises(DataError, match=expected):
         train_tokenizer(["hello world"], vocab_size=3, max_length=8)
