@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Best effort: a CJK font so Chinese tokens in attention heatmaps render as glyphs, not boxes.
-# Never fails the set-up; the plotting code falls back cleanly when no CJK font is found.
+# `make fonts` (opt-in; installing a system package needs root): a CJK font so Chinese tokens in attention
+# heatmaps render as glyphs, not boxes. Without --install it only refreshes matplotlib's font cache when a CJK
+# font is already there. Never fails; the plotting code falls back with one warning when no CJK font is found.
 PY="${PY:-.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
 
@@ -25,7 +26,7 @@ if fc-list 2>/dev/null | grep -qiE "cjk|wqy|heiti|simhei|noto sans sc"; then
     refresh_matplotlib_font_cache
     exit 0
 fi
-if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+if [ "${1:-}" = "--install" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     echo "installing a CJK font (fonts-wqy-microhei) for Chinese attention heatmaps"
     if (apt-get install -y -qq fonts-wqy-microhei >/dev/null 2>&1 ||
         (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq fonts-wqy-microhei >/dev/null 2>&1)); then
