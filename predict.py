@@ -17,6 +17,7 @@ log = logging.getLogger("predict")
 PROGRESS_BAR_ABOVE = 1000  # inputs; below this a bar shows only when stderr is a terminal
 TEXTS_PER_STEP = 16  # batches predicted (and written out) at a time, so output streams and memory stays flat
 NOTES_SHOWN = 10  # per kind of note; the rest are counted
+NON_FINITE = "the model produced non-finite probabilities (NaN/inf): the checkpoint's weights are broken"
 
 DESCRIPTION = """\
 Classify texts with a checkpoint from train.py. Prints one JSON object per input on stdout:
@@ -25,8 +26,10 @@ Notes (truncated texts, replaced bytes, empty lines) go to stderr.
 
 Empty or whitespace-only inputs are not skipped: each gives {"text": ..., "error": "empty text"}, so output
 line N always belongs to input line N (paste/join the output with the input file), and a count goes to stderr.
-Texts longer than the model's max_length tokens are cut to it, as in training: their output gets
+Lines end at \\n only (a \\r\\n ending loses its \\r; a lone \\r or other line separator inside a line stays
+in the text). Texts longer than the model's max_length tokens are cut to it, as in training: their output gets
 "truncated_from": <length in tokens> and stderr a note. Bytes that are not UTF-8 are replaced by U+FFFD.
+A model whose probabilities are NaN or infinite gives {"text": ..., "error": ...} for that input, never NaN.
 A checkpoint that is missing, corrupt, unsafe or not from train.py gives a one-line error and exit status 2."""
 
 EPILOG = """\
@@ -85,12 +88,14 @@ def read_inputs(args) -> list[str]:
         raw = [text.encode("utf-8", "surrogateescape") for text in args.texts]
         where = "text"
     elif args.file == "-":
-        raw, where = sys.stdin.buffer.read().splitlines(), "line"
+        if sys.stdin is None:  # started with standard input closed (`<&-`)
+            raise InputError("--file -: standard input is closed; give texts as arguments or --file PATH")
+        raw, where = split_lines(sys.stdin.buffer.read()), "line"
     else:
         path = Path(args.file)
         if not path.is_file():
             raise InputError(f"{path}: file not found" if not path.exists() else f"{path}: not a file")
-        raw, where = path.read_bytes().splitlines(), "line"
+        raw, where = split_lines(path.read_bytes()), "line"
     texts, replaced = [], []
     for number, data in enumerate(raw, start=1):
         try:
@@ -102,6 +107,23 @@ def read_inputs(args) -> list[str]:
         shown = ", ".join(map(str, replaced[:NOTES_SHOWN])) + (", ..." if len(replaced) > NOTES_SHOWN else "")
         log.info("%d input(s) held bytes that are not UTF-8, replaced by U+FFFD (%s %s)", len(replaced), where, shown)
     return texts
+
+
+def split_lines(data: bytes) -> list[bytes]:
+    r"""Lines split at \n only, one trailing \r of a \r\n ending removed. bytes.splitlines would also split at
+    a lone \r, \v, \f and \x1c-\x1e, so output line N would no longer belong to input line N."""
+    lines = data.split(b"\n")
+    if lines[-1] == b"":  # what follows the last newline: nothing, unless the file lacks a final one
+        lines.pop()
+    return [line.removesuffix(b"\r") for line in lines]
+
+
+def json_line(output: dict) -> str | None:
+    """One line of JSON, or None when a number in it is NaN or infinite (not JSON, and a broken model)."""
+    try:
+        return json.dumps(output, ensure_ascii=False, allow_nan=False) + "\n"
+    except ValueError:
+        return None
 
 
 class InputError(ValueError):
@@ -141,7 +163,7 @@ def run(args) -> int:
             raise InputError(f"{png_dir}: cannot create the heatmap folder: {e.strerror}") from e
     digits = max(4, len(str(len(texts) - 1)))
     where = "text" if args.texts else "line"
-    empty, truncated = [], []
+    empty, truncated, broken = [], [], []
     show_bar = len(texts) > PROGRESS_BAR_ABOVE or sys.stderr.isatty()
     step = args.batch_size * TEXTS_PER_STEP
     with tqdm(total=len(texts), unit="text", file=sys.stderr, disable=not show_bar) as bar:
@@ -169,7 +191,14 @@ def run(args) -> int:
                 if prediction.truncated_from is not None:
                     truncated.append((i + 1, prediction.truncated_from))
                 lines.append(out)
-            sys.stdout.write("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+            encoded = []
+            for i, line in zip(window, lines):
+                text = json_line(line)
+                if text is None:
+                    broken.append(i + 1)
+                    text = json_line({"text": texts[i], "error": NON_FINITE})
+                encoded.append(text)
+            sys.stdout.write("".join(encoded))
             sys.stdout.flush()
             bar.update(len(window))
     for number, length in truncated[:NOTES_SHOWN]:
@@ -177,6 +206,9 @@ def run(args) -> int:
                  classifier.max_length)
     if len(truncated) > NOTES_SHOWN:
         log.info("... %d texts truncated in all", len(truncated))
+    if broken:
+        shown = ", ".join(map(str, broken[:NOTES_SHOWN])) + (", ..." if len(broken) > NOTES_SHOWN else "")
+        log.info("%d input(s) reported as errors: %s (%s %s)", len(broken), NON_FINITE, where, shown)
     if empty:
         shown = ", ".join(map(str, empty[:NOTES_SHOWN])) + (", ..." if len(empty) > NOTES_SHOWN else "")
         log.info('%d empty input(s) reported as {"error": "empty text"} (%s %s)', len(empty), where, shown)

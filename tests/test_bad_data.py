@@ -1,6 +1,10 @@
 """Bad input data: each case is skipped with a counted warning or refused with one line naming the file or setting."""
 
+import json
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -200,3 +204,60 @@ def test_lightning_restores_the_tokenizer_before_it_builds_the_loaders(tmp_path)
     trainer.validate(model, datamodule=datamodule(tmp_path, batch_size=100), ckpt_path=checkpoint, verbose=False)
     expected = next(iter(trained.val_dataloader()))["input_ids"]
     assert len(model.seen) == 1 and torch.equal(model.seen[0], expected)
+
+
+# --- predict.py: inputs and outputs ---------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A checkpoint of a model trained for a few steps on the synthetic task; how well it predicts is beside the point."""
+    import train
+
+    tmp_path = tmp_path_factory.mktemp("predict")
+    train.main([
+        "fit", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data.cache_dir", str(tmp_path / "cache"),
+        "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.max_epochs", "1",
+        "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+    ])
+    return tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+def predict_cli(capsys, *args) -> tuple[int, list[dict], str]:
+    import predict
+
+    code = predict.main([str(arg) for arg in args])
+    out, err = capsys.readouterr()
+    return code, [json.loads(line) for line in out.split("\n") if line], err  # JSON may hold U+2028 as it is
+
+
+def test_only_newline_ends_a_line_of_input(checkpoint, tmp_path, capsys):
+    path = tmp_path / "texts.txt"
+    path.write_bytes(b"alpha w1\rbeta\r\nw2\x0bw3 \xe2\x80\xa8 w4\x1c\nbeta w5 alpha")  # \r\n, lone \r, \v, U+2028, \x1c
+    code, outputs, _ = predict_cli(capsys, "--ckpt", checkpoint, "--file", path)
+    assert code == 0
+    assert [o["text"] for o in outputs] == ["alpha w1\rbeta", "w2\x0bw3 \u2028 w4\x1c", "beta w5 alpha"]
+
+
+def test_closed_standard_input_is_a_one_line_error(checkpoint):
+    result = subprocess.run(["bash", "-c", f'exec "{sys.executable}" predict.py --ckpt "{checkpoint}" --file - <&-'],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == "error: --file -: standard input is closed; give texts as arguments or --file PATH\n"
+
+
+def test_broken_weights_give_an_error_per_text_never_nan_in_the_json(checkpoint, tmp_path, capsys):
+    import predict
+
+    state = torch.load(checkpoint, weights_only=True)
+    state["state_dict"] = {name: torch.full_like(value, float("nan")) if value.is_floating_point() else value
+                           for name, value in state["state_dict"].items()}
+    broken = tmp_path / "nan.ckpt"
+    torch.save(state, broken)
+    code, outputs, err = predict_cli(capsys, "--ckpt", broken, "alpha w1 beta", "   ")
+    assert code == 0
+    assert outputs == [{"text": "alpha w1 beta", "error": predict.NON_FINITE}, {"text": "   ", "error": "empty text"}]
+    assert "1 input(s) reported as errors" in err
