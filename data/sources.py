@@ -144,7 +144,7 @@ def has_rows(path: Path, builder: str) -> bool:
         rest = f.read(1 << 16).strip()
         while rest == "" and (chunk := f.read(1 << 20)):  # blank lines, however many
             rest = chunk.strip()
-    return rest not in ("", "[]")
+    return "".join(rest.split()) not in ("", "[]")
 
 
 def drop_unusable(texts: list, labels: list, where: str) -> tuple[list[str], list]:
@@ -157,7 +157,8 @@ def drop_unusable(texts: list, labels: list, where: str) -> tuple[list[str], lis
     if not all(has_text):
         log.warning("%s: skipped %d empty or whitespace-only texts of %d", where, has_text.count(False), len(texts))
     if sum(has_text) > len(keep):
-        log.warning("%s: skipped %d rows with an empty or missing label of %d", where, sum(has_text) - len(keep), len(texts))
+        unlabelled = sum(has_text) - len(keep)
+        log.warning("%s: skipped %d rows with an empty or missing label of %d", where, unlabelled, len(texts))
     if not any(has_text):
         raise DataError(f"{where}: no non-empty texts")
     if not keep:

@@ -64,6 +64,15 @@ def test_texts_that_are_all_numbers_are_kept_as_text(tmp_path):
     assert "007" in splits.texts["train"] + splits.texts["validation"]  # as written, not 7 and not dropped
 
 
+def test_json_numbers_as_texts_are_kept_and_null_labels_skipped(tmp_path, caplog):
+    rows = [{"text": 1000 + i, "label": "pos" if i % 2 else "neg"} for i in range(8)] + [{"text": "x", "label": None}]
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    splits = splits_of(path)
+    assert sorted(splits.texts["train"] + splits.texts["validation"]) == [str(1000 + i) for i in range(8)]
+    assert "skipped 1 rows with an empty or missing label of 9" in caplog.text
+
+
 @pytest.mark.parametrize("body", ["only,pos\n", "a,pos\nb,pos\nc,pos\n"])
 def test_a_training_file_with_one_class_is_refused(tmp_path, body):
     with pytest.raises(DataError) as error:
@@ -92,7 +101,7 @@ def test_a_directory_as_train_file_says_so(tmp_path):
 
 
 @pytest.mark.parametrize("name, content", [
-    ("train.csv", "text,label\n"), ("train.csv", ""), ("train.tsv", "text\tlabel\n\n\n"), ("train.jsonl", ""), ("train.json", "[]"),
+    ("train.csv", "text,label\n"), ("train.csv", ""), ("train.tsv", "text\tlabel\n\n\n"), ("train.jsonl", ""), ("train.json", "[ ]\n"),
 ])
 def test_a_file_without_rows_says_no_rows(tmp_path, name, content):
     path = tmp_path / name
