@@ -20,11 +20,16 @@ from data.sources import DataError, Splits, load_splits, local_copy_dir
 from data.tokenizer import KINDS, PAD_ID, UNK_ID, load_tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 3  # bump when tokenization changes (3: deterministic WordPiece vocabulary)
+CACHE_VERSION = 3  # bump when tokenization changes (3: deterministic WordPiece vocabulary, texts cut first)
 # Texts are cut to this many characters per token of max_length before tokenizing, so a 1 MB line costs no more
 # than a long review. Real text has 1-2 (Chinese) to 4-6 (English) characters per token: a cut text still holds
 # far more than max_length tokens, and the tokens past max_length are dropped anyway.
 CHARS_PER_TOKEN_BOUND = 50
+
+
+def cut(texts: list[str], max_length: int) -> list[str]:
+    """Texts cut to max_length * CHARS_PER_TOKEN_BOUND characters, for tokenizer training and encoding alike."""
+    return [text[: max_length * CHARS_PER_TOKEN_BOUND] for text in texts]
 
 
 class EncodedSplit(Dataset):
@@ -38,8 +43,7 @@ class EncodedSplit(Dataset):
     def encode(cls, tokenizer, texts: list[str], labels: list[int], max_length: int) -> "EncodedSplit":
         """Token ids of each text, truncated to max_length tokens; texts are first cut to
         max_length * CHARS_PER_TOKEN_BOUND characters (see there), so the tokenizer never sees a huge line whole."""
-        max_chars = max_length * CHARS_PER_TOKEN_BOUND
-        texts = [text[:max_chars] for text in texts]
+        texts = cut(texts, max_length)
         encoded = [e.ids or [UNK_ID] for e in tokenizer.encode_batch(texts)]  # only unknown symbols → [UNK]
         offsets = torch.tensor([0] + [len(ids) for ids in encoded]).cumsum(0)
         ids = torch.tensor([i for ids in encoded for i in ids], dtype=torch.int32)
@@ -252,7 +256,7 @@ class TextDataModule(L.LightningDataModule):
         hp = self.hparams
         splits = self._read_splits()
         tokenizer = train_tokenizer(
-            splits.texts["train"], vocab_size=hp.vocab_size, max_length=hp.max_length, kind=hp.tokenizer,
+            cut(splits.texts["train"], hp.max_length), vocab_size=hp.vocab_size, max_length=hp.max_length, kind=hp.tokenizer,
             split_cjk=hp.split_cjk, split_punctuation=hp.split_punctuation,
         )
         return self._encode(tokenizer, splits)
