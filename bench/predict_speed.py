@@ -6,10 +6,11 @@
 
 Texts are the 872 SST-2 validation sentences when $ATTENTION_DATA_ROOT/sst2/validation.tsv exists (else
 synthetic sentences of SST-2-like lengths). Without --ckpt, a checkpoint laid out as train.py writes it is built:
-a word-piece tokenizer trained on those sentences and an AttentionClassifier with random weights (speed does not
-depend on the weights). Throughput and latency go through `TextClassifier.predict`, tokenization included, with
-torch's default thread count; start-up is the wall time of a whole `python predict.py --ckpt ... TEXT` process.
-The last line of stdout is one JSON object with every figure.
+the config's tokenizer (data.tokenizer.train_tokenizer with its data: settings) trained on those sentences, and an
+AttentionClassifier built from its NetworkConfig (model.network, data.vocab_size, data.max_length) with random
+weights (speed does not depend on the weights). Throughput and latency go through `TextClassifier.predict`,
+tokenization included, with torch's default thread count unless --threads; start-up is the wall time of a whole
+`python predict.py --ckpt ... TEXT` process. The last line of stdout is one JSON object with every figure.
 """
 
 import argparse
@@ -27,13 +28,15 @@ from pathlib import Path
 
 import torch
 import yaml
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from model import AttentionClassifier, TextClassifier
+from data.tokenizer import train_tokenizer
+from inference import TextClassifier
+from model import AttentionClassifier, NetworkConfig
 
 log = logging.getLogger("bench.predict_speed")
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "sst2.yaml"
+SMOKE_NETWORK = {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 0}
 
 
 def sst2_sentences() -> list[str]:
@@ -51,41 +54,30 @@ def sst2_sentences() -> list[str]:
     return sentences
 
 
-def train_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> Tokenizer:
-    """The same recipe as data/tokenizer.py (that module's package imports Lightning, which a bench need not load)."""
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.decoder = decoders.WordPiece()
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True, handle_chinese_chars=True, strip_accents=False)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=["[PAD]", "[UNK]"], show_progress=False)
-    tokenizer.train_from_iterator(texts, trainer)
-    tokenizer.enable_truncation(max_length)
-    return tokenizer
-
-
 def random_checkpoint(path: Path, texts: list[str], smoke: bool) -> Path:
-    """A checkpoint as train.py lays it out, for a network shaped like configs/sst2.yaml (tiny with smoke)."""
+    """A checkpoint as train.py lays it out, for the network of configs/sst2.yaml (tiny with smoke)."""
     config = yaml.safe_load(CONFIG.read_text())
-    max_length, vocab_size = config["data"]["max_length"], config["data"]["vocab_size"]
-    shape = {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 0} if smoke else config["model"]
-    tokenizer = train_tokenizer(texts, vocab_size, max_length)
+    data = config["data"]
+    tokenizer = train_tokenizer(
+        texts, vocab_size=data["vocab_size"], max_length=data["max_length"], kind=data.get("tokenizer", "wordpiece"),
+        split_cjk=data.get("split_cjk", True), split_punctuation=data.get("split_punctuation", True),
+    )
     label_names = ["negative", "positive"]
-    hyper_parameters = {
-        key: value for key, value in shape.items() if key in ("d_model", "n_heads", "n_layers", "d_ff", "dropout")
-    }
-    hyper_parameters.update(vocab_size=tokenizer.get_vocab_size(), max_length=max_length, label_names=label_names)
+    network = SMOKE_NETWORK if smoke else config["model"].get("network") or {}
+    network = NetworkConfig.from_dict({**network, "vocab_size": tokenizer.get_vocab_size(),
+                                       "max_length": data["max_length"], "num_classes": len(label_names)})
     torch.manual_seed(0)
-    sizes = {key: value for key, value in hyper_parameters.items() if key != "label_names"}
-    network = AttentionClassifier(num_classes=len(label_names), **sizes)
+    model = AttentionClassifier(network)
     torch.save(
         {
-            "state_dict": {f"model.{key}": value for key, value in network.state_dict().items()},
-            "hyper_parameters": hyper_parameters,
-            "TextDataModule": {"tokenizer": tokenizer.to_str(), "label_names": label_names, "max_length": max_length},
+            "state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
+            "hyper_parameters": {"network": network.to_dict(), "label_names": label_names},
+            "TextDataModule": {"tokenizer": tokenizer.to_str(), "label_names": label_names,
+                               "max_length": data["max_length"]},
         },
         path,
     )
-    log.info("random-weight checkpoint %s: %s", path, hyper_parameters | {"label_names": label_names})
+    log.info("random-weight checkpoint %s: %s", path, network)
     return path
 
 

@@ -1,17 +1,22 @@
-"""Speed and memory of this project's AttentionClassifier against a torch.nn.TransformerEncoder peer of the same shape.
+"""Speed and memory of this project's AttentionClassifier, with each of its two attention kernels, against a
+torch.nn.TransformerEncoder peer of the same shape.
 
-Both models get the very same batches: SST-2-like sentence lengths (drawn from the SST-2 train length histogram,
+Both sides are built from one NetworkConfig (model/config.py): the `model: network:` section of configs/sst2.yaml
+with data.vocab_size, as train.py would build it. This project runs twice, with attention_kernel "manual" (the
+default: the written lines of MultiHeadSelfAttention.attend) and "fused" (the opt-in: torch's
+scaled_dot_product_attention); the two share their weights.
+
+Every side gets the very same batches: SST-2-like sentence lengths (drawn from the SST-2 train length histogram,
 padded per batch to the batch's longest sentence) and synthetic batches at fixed lengths without padding.
 The peer runs as a user would run it, with default settings: in eval mode under torch.inference_mode it takes
 PyTorch's fast path (fused native kernels, nested tensors that skip the padding). This project's classifier
-leaves padding out of its per-token work whenever it needs no attention weights (model/classifier.py).
-A second table times the attention operation alone, forward + backward. Runs alternate (A B A B …) after a
-warm-up and each figure is the median of the repeats, so background load hits both sides alike.
-Ratios are this project ÷ peer: for speed, above 1 means this project is faster; for memory, above 1 means
-this project needs more.
+always leaves padding out of its per-token work (model/classifier.py). A second table times the attention layer
+alone, forward + backward. Runs alternate (A B C A B C …) after a warm-up and each figure is the median of the
+repeats, so background load hits every side alike. Ratios are this project ÷ peer: for speed (throughput ÷
+throughput), above 1 means this project is faster; for memory, above 1 means this project needs more.
 
     python bench/speed.py            # the default run, a few minutes on 2 CPU cores
-    python bench/speed.py --quick    # under a minute on 2 CPU cores
+    python bench/speed.py --quick    # about a minute on 2 CPU cores
     python bench/speed.py --smoke    # a few seconds, tiny model: only checks that the bench runs
 
 The last line of stdout is one JSON object holding every ratio and throughput.
@@ -23,7 +28,7 @@ import logging
 import statistics
 import time
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -33,12 +38,15 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
+from data.tokenizer import PAD_ID, UNK_ID
 from model.attention import MultiHeadSelfAttention
-from model.classifier import POOLINGS, AttentionClassifier, AttentionPooling, ClassifierOutput
+from model.classifier import AttentionClassifier, AttentionPooling, ClassifierOutput, position_embedding
+from model.config import KERNELS, POOLINGS, ConfigError, NetworkConfig
 
 log = logging.getLogger("bench.speed")
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sst2.yaml"
+SIDES = (*KERNELS, "peer")  # manual, fused: this project with either kernel; peer: nn.TransformerEncoder
 
 # How many SST-2 train sentences have 1, 2, …, 52 whitespace tokens (all 67,349 of them; median 7, p90 21, max 52).
 SST2_LENGTH_COUNTS = [
@@ -46,21 +54,6 @@ SST2_LENGTH_COUNTS = [
     1040, 922, 860, 820, 741, 654, 572, 505, 460, 416, 335, 297, 281, 253, 226, 166, 152, 108, 90, 91, 60, 55,
     53, 34, 30, 24, 27, 17, 9, 11, 9, 7, 6, 3,
 ]
-
-
-@dataclass
-class Shape:
-    """The network both sides build; defaults are those of configs/sst2.yaml when it has none."""
-
-    vocab_size: int = 8000
-    num_classes: int = 2
-    d_model: int = 128
-    n_heads: int = 4
-    n_layers: int = 2
-    d_ff: int = 256
-    pooling: str = "mean"
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
 
 
 @dataclass
@@ -86,7 +79,7 @@ PLANS = {
     "smoke": Plan(warmup=1, repeats=1, train_batch=8, inference_batch=16, train_steps=1, inference_steps=1,
                   fixed_lengths=(8, 16), attention_lengths=(8, 16), attention_tokens=64),
 }
-SMOKE_SHAPE = Shape(vocab_size=100, d_model=16, n_heads=2, n_layers=1, d_ff=32)
+SMOKE_NETWORK = NetworkConfig(vocab_size=100, d_model=16, n_heads=2, n_layers=1, d_ff=32)
 
 
 class TransformerEncoderClassifier(nn.Module):
@@ -94,45 +87,54 @@ class TransformerEncoderClassifier(nn.Module):
 
     pool = AttentionClassifier.pool  # the very same pooling code, so only the encoder differs
 
-    def __init__(self, shape: Shape, max_length: int):
+    def __init__(self, config: NetworkConfig):
         super().__init__()
-        self.pooling = shape.pooling
-        self.token_embedding = nn.Embedding(shape.vocab_size, shape.d_model, padding_idx=0)
-        self.position_embedding = nn.Embedding(max_length, shape.d_model)
-        self.embedding_dropout = nn.Dropout(shape.dropout)
+        if config.head_size * config.n_heads != config.d_model:
+            raise ConfigError(f"the peer's heads split d_model: d_head {config.d_head} must be d_model // n_heads")
+        if config.d_ff < 1:
+            raise ConfigError("the peer (nn.TransformerEncoderLayer) always has a feed-forward: d_ff must be > 0")
+        if config.causal:
+            raise ConfigError("the bench compares bidirectional encoders: causal must be false")
+        self.config = config
+        self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
+        self.position_embedding = position_embedding(config.positions, config.max_length, config.d_model)
+        self.embedding_dropout = nn.Dropout(config.embedding_dropout)
         layer = nn.TransformerEncoderLayer(
-            shape.d_model, shape.n_heads, dim_feedforward=shape.d_ff, dropout=shape.dropout, activation="gelu",
+            config.d_model, config.n_heads, dim_feedforward=config.d_ff, dropout=config.dropout, activation="gelu",
             batch_first=True,
         )
         # TransformerEncoderLayer drops attention weights at `dropout`; ours has its own rate, so match it.
-        layer.self_attn.dropout = shape.attention_dropout
-        self.encoder = nn.TransformerEncoder(layer, shape.n_layers)  # default settings: fast path, nested tensors
-        self.attention_pool = AttentionPooling(shape.d_model) if shape.pooling == "attention" else None
-        self.head = nn.Linear(shape.d_model, shape.num_classes)
+        layer.self_attn.dropout = config.attention_dropout
+        self.encoder = nn.TransformerEncoder(layer, config.n_layers)  # default settings: fast path, nested tensors
+        self.attention_pool = AttentionPooling(config.d_model) if config.pooling == "attention" else None
+        self.head_dropout = nn.Dropout(config.head_dropout)
+        self.head = nn.Linear(config.d_model, config.num_classes)
 
     def forward(self, token_ids, key_padding_mask=None):
         positions = torch.arange(token_ids.shape[1], device=token_ids.device)
         x = self.embedding_dropout(self.token_embedding(token_ids) + self.position_embedding(positions))
         x = self.encoder(x, src_key_padding_mask=key_padding_mask)
-        return ClassifierOutput(self.head(self.pool(x, key_padding_mask)), None)
+        if key_padding_mask is None:
+            key_padding_mask = torch.zeros(token_ids.shape, dtype=torch.bool, device=token_ids.device)
+        return ClassifierOutput(self.head(self.head_dropout(self.pool(x, key_padding_mask))), None)
 
 
-def build_models(shape: Shape, max_length: int, device) -> dict[str, nn.Module]:
-    ours = AttentionClassifier(
-        vocab_size=shape.vocab_size, num_classes=shape.num_classes, d_model=shape.d_model, n_heads=shape.n_heads,
-        n_layers=shape.n_layers, d_ff=shape.d_ff, max_length=max_length, dropout=shape.dropout,
-        embedding_dropout=shape.dropout, attention_dropout=shape.attention_dropout, pooling=shape.pooling,
-    )
-    return {"ours": ours.to(device), "peer": TransformerEncoderClassifier(shape, max_length).to(device)}
+def build_models(config: NetworkConfig, device) -> dict[str, nn.Module]:
+    """One model per side: this project with each kernel (the same weights), and the peer."""
+    manual = AttentionClassifier(replace(config, attention_kernel="manual"))
+    fused = AttentionClassifier(replace(config, attention_kernel="fused"))
+    fused.load_state_dict(manual.state_dict())
+    models = {"manual": manual, "fused": fused, "peer": TransformerEncoderClassifier(config)}
+    return {side: model.to(device) for side, model in models.items()}
 
 
 def make_batch(lengths, vocab_size: int, num_classes: int, generator, device, pad: bool = True):
-    """Token ids (B, L) padded with 0 to the longest length, padding mask (B, L) or None, labels (B,)."""
+    """Token ids (B, L) padded with PAD_ID to the longest length, padding mask (B, L) or None, labels (B,)."""
     lengths = torch.as_tensor(lengths)
     L = int(lengths.max())
-    token_ids = torch.randint(1, vocab_size, (len(lengths), L), generator=generator)
+    token_ids = torch.randint(UNK_ID + 1, vocab_size, (len(lengths), L), generator=generator)
     mask = torch.arange(L)[None, :] >= lengths[:, None]  # (B, L), True = padding
-    token_ids = token_ids.masked_fill(mask, 0)
+    token_ids = token_ids.masked_fill(mask, PAD_ID)
     labels = torch.randint(0, num_classes, (len(lengths),), generator=generator)
     return token_ids.to(device), mask.to(device) if pad else None, labels.to(device)
 
@@ -148,7 +150,7 @@ def sync(device):
 
 
 def alternate(runs: dict, *, warmup: int, repeats: int, device) -> dict[str, float]:
-    """Median seconds per call of each run, calling them in turn (A B A B …) so background load hits all alike."""
+    """Median seconds per call of each run, calling them in turn (A B C A B C …) so background load hits all alike."""
     for _ in range(warmup):
         for run in runs.values():
             run()
@@ -206,11 +208,11 @@ def infer(model, batches):
 
 
 def compare_classifiers(models, workload, train_batches, inference_batches, plan, device) -> list[dict]:
-    """Training samples/s and inference sentences/s of both models on the same batches: one row per task."""
+    """Training and inference sentences/s of every side on the same batches: one row per task."""
     optimizers = {side: torch.optim.AdamW(model.parameters(), lr=1e-3) for side, model in models.items()}
     tasks = {
         "train": (train_batches, lambda side, batches: train(models[side], optimizers[side], batches)),
-        "inference": (inference_batches, lambda side, batches: infer(models[side], batches)),
+        "infer": (inference_batches, lambda side, batches: infer(models[side], batches)),
     }
     rows = []
     for task, (batches, run) in tasks.items():
@@ -220,105 +222,112 @@ def compare_classifiers(models, workload, train_batches, inference_batches, plan
         longest = [max(batches, key=lambda batch: batch[0].numel())]
         memory = {side: peak_memory(partial(run, side, longest), device) for side in models}
         sentences = sum(len(labels) for _, _, labels in batches)
-        rows.append(dict(
-            workload=workload, task=task, batch=len(batches[0][2]),
-            tokens=sum(ids.numel() for ids, _, _ in batches) // len(batches),
-            real=sum(int((ids != 0).sum()) for ids, _, _ in batches) // len(batches),
-            ours=sentences / seconds["ours"], peer=sentences / seconds["peer"],
-            speed_ratio=seconds["peer"] / seconds["ours"], ours_mb=memory["ours"] / 2**20,
-            peer_mb=memory["peer"] / 2**20, memory_ratio=memory["ours"] / max(memory["peer"], 1),
-        ))
-        log.info("%s %s: %.2fx", workload, task, rows[-1]["speed_ratio"])
+        row = dict(workload=workload, task=task, batch=len(batches[0][2]),
+                   tokens=sum(ids.numel() for ids, _, _ in batches) // len(batches),
+                   real=sum(int((ids != PAD_ID).sum()) for ids, _, _ in batches) // len(batches))
+        for side in models:
+            row[f"{side}_per_s"], row[f"{side}_mb"] = sentences / seconds[side], memory[side] / 2**20
+        for kernel in KERNELS:
+            row[f"{kernel}_ratio"] = row[f"{kernel}_per_s"] / row["peer_per_s"]
+            row[f"{kernel}_memory_ratio"] = memory[kernel] / max(memory["peer"], 1)
+        rows.append(row)
+        log.info("%s %s: manual %.2fx, fused %.2fx", workload, task, row["manual_ratio"], row["fused_ratio"])
     return rows
 
 
-def compare_attention(shape, L, plan, device, generator) -> dict:
-    """The attention operation alone, forward + backward, on B sequences of L tokens, a quarter of them padded."""
+def compare_attention(config: NetworkConfig, L: int, plan, device, generator) -> dict:
+    """The attention layer alone as the classifier calls it (forward_packed), forward + backward, on B sequences of
+    L tokens, about a quarter of them padding: each kernel, the manual one handing out its weights, and the bare
+    scaled_dot_product_attention between the same four projections on the padded grid."""
     B = max(1, plan.attention_tokens // L)
     torch.manual_seed(0)
-    layer = MultiHeadSelfAttention(d_model=shape.d_model, n_heads=shape.n_heads).to(device)
-    x = torch.randn(B, L, shape.d_model, device=device, requires_grad=True)
+    layers = {kernel: MultiHeadSelfAttention(d_model=config.d_model, n_heads=config.n_heads, d_head=config.d_head,
+                                             kernel=kernel).to(device) for kernel in KERNELS}
+    layers["fused"].load_state_dict(layers["manual"].state_dict())
+    layer = layers["manual"]
     lengths = torch.randint(L // 2 + 1, L + 1, (B,), generator=generator)
     lengths[0] = L
     mask = (torch.arange(L)[None, :] >= lengths[:, None]).to(device)  # (B, L), True = padding
+    grid = torch.randn(B, L, config.d_model, device=device)
+    x = grid[~mask].requires_grad_()  # (N, D): the real tokens, as the classifier hands them over
+    grid.requires_grad_()
 
-    def explicit():
-        layer(x, key_padding_mask=mask, need_weights=True)[0].sum().backward()
-
-    def fused():
-        layer(x, key_padding_mask=mask, need_weights=False)[0].sum().backward()
+    def packed(kernel, need_weights=False):
+        layers[kernel].forward_packed(x, mask, need_weights)[0].sum().backward()
 
     def sdpa():
-        # The bare kernel between the same four projections, written the obvious way.
-        q, k, v = (layer.split_heads(w(x)) for w in (layer.w_q, layer.w_k, layer.w_v))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=~mask[:, None, None, :])
+        q, k, v = (layer.split_heads(w(grid)) for w in (layer.w_q, layer.w_k, layer.w_v))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=~mask[:, None, None, :], scale=layer.scale)
         layer.w_o(layer.merge_heads(out)).sum().backward()
 
-    runs = {"explicit": explicit, "fused": fused, "sdpa": sdpa}
+    runs = {"manual": partial(packed, "manual"), "fused": partial(packed, "fused"),
+            "weights": partial(packed, "manual", need_weights=True), "sdpa": sdpa}
     seconds = alternate(runs, warmup=plan.warmup, repeats=plan.repeats, device=device)
     memory = {name: peak_memory(run, device) for name, run in runs.items()}
-    row = dict(L=L, batch=B, explicit_ratio=seconds["sdpa"] / seconds["explicit"],
-               fused_ratio=seconds["sdpa"] / seconds["fused"])
+    row = dict(L=L, batch=B)
     for name in runs:
         row[f"{name}_ms"], row[f"{name}_mb"] = seconds[name] * 1e3, memory[name] / 2**20
-    log.info("attention L=%d: explicit %.2fx, fused %.2fx", L, row["explicit_ratio"], row["fused_ratio"])
+        row[f"{name}_ratio"] = seconds["sdpa"] / seconds[name]
+    log.info("attention L=%d: manual %.2fx, fused %.2fx of sdpa", L, row["manual_ratio"], row["fused_ratio"])
     return row
 
 
 def print_tables(classifier_rows, attention_rows):
-    print("\nClassifier: this project (ours) vs nn.TransformerEncoder peer, sentences/s;"
-          " speed = ours ÷ peer (>1: ours faster), mem = peak MB ours ÷ peer")
-    print(f"{'workload':<10}{'task':<11}{'batch':>6}{'tokens':>8}{'real':>7}{'ours/s':>9}{'peer/s':>9}{'speed':>8}"
-          f"{'ours MB':>9}{'peer MB':>9}{'mem':>7}")
+    print("\nClassifier: this project with its manual (default) and fused kernels vs the nn.TransformerEncoder peer,"
+          " sentences/s;\n×peer = throughput ÷ peer's (>1: faster than the peer); MB = peak MB of one step")
+    print(f"{'workload':<10}{'task':<7}{'batch':>6}{'tokens':>8}{'real':>7}{'manual/s':>10}{'fused/s':>9}"
+          f"{'peer/s':>9}{'manual':>8}{'fused':>7}{'man MB':>8}{'fus MB':>8}{'peer MB':>8}")
     for r in classifier_rows:
-        print(f"{r['workload']:<10}{r['task']:<11}{r['batch']:>6}{r['tokens']:>8}{r['real']:>7}{r['ours']:>9.0f}"
-              f"{r['peer']:>9.0f}{r['speed_ratio']:>7.2f}x{r['ours_mb']:>9.1f}{r['peer_mb']:>9.1f}"
-              f"{r['memory_ratio']:>6.2f}x")
-    print("\nAttention alone, forward + backward, the four projections included (sdpa: the bare kernel between"
-          " them);\nspeed = sdpa time ÷ path time (>1: faster than the bare kernel)")
-    print(f"{'L':>6}{'batch':>6}{'explicit ms':>13}{'fused ms':>10}{'sdpa ms':>9}{'explicit':>10}{'fused':>7}"
-          f"{'expl MB':>9}{'fused MB':>9}{'sdpa MB':>9}")
+        print(f"{r['workload']:<10}{r['task']:<7}{r['batch']:>6}{r['tokens']:>8}{r['real']:>7}"
+              f"{r['manual_per_s']:>10.0f}{r['fused_per_s']:>9.0f}{r['peer_per_s']:>9.0f}{r['manual_ratio']:>7.2f}x{r['fused_ratio']:>6.2f}x"
+              f"{r['manual_mb']:>8.1f}{r['fused_mb']:>8.1f}{r['peer_mb']:>8.1f}")
+    print("\nAttention layer alone (forward_packed), forward + backward, the four projections included; weights = the"
+          " manual kernel\nhanding out its weights; sdpa = the bare kernel between the same projections on the padded"
+          " grid;\n×sdpa = sdpa time ÷ path time (>1: faster than the bare kernel)")
+    print(f"{'L':>6}{'batch':>6}{'manual ms':>11}{'fused ms':>10}{'weights ms':>12}{'sdpa ms':>9}{'manual':>8}"
+          f"{'fused':>7}{'weights':>9}{'man MB':>8}{'fus MB':>8}{'wts MB':>8}{'sdpa MB':>8}")
     for r in attention_rows:
-        print(f"{r['L']:>6}{r['batch']:>6}{r['explicit_ms']:>13.2f}{r['fused_ms']:>10.2f}{r['sdpa_ms']:>9.2f}"
-              f"{r['explicit_ratio']:>9.2f}x{r['fused_ratio']:>6.2f}x"
-              f"{r['explicit_mb']:>9.1f}{r['fused_mb']:>9.1f}{r['sdpa_mb']:>9.1f}")
+        print(f"{r['L']:>6}{r['batch']:>6}{r['manual_ms']:>11.2f}{r['fused_ms']:>10.2f}{r['weights_ms']:>12.2f}"
+              f"{r['sdpa_ms']:>9.2f}{r['manual_ratio']:>7.2f}x{r['fused_ratio']:>6.2f}x{r['weights_ratio']:>8.2f}x"
+              f"{r['manual_mb']:>8.1f}{r['fused_mb']:>8.1f}{r['weights_mb']:>8.1f}{r['sdpa_mb']:>8.1f}")
 
 
-def summary(classifier_rows, attention_rows, shape, device) -> dict:
+def summary(classifier_rows, attention_rows, config, device) -> dict:
+    """Flat keys: {kernel}_{task}_ratio_{workload} (throughput ÷ peer's, the very numbers of {task}_per_s_{workload}),
+    {kernel}_{task}_memory_ratio_{workload}, attention_{path}_vs_sdpa_L{L}; then what was measured on."""
     result = {}
     for r in classifier_rows:
-        suffix = "" if r["workload"] == "sst2" else "_" + r["workload"]
-        result[f"{r['task']}_speed_ratio{suffix}"] = round(r["speed_ratio"], 3)
-        result[f"{r['task']}_memory_ratio{suffix}"] = round(r["memory_ratio"], 3)
-        result[f"{r['task']}_samples_per_s{suffix}"] = {"ours": round(r["ours"], 1), "peer": round(r["peer"], 1)}
+        suffix = f"{r['task']}_ratio_{r['workload']}"
+        for kernel in KERNELS:
+            result[f"{kernel}_{suffix}"] = r[f"{kernel}_ratio"]
+            result[f"{kernel}_{r['task']}_memory_ratio_{r['workload']}"] = r[f"{kernel}_memory_ratio"]
+        result[f"{r['task']}_per_s_{r['workload']}"] = {side: r[f"{side}_per_s"] for side in SIDES}
     for r in attention_rows:
-        result[f"attention_explicit_vs_sdpa_L{r['L']}"] = round(r["explicit_ratio"], 3)
-        result[f"attention_fused_vs_sdpa_L{r['L']}"] = round(r["fused_ratio"], 3)
-    result.update(device=str(device), torch=torch.__version__, threads=torch.get_num_threads(), shape=asdict(shape))
+        for path in ("manual", "fused", "weights"):
+            result[f"attention_{path}_vs_sdpa_L{r['L']}"] = r[f"{path}_ratio"]
+    result.update(device=str(device), torch=torch.__version__, threads=torch.get_num_threads(),
+                  network=config.to_dict())
     return result
 
 
-def load_shape(path: Path) -> Shape:
-    shape = Shape()
-    if path.exists():
-        config = yaml.safe_load(path.read_text()) or {}
-        model, data = config.get("model") or {}, config.get("data") or {}
-        for key in ("d_model", "n_heads", "n_layers", "d_ff", "pooling", "dropout", "attention_dropout"):
-            if key in model:
-                setattr(shape, key, type(getattr(shape, key))(model[key]))
-        if "vocab_size" in data:
-            shape.vocab_size = int(data["vocab_size"])
-    return shape
+def load_network(path: Path) -> NetworkConfig:
+    """The NetworkConfig train.py would build from the config: its model.network section, data.vocab_size."""
+    config = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    network = dict((config.get("model") or {}).get("network") or {})
+    data = config.get("data") or {}
+    if "vocab_size" in data:
+        network["vocab_size"] = data["vocab_size"]
+    return NetworkConfig.from_dict(network)
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="fewer repeats and steps: under a minute on 2 CPU cores")
+    size.add_argument("--quick", action="store_true", help="fewer repeats and steps: about a minute on 2 CPU cores")
     size.add_argument("--smoke", action="store_true", help="tiny model and lengths, one repeat: a few seconds")
     parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto", help="auto = cuda if available")
     parser.add_argument("--config", type=Path, default=CONFIG,
-                        help="take the shape from its model: keys and data.vocab_size, if it exists (%(default)s)")
+                        help="take the network from its model.network section and data.vocab_size (%(default)s)")
     for key in ("d_model", "n_heads", "n_layers", "d_ff", "vocab_size"):
         parser.add_argument("--" + key.replace("_", "-"), type=int, help=f"override the config's {key}")
     parser.add_argument("--pooling", choices=POOLINGS, help="override the config's pooling")
@@ -342,22 +351,25 @@ def main(argv=None):
     plan = PLANS["smoke" if args.smoke else "quick" if args.quick else "default"]
     if args.repeats:
         plan = replace(plan, repeats=args.repeats)
-    shape = SMOKE_SHAPE if args.smoke else load_shape(args.config)
-    for key in ("d_model", "n_heads", "n_layers", "d_ff", "vocab_size", "pooling"):
-        if getattr(args, key) is not None:
-            setattr(shape, key, getattr(args, key))
-    if shape.d_ff < 1:
-        raise SystemExit("the peer (nn.TransformerEncoderLayer) always has a feed-forward: pass --d-ff N with N > 0")
-    log.info("device %s, torch %s, %d threads, shape %s", device, torch.__version__, torch.get_num_threads(), shape)
+    try:
+        config = SMOKE_NETWORK if args.smoke else load_network(args.config)
+        overrides = {key: getattr(args, key) for key in ("d_model", "n_heads", "n_layers", "d_ff", "vocab_size",
+                                                         "pooling") if getattr(args, key) is not None}
+        # Positions for the longest fixed length; two classes, as SST-2 has.
+        longest = max(*plan.fixed_lengths, len(SST2_LENGTH_COUNTS))
+        config = replace(config, **overrides, num_classes=2, max_length=longest)
+        models = build_models(config, device)
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+    log.info("device %s, torch %s, %d threads, network %s", device, torch.__version__, torch.get_num_threads(), config)
 
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
-    models = build_models(shape, max(max(plan.fixed_lengths), len(SST2_LENGTH_COUNTS)), device)
 
     def batches(size, steps, lengths=None):
-        return [make_batch(sst2_lengths(rng, size) if lengths is None else [lengths] * size, shape.vocab_size,
-                           shape.num_classes, generator, device, pad=lengths is None) for _ in range(steps)]
+        return [make_batch(sst2_lengths(rng, size) if lengths is None else [lengths] * size, config.vocab_size,
+                           config.num_classes, generator, device, pad=lengths is None) for _ in range(steps)]
 
     rows = compare_classifiers(models, "sst2", batches(plan.train_batch, plan.train_steps),
                                batches(plan.inference_batch, plan.inference_steps), plan, device)
@@ -367,10 +379,10 @@ def main(argv=None):
         train_batch, inference_batch = (max(1, n * shortest // L) for n in (plan.train_batch, plan.inference_batch))
         rows += compare_classifiers(models, f"L{L}", batches(train_batch, plan.train_steps, L),
                                     batches(inference_batch, plan.inference_steps, L), plan, device)
-    attention_rows = [compare_attention(shape, L, plan, device, generator) for L in plan.attention_lengths]
+    attention_rows = [compare_attention(config, L, plan, device, generator) for L in plan.attention_lengths]
 
     print_tables(rows, attention_rows)
-    print(json.dumps(summary(rows, attention_rows, shape, device)))
+    print(json.dumps(summary(rows, attention_rows, config, device)))
 
 
 if __name__ == "__main__":

@@ -3,23 +3,24 @@ then print each run's attention health as a markdown table and save one heatmap 
 
     python docs/attention_experiments.py                                               # the full runs (slow on a CPU)
     python docs/attention_experiments.py --max-epochs 1 --limit-train-batches 300      # a quick version
+    python docs/attention_experiments.py --runs default --max-epochs 1 --limit-train-batches 2 \
+        --out /tmp/attention --save-dir /tmp/attention                                  # checks that it runs
 
-Heatmaps go to docs/attention_<run>.png; TensorBoard logs to runs/attention_experiments/<run>/.
+The runs differ only in model.network.scale / d_head (configs/experiments/). Heatmaps go to
+docs/attention_<run>.png; TensorBoard logs to runs/attention_experiments/<run>/.
 The health figures are AttentionMonitor's, over the whole validation set after the last epoch.
 """
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the script lives in docs/; train.py and the packages at the root
+import train
+from monitor import AttentionMonitor
+from monitor.heatmap import attention_figure, save_png
 
-import train  # noqa: E402
-from model.callbacks import AttentionMonitor  # noqa: E402
-from model.heatmap import attention_figure, save_png  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RUNS = {
     "default": [],
@@ -44,11 +45,12 @@ def fit(run: str, args) -> object:
 def probe_figure(cli, run: str, text: str):
     tokenizer, model = cli.datamodule.tokenizer, cli.model.model.eval()
     ids = tokenizer.encode(text).ids
-    logits, weights = model(torch.tensor([ids], device=cli.model.device), need_weights=True)
+    logits, attention = model(torch.tensor([ids], device=cli.model.device), need_weights=True)
     probability = logits.softmax(-1)[0]
     label = cli.model.label_names[int(probability.argmax())]
     title = f'{run}: "{text}"\npredicted {label} ({probability.max():.2f})'
-    return attention_figure(torch.stack(weights, dim=1)[0], [tokenizer.id_to_token(i) for i in ids], title)
+    weights = torch.stack([layer.weights[0] for layer in attention])  # (n_layers, H, L, L)
+    return attention_figure(weights, [tokenizer.id_to_token(i) for i in ids], title)
 
 
 def table_rows(run: str, accuracy: float, figures, thresholds) -> list[str]:

@@ -2,6 +2,7 @@
 
     python docs/attention_monitor_overhead.py                      # configs/sst2.yaml, 1 epoch of 300 batches, 3 pairs
     python docs/attention_monitor_overhead.py --pairs 5 --limit-train-batches 500
+    python docs/attention_monitor_overhead.py --config configs/smoke.yaml --pairs 1 --limit-train-batches 2  # runs?
 
 Runs alternate (without, with, without, with, ...) so a drifting machine load hits both alike; each is a fresh
 process. Throughput = trained samples / seconds from the start of training to its end (training, the validation
@@ -21,9 +22,11 @@ from pathlib import Path
 
 from lightning.pytorch import Callback
 
+from monitor import AttentionMonitor
+
 ROOT = Path(__file__).resolve().parents[1]
 TIMER = {"class_path": "__main__.FitTimer"}  # the child process runs this file as __main__
-MONITOR = {"class_path": "model.callbacks.AttentionMonitor"}
+MONITOR = {"class_path": "monitor.AttentionMonitor"}
 
 
 class FitTimer(Callback):
@@ -38,9 +41,10 @@ class FitTimer(Callback):
 
 def one_run(config: str, limit_train_batches: int, with_monitor: bool) -> float:
     """Train once in this process; return samples per second."""
-    sys.path.insert(0, str(ROOT))  # the script runs from docs/; train.py lives at the root
-    import train
+    import train  # here, not at the top: only the child processes train
+
     with tempfile.TemporaryDirectory() as save_dir:
+        # The list replaces the config's own trainer.callbacks (sst2.yaml lists the monitor).
         callbacks = [TIMER, MONITOR] if with_monitor else [TIMER]
         cli = train.main([
             "fit", "--config", config, "--trainer.max_epochs", "1",
@@ -48,6 +52,9 @@ def one_run(config: str, limit_train_batches: int, with_monitor: bool) -> float:
             "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
             "--trainer.logger.init_args.save_dir", save_dir,
         ])
+    monitors = sum(isinstance(c, AttentionMonitor) for c in cli.trainer.callbacks)
+    if monitors != int(with_monitor):
+        raise SystemExit(f"error: {monitors} AttentionMonitor(s) in a run {'with' if with_monitor else 'without'} it")
     timer = next(c for c in cli.trainer.callbacks if isinstance(c, FitTimer))
     samples = limit_train_batches * cli.datamodule.hparams.batch_size
     return samples / timer.seconds
@@ -63,7 +70,8 @@ def main():
     if args.one:
         print(json.dumps(one_run(args.config, args.limit_train_batches, args.one == "with")))
         return
-    env = {**os.environ, "ATTENTION_DATA_ROOT": os.environ.get("ATTENTION_DATA_ROOT", str(ROOT.parent / "shared" / "data"))}
+    data_root = os.environ.get("ATTENTION_DATA_ROOT", str(ROOT.parent / "shared" / "data"))
+    env = {**os.environ, "ATTENTION_DATA_ROOT": data_root}
     rates = {"without": [], "with": []}
     for pair in range(args.pairs):
         for kind in ("without", "with"):

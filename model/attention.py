@@ -113,9 +113,7 @@ class MultiHeadSelfAttention(nn.Module):
         grid = x.new_zeros(3, B, self.n_heads, L, self.d_head)
         grid.permute(1, 3, 0, 2, 4)[real] = qkv
         q, k, v = grid  # each (B, H, L, d), zeros at padded places
-        # Without padding (and without the look-ahead mask) nothing is blocked: attend() then skips the mask.
-        padding = key_padding_mask if not real.all() else None
-        out, weights = self.attend(q, k, v, self.mask(padding, L, x.device), need_weights)
+        out, weights = self.attend(q, k, v, self.mask(key_padding_mask, L, x.device), need_weights)
         return self.w_o(out.transpose(1, 2)[real].flatten(1)), weights  # (N, H·d) → (N, D)
 
     def mask(self, key_padding_mask: torch.Tensor | None, L: int, device=None) -> torch.Tensor | None:
