@@ -14,10 +14,13 @@ from pathlib import Path
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
 
 from data import DataError, TextDataModule
+from inference.classifier import CheckpointError
 from model.config import ConfigError
-from training.module import ClassifierModule
+from training.checkpoints import check_checkpoint, check_readable
+from training.module import ClassifierModule, NonFiniteLossError
 
 
 class CLI(LightningCLI):
@@ -27,6 +30,14 @@ class CLI(LightningCLI):
         parser.link_arguments("data.vocab_size", "model.network.vocab_size")  # the tokenizer never exceeds it
         parser.link_arguments("data.label_names", "model.label_names", apply_on="instantiate")
         parser.link_arguments("data.label_names", "model.network.num_classes", compute_fn=len, apply_on="instantiate")
+
+    def parse_arguments(self, parser, args):
+        super().parse_arguments(parser, args)
+        # LightningCLI then reads the checkpoint's hyperparameters into the config (so `validate --ckpt_path X`
+        # rebuilds X's network); make sure first that the file is a safe, readable checkpoint of this project.
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            check_readable(self.config[subcommand].get("ckpt_path"))
 
     def before_instantiate_classes(self):
         config = self.config.get(self.subcommand, {})
@@ -45,13 +56,30 @@ class CLI(LightningCLI):
                 logger_args["version"] = resumable[-1].parent.parent.name
 
 
+    def before_fit(self):
+        # Before anything is written (config.yaml included): the checkpoint must be safe to read and fit this
+        # config and data, else one line says what differs.
+        checkpoint = check_checkpoint(self.config[self.subcommand].get("ckpt_path"), self.trainer, self.model,
+                                      self.datamodule)
+        logger = self.trainer.logger
+        if self.subcommand == "fit" and checkpoint is not None and isinstance(logger, TensorBoardLogger):
+            # Resuming: hide what an interrupted run logged after this checkpoint, so no step appears twice.
+            # TensorBoardLogger hands its extra keyword arguments to the SummaryWriter it creates on first use.
+            logger._kwargs.setdefault("purge_step", checkpoint["global_step"])
+
+    before_validate = before_test = before_predict = before_fit
+
+
 def main(args=None):
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     torch.set_float32_matmul_precision("high")
     try:
         return cli(args)
-    except (DataError, ConfigError) as e:  # bad input: one line naming the file or setting, no traceback
-        sys.exit(f"error: {e}")
+    except (DataError, ConfigError, CheckpointError, NonFiniteLossError) as e:
+        sys.exit(f"error: {e}")  # bad input: one line naming the file or setting, no traceback
+    except PermissionError as e:  # a read-only log, checkpoint or cache folder
+        sys.exit(f"error: {e.filename}: permission denied; choose a writable --trainer.default_root_dir "
+                 "(logs and checkpoints) or --data.cache_dir")
 
 
 def cli(args=None):

@@ -33,8 +33,11 @@ class Prediction:
     label: str
     probabilities: dict[str, float]  # label name → probability; label order, or the top k most likely first
     tokens: list[str] | None = None  # the tokens the model saw, when attention was asked for
-    attention: torch.Tensor | None = None  # (n_layers, H, n, n) over those n tokens, when asked for
+    attention: torch.Tensor | None = None  # (n_layers, H, n, n) over those n tokens, when asked for; (n_layers, H, n, K)
+    # in a long kind's key layout (README "Long texts"), whose columns attention_keys names
     truncated_from: int | None = None  # the text's length in tokens when it was cut to max_length, else None
+    attention_keys: torch.Tensor | None = None  # long kinds: (n, K) the token of each column; -1 a projected key
+    global_attention: torch.Tensor | None = None  # sparse: (n_layers, H, g, n) the global tokens' rows
 
     def to_dict(self, all_heads: bool = False, decimals: int = 6) -> dict:
         """JSON-ready; attention is averaged over heads unless all_heads, and rounded to `decimals`."""
@@ -46,6 +49,11 @@ class Prediction:
             out["attention"] = weights.double().round(decimals=decimals).tolist()  # double: no float32 digits noise
         if self.truncated_from is not None:
             out["truncated_from"] = self.truncated_from
+        if self.attention_keys is not None:
+            out["attention_keys"] = self.attention_keys.tolist()
+        if self.global_attention is not None:
+            weights = self.global_attention if all_heads else self.global_attention.mean(dim=1)
+            out["global_attention"] = weights.double().round(decimals=decimals).tolist()
         return out
 
 
@@ -71,6 +79,11 @@ def read_checkpoint(path) -> dict:
         raise CheckpointError(f"{path}: empty file, not a checkpoint")
     if head == b"PK\x03\x04" and not zipfile.is_zipfile(path):  # torch.save writes a zip archive
         raise CheckpointError(f"{path}: truncated or damaged: the archive has no end (central directory)")
+    if head[:1] == b"\x80":  # a pickle protocol marker: pickle.dump output, or torch's pre-1.6 format
+        raise CheckpointError(f"{path}: a plain pickle file, not a checkpoint written by train.py (a zip archive); "
+                              "it is not loaded, since unpickling can run code")
+    if head != b"PK\x03\x04":
+        raise CheckpointError(f"{path}: not a checkpoint written by train.py (not a zip archive)")
     try:
         # map_location="cpu": a checkpoint saved on a GPU loads on a machine without one; moved to the device later.
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
@@ -174,6 +187,9 @@ class TextClassifier:
         if isinstance(texts, str):
             raise TypeError("predict takes a list of texts; wrap a single text in a list")
         texts = list(texts)
+        not_text = [f"{i} ({type(text).__name__})" for i, text in enumerate(texts) if not isinstance(text, str)]
+        if not_text:
+            raise TypeError(f"texts must be strings; not a string at position(s) {', '.join(not_text[:10])}")
         empty = [i for i, text in enumerate(texts) if not text.strip()]
         if empty:
             raise ValueError(f"empty or whitespace-only text at position(s) {', '.join(map(str, empty[:10]))}")
@@ -186,21 +202,25 @@ class TextClassifier:
         predictions: list[Prediction | None] = [None] * len(texts)
         for start in range(0, len(order), batch_size):
             batch = order[start : start + batch_size]
-            probabilities, weights = self._forward([ids[i] for i in batch], attention)
+            probabilities, (weights, keys, global_weights) = self._forward([ids[i] for i in batch], attention)
             for row, i in enumerate(batch):
                 n = len(ids[i])
+                rows = weights[row, :, :, :n] if attention else None  # (n_layers, H, n, L), or K columns of a long kind
                 predictions[i] = Prediction(
                     text=texts[i],
                     label=self.label_names[int(probabilities[row].argmax())],
                     probabilities=self._label_probabilities(probabilities[row].tolist(), top_k),
                     tokens=tokens[i] if attention else None,
-                    attention=weights[row, :, :, :n, :n].clone() if attention else None,
+                    attention=(rows[..., :n] if keys is None else rows).clone() if attention else None,
                     truncated_from=full_lengths[i] if full_lengths[i] > n else None,
+                    attention_keys=keys[:n].clone() if keys is not None else None,
+                    global_attention=global_weights[row, ..., :n, :n].clone() if global_weights is not None else None,
                 )
         return predictions
 
-    def _forward(self, batch_ids: list[list[int]], attention: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Probabilities (B, num_classes) and, if asked, weights (B, n_layers, H, L, L), both on the CPU."""
+    def _forward(self, batch_ids: list[list[int]], attention: bool) -> tuple[torch.Tensor, tuple]:
+        """Probabilities (B, num_classes) and, if asked, weights (B, n_layers, H, L, L) (a long kind: (B, n_layers,
+        H, L, K), its key_positions (L, K) and sparse's global rows (B, n_layers, H, g, L)), all on the CPU."""
         lengths = torch.tensor([len(ids) for ids in batch_ids])
         L = int(lengths.max())
         input_ids = torch.full((len(batch_ids), L), PAD_ID, dtype=torch.long)  # (B, L)
@@ -211,10 +231,15 @@ class TextClassifier:
         mask = key_padding_mask.to(self.device) if key_padding_mask.any() else None
         output = self.model(input_ids.to(self.device), mask, need_weights=attention)
         probabilities = output.logits.float().softmax(dim=-1).cpu()  # (B, num_classes)
-        weights = None
-        if attention:  # each layer's own weights, (B, n_layers, H, L, L)
-            weights = torch.stack([layer.weights for layer in output.attention], dim=1).float().cpu()
-        return probabilities, weights
+        weights = keys = global_weights = None
+        if attention:  # each layer's own weights, (B, n_layers, H, L, L) or in a long kind's layout
+            layers = output.attention
+            weights = torch.stack([layer.weights for layer in layers], dim=1).float().cpu()
+            if hasattr(layers[0], "key_positions"):
+                keys = layers[0].key_positions.cpu()
+            if getattr(layers[0], "global_rows", None) is not None:
+                global_weights = torch.stack([layer.global_rows.weights for layer in layers], dim=1).float().cpu()
+        return probabilities, (weights, keys, global_weights)
 
     def _label_probabilities(self, probabilities: list[float], top_k: int | None) -> dict[str, float]:
         pairs = list(zip(self.label_names, probabilities))

@@ -265,12 +265,12 @@ def make_bad_checkpoint(kind: str, ckpt: Path, tmp_path: Path) -> Path:
 
 BAD_CHECKPOINTS = {
     "missing": "file not found",
-    "corrupt": "not a readable PyTorch checkpoint",
+    "corrupt": "not a checkpoint written by train.py (not a zip archive)",
     "truncated": "truncated or damaged",
     "foreign dict": "not a checkpoint of this project: missing 'state_dict', 'hyper_parameters'",
     "no tokenizer": "no tokenizer and label names",
     "runs code": "refused to load",
-    "runs code, bare pickle": "refused to load",
+    "runs code, bare pickle": "a plain pickle file",
 }
 
 

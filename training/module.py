@@ -15,6 +15,10 @@ from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
 
 
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN or infinite loss; training stops before any checkpoint holds broken weights."""
+
+
 class ClassifierModule(L.LightningModule):
     def __init__(
         self,
@@ -100,6 +104,13 @@ class ClassifierModule(L.LightningModule):
             input_ids = input_ids.masked_fill(dropped & ~batch["padding_mask"], UNK_ID)
         logits = self.online_model(input_ids, batch["padding_mask"]).logits
         loss = F.cross_entropy(logits, batch["labels"], label_smoothing=self.hparams.label_smoothing)
+        if not torch.isfinite(loss):
+            # Stop here: one more step would put NaN into the weights and the next checkpoint; those on disk stay.
+            raise NonFiniteLossError(
+                f"training loss is {loss.item()} at step {self.trainer.global_step} (epoch {self.current_epoch}): "
+                f"the learning rate ({self.hparams.lr}) is likely too high; try lowering --model.lr. "
+                "Checkpoints already saved are kept"
+            )
         self.log("train/loss", loss, prog_bar=True, batch_size=len(logits))
         self.train_metrics.update(logits, batch["labels"])
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True)

@@ -1,0 +1,87 @@
+"""Checks on a checkpoint handed to train.py (resume, validate, test, predict), made before anything is written,
+and the upgrade of a checkpoint from the first layout:
+
+    python -m training.checkpoints upgrade old.ckpt new.ckpt
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+from inference.classifier import CheckpointError, network_config, read_checkpoint
+
+SPECIAL_NAMES = ("last", "best", "hpc", "registry")  # Lightning resolves these itself
+
+
+def check_readable(ckpt_path: str | None) -> None:
+    """A named checkpoint file must be safe to read (weights_only) and in this version's layout."""
+    if not ckpt_path or ckpt_path in SPECIAL_NAMES:
+        return
+    checkpoint = read_checkpoint(ckpt_path)
+    if "network" not in checkpoint["hyper_parameters"]:
+        raise CheckpointError(
+            f"{ckpt_path}: written before the network settings moved under 'network'; predict.py reads it as it is, "
+            f"train.py needs it upgraded first: python -m training.checkpoints upgrade {ckpt_path} <new.ckpt>"
+        )
+
+
+def upgrade(source: str, target: str) -> None:
+    """Write `target`: `source` with its flat network settings moved under hyper_parameters["network"]."""
+    checkpoint = read_checkpoint(source)
+    hparams = checkpoint["hyper_parameters"]
+    if "network" in hparams:
+        raise CheckpointError(f"{source}: already in the current layout")
+    labels = list(checkpoint["TextDataModule"]["label_names"])
+    network = network_config(hparams, labels).to_dict()
+    checkpoint["hyper_parameters"] = {k: v for k, v in hparams.items() if k not in network} | {"network": network}
+    torch.save(checkpoint, target)
+
+
+def resolve(ckpt_path: str | None, trainer) -> Path | None:
+    """The file `ckpt_path` names: a path, or "last" → the run's last.ckpt (None when there is none yet: a fresh
+    start). Lightning's other special names ("best", "hpc", ...) are left to Lightning."""
+    if ckpt_path is None or ckpt_path in ("best", "hpc", "registry"):
+        return None
+    if ckpt_path == "last":
+        log_dir = getattr(trainer.logger, "log_dir", None) if trainer.logger else None
+        last = Path(log_dir) / "checkpoints" / "last.ckpt" if log_dir else None
+        return last if last is not None and last.exists() else None
+    return Path(ckpt_path)
+
+
+def check_checkpoint(ckpt_path: str | None, trainer, module, datamodule) -> dict | None:
+    """The checkpoint (None if there is none to load); CheckpointError (one line, naming the file) unless it is
+    safe to load (weights_only) and was trained with this network and these label names."""
+    path = resolve(ckpt_path, trainer)
+    if path is None:
+        return None
+    check_readable(str(path))
+    checkpoint = read_checkpoint(path)
+    labels = list(checkpoint["TextDataModule"]["label_names"])
+    try:
+        trained = network_config(checkpoint["hyper_parameters"], labels)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}") from e
+    hint = "use the config it was trained with (its run's config.yaml: --config <run>/config.yaml)"
+    if labels != list(datamodule.label_names):
+        raise CheckpointError(f"{path}: trained on label names {labels}, but this data has "
+                              f"{list(datamodule.label_names)}; {hint}")
+    differences = [
+        f"{name} {value!r} (this config: {getattr(module.network, name)!r})"
+        for name, value in trained.to_dict().items()
+        if getattr(module.network, name) != value
+    ]
+    if differences:
+        raise CheckpointError(f"{path}: trained with {', '.join(differences)}; {hint}")
+    return checkpoint
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4 or sys.argv[1] != "upgrade":
+        sys.exit("usage: python -m training.checkpoints upgrade OLD.ckpt NEW.ckpt")
+    try:
+        upgrade(sys.argv[2], sys.argv[3])
+    except CheckpointError as e:
+        sys.exit(f"error: {e}")
+    print(f"wrote {sys.argv[3]}")
