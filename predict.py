@@ -55,7 +55,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "in label order)")
     parser.add_argument("--attention", action="store_true",
                         help="add 'tokens' (what the model saw) and 'attention': per layer a tokens × tokens matrix "
-                             "(query rows, key columns), averaged over heads, rounded to 6 decimals")
+                             "(query rows, key columns), averaged over heads, rounded to 6 decimals. Long-text kinds "
+                             "give each row's own keys (tokens × K) and 'attention_keys' (tokens × K: the token of "
+                             "each column, -1 for a linformer projected key); sparse also 'global_attention' "
+                             "(the global tokens' rows over all tokens); see README 'Long texts'")
     parser.add_argument("--all-heads", action="store_true",
                         help="with --attention, give every head: per layer, per head, a tokens × tokens matrix")
     parser.add_argument("--attention-png", metavar="DIR",
@@ -220,7 +223,9 @@ def write_png(prediction, path: Path) -> Path:
 
     text = prediction.text if len(prediction.text) <= 60 else prediction.text[:59] + "…"
     title = f"{prediction.label} ({max(prediction.probabilities.values()):.2f}): {text}"
-    return save_png(attention_figure(prediction.attention, prediction.tokens, title=title), path)
+    figure = attention_figure(prediction.attention, prediction.tokens, title=title,
+                              key_positions=prediction.attention_keys, global_weights=prediction.global_attention)
+    return save_png(figure, path)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,27 @@ from torch import nn
 
 from model.attention import AttentionWeights, MultiHeadSelfAttention, unpack
 from model.config import NetworkConfig
+from model.long_attention import LinformerSelfAttention, LocalSelfAttention, LongAttentionWeights, SparseSelfAttention
 
 
 class ClassifierOutput(NamedTuple):
     logits: torch.Tensor  # (B, num_classes)
-    attention: tuple[AttentionWeights, ...] | None  # one per layer, when asked for
+    attention: tuple[AttentionWeights | LongAttentionWeights, ...] | None  # one per layer, when asked for
+
+
+def attention_layer(config: NetworkConfig) -> MultiHeadSelfAttention:
+    """The attention kind the config names: full (model/attention.py) or a long-text kind (model/long_attention.py)."""
+    shared = dict(
+        d_model=config.d_model, n_heads=config.n_heads, d_head=config.d_head, dropout=config.attention_dropout,
+        bias=config.bias, scale=config.scale, causal=config.causal, kernel=config.attention_kernel,
+    )
+    if config.attention == "local":
+        return LocalSelfAttention(window=config.window, **shared)
+    if config.attention == "sparse":
+        return SparseSelfAttention(window=config.window, global_tokens=config.global_tokens, **shared)
+    if config.attention == "linformer":
+        return LinformerSelfAttention(projection_length=config.projection_length, max_length=config.max_length, **shared)
+    return MultiHeadSelfAttention(**shared)
 
 
 class Block(nn.Module):
@@ -24,10 +40,7 @@ class Block(nn.Module):
 
     def __init__(self, config: NetworkConfig):
         super().__init__()
-        self.attention = MultiHeadSelfAttention(
-            d_model=config.d_model, n_heads=config.n_heads, d_head=config.d_head, dropout=config.attention_dropout,
-            bias=config.bias, scale=config.scale, causal=config.causal, kernel=config.attention_kernel,
-        )
+        self.attention = attention_layer(config)
         self.norm1 = nn.LayerNorm(config.d_model)
         self.ffn = None
         if config.d_ff > 0:

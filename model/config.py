@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields
 POOLINGS = ("mean", "max", "first", "attention")
 POSITIONS = ("learned", "sinusoidal", "none")
 KERNELS = ("manual", "fused")
+ATTENTIONS = ("full", "local", "linformer", "sparse")
 
 
 class ConfigError(ValueError):
@@ -42,7 +43,16 @@ class NetworkConfig:
         attention_kernel: "manual" (default) computes softmax(Q Kᵀ · scale) V with the lines in
             model/attention.py; "fused" hands the same formula to torch's scaled_dot_product_attention (faster,
             proven equal by tests/test_attention.py), except where weights are asked for (monitor, heatmaps,
-            predict.py --attention), which always use the written lines.
+            predict.py --attention), which always use the written lines. Applies to attention: full only.
+        attention: which keys each token attends to (model/long_attention.py, README "Long texts"):
+            "full" (default) every token, O(L²); "local" the `window` tokens on each side (before it, with causal),
+            computed by blocks, O(L·w); "linformer" keys and values projected along the length to
+            `projection_length` rows, O(L·k), no causal; "sparse" local plus the first `global_tokens` tokens,
+            which every token sees and which see every token, O(L·(w+g)).
+        window: local and sparse: how many tokens on each side a token sees (also the block size they are
+            computed in).
+        projection_length: linformer: k, the rows keys and values are projected to (at most max_length).
+        global_tokens: sparse: the first this many tokens are global (at most max_length; 0 is plain local).
     """
 
     vocab_size: int = 8000
@@ -63,6 +73,10 @@ class NetworkConfig:
     scale: float | None = None
     causal: bool = False
     attention_kernel: str = "manual"
+    attention: str = "full"
+    window: int = 64
+    projection_length: int = 128
+    global_tokens: int = 1
 
     def __post_init__(self):
         for name in ("vocab_size", "max_length", "d_model", "n_heads", "n_layers"):
@@ -83,6 +97,21 @@ class NetworkConfig:
         _one_of("pooling", self.pooling, POOLINGS)
         _one_of("positions", self.positions, POSITIONS)
         _one_of("attention_kernel", self.attention_kernel, KERNELS)
+        _one_of("attention", self.attention, ATTENTIONS)
+        _at_least("window", self.window, 1)
+        _at_least("projection_length", self.projection_length, 1)
+        _at_least("global_tokens", self.global_tokens, 0)
+        if self.attention != "full" and self.attention_kernel != "manual":
+            raise ConfigError(f"attention_kernel {self.attention_kernel} applies to attention: full only, "
+                              f"not {self.attention} (use attention_kernel: manual)")
+        if self.attention == "linformer" and self.projection_length > self.max_length:
+            raise ConfigError(f"projection_length {self.projection_length} is larger than max_length "
+                              f"{self.max_length}: there are not that many tokens to project")
+        if self.attention == "linformer" and self.causal:
+            raise ConfigError("causal: true with attention: linformer is not meaningful: each projected key mixes "
+                              "every token, future ones included (use local or sparse)")
+        if self.attention == "sparse" and self.global_tokens > self.max_length:
+            raise ConfigError(f"global_tokens {self.global_tokens} is larger than max_length {self.max_length}")
         if self.scale is not None and not self.scale > 0:
             raise ConfigError(f"scale must be > 0 (or null for 1/sqrt(d_head)), got {self.scale}")
         if self.causal and self.pooling == "first":

@@ -21,7 +21,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from data.datamodule import collate
 from data.tokenizer import UNK_ID
 from monitor.health import AttentionHealth, HealthThresholds, verdict_table_markdown, warning_line
-from monitor.heatmap import attention_figure, figure_to_array
+from monitor.heatmap import attention_figure, figure_to_array, shown_weights
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class AttentionMonitor(Callback):
         every_n_train_steps: int = 0,
         max_tokens: int = 40,
         health_batches: int | None = None,
+        health_rows: int | None = 256,
         uniform_entropy: float = 0.95,
         collapsed_entropy: float = 0.1,
         saturated_score_std: float = 5.0,
@@ -71,6 +72,9 @@ class AttentionMonitor(Callback):
                 end of each validation epoch.
             max_tokens: heatmaps show at most this many tokens of a text.
             health_batches: validation batches the health figures are accumulated over; None = all of them.
+            health_rows: query rows per validation batch the health figures read, a fixed random sample of the
+                batch's counted rows (monitor/health.py); None = every row, which costs more than the validation
+                pass itself on long texts.
             uniform_entropy: a head is over-uniform at or above this mean normalized entropy.
             collapsed_entropy: a head is collapsed at or below this mean normalized entropy.
             saturated_score_std: a head is saturated at or above this score spread ...
@@ -84,7 +88,7 @@ class AttentionMonitor(Callback):
         self.every_n_train_steps, self.max_tokens, self.health_batches = every_n_train_steps, max_tokens, health_batches
         self.thresholds = HealthThresholds(uniform_entropy, collapsed_entropy, saturated_score_std, saturated_max_weight)
         self.warn, self.warn_from_epoch = warn, warn_from_epoch
-        self.health = AttentionHealth()
+        self.health = AttentionHealth(rows_per_batch=health_rows)
         self.probes = None  # (batch dict, tokens per probe, title per probe), built on first use
         self.figures = None  # the latest HealthFigures, for scripts and tests
         self.last_probe_step = -1
@@ -131,7 +135,13 @@ class AttentionMonitor(Callback):
             logits, weights = model(input_ids, padding_mask, need_weights=True)
         finally:
             model.train(was_training)
-        weights = torch.stack([layer.weights for layer in weights], dim=1).float().cpu()  # (B, n_layers, H, L, L)
+        layers = weights
+        weights = torch.stack([layer.weights for layer in layers], dim=1).float().cpu()  # (B, n_layers, H, L, K)
+        # A long kind's layout (model/long_attention.py): which token each column is, and sparse's global rows.
+        key_positions = getattr(layers[0], "key_positions", None)
+        global_rows = getattr(layers[0], "global_rows", None)
+        if global_rows is not None:
+            global_rows = torch.stack([layer.global_rows.weights for layer in layers], dim=1).float().cpu()
         probabilities = logits.float().softmax(-1).cpu()
         label_names = getattr(pl_module, "label_names", None) or [str(c) for c in range(probabilities.shape[-1])]
         for i, (text, origin) in enumerate(titles):
@@ -141,28 +151,34 @@ class AttentionMonitor(Callback):
                 f'"{text}"\n{origin}; predicted {label_names[predicted]} ({probabilities[i, predicted]:.2f}), '
                 f"step {trainer.global_step}"
             )
-            figure = self.probe_figure(i, weights[i], tokens[i], title, batch["padding_mask"][i])
+            figure = self.probe_figure(
+                i, weights[i], tokens[i], title, batch["padding_mask"][i],
+                None if key_positions is None else key_positions.cpu(), None if global_rows is None else global_rows[i],
+            )
             writer.add_image(f"attention/probe_{i}", figure_to_array(figure), trainer.global_step, dataformats="HWC")
 
-    def probe_figure(self, i: int, weights: torch.Tensor, tokens: list[str], title: str, key_padding_mask):
+    def probe_figure(self, i: int, weights: torch.Tensor, tokens: list[str], title: str, key_padding_mask,
+                     key_positions=None, global_weights=None):
         """The probe's heatmap. A probe's tokens never change, so after its first drawing the figure is kept with
         its layout frozen and only the weights and the title are replaced: laying out the token labels is most of
-        the cost of a drawing (measured: a redraw takes about half the time of a fresh figure)."""
+        the cost of a drawing (measured: a redraw takes about half the time of a fresh figure).
+        weights (n_layers, H, L, K) in the layer's layout; key_positions and global_weights as attention_figure."""
         if i not in self.figures_by_probe:
-            figure = attention_figure(weights, tokens, title, self.max_tokens, key_padding_mask)
+            figure = attention_figure(weights, tokens, title, self.max_tokens, key_padding_mask, key_positions,
+                                      global_weights)
             figure_to_array(figure)  # lays it out once
             figure.set_layout_engine("none")
             self.figures_by_probe[i] = figure
             return figure
         figure = self.figures_by_probe[i]
-        real = ~key_padding_mask
-        weights = weights[:, :, real][:, :, :, real]  # (n_layers, H, n, n) real tokens only, as attention_figure
-        shown = min(weights.shape[-1], self.max_tokens)
+        shown, n, _ = shown_weights(weights, self.max_tokens, key_padding_mask, key_positions, global_weights)
         images = [ax.images[0] for ax in figure.axes if ax.images]  # layer by layer, head by head
-        for image, head_weights in zip(images, weights[:, :, :shown, :shown].flatten(0, 1).numpy()):
+        for image, head_weights in zip(images, shown.flatten(0, 1).numpy()):
             image.set_data(head_weights)
-        if shown < weights.shape[-1]:
-            title += f" (first {shown} of {weights.shape[-1]} tokens)"
+        if shown.shape[-2] < n:
+            title += f" (first {shown.shape[-2]} of {n} tokens)"
+        if key_positions is not None and bool((torch.as_tensor(key_positions) < 0).all()):
+            title += f", over {shown.shape[-1]} projected keys"
         figure.suptitle(title, fontsize=10)  # replaces the text of the existing title
         return figure
 

@@ -2,14 +2,25 @@
 
 The figures are read from what each layer computed in the forward pass (`AttentionWeights`: its weights, its
 pre-softmax scores and its own mask), never recomputed here, so a change to how the layer makes scores shows up
-in the figures as it is.
+in the figures as it is. Every attention kind hands out the same three fields over its own key layout (the last
+axis): L keys for full attention, a band of 2w+1 for local, k projected "virtual keys" for linformer, g global
+keys and a band for sparse, whose g global query rows come apart in `global_rows` (model/long_attention.py). The
+figures only ever look along that last axis at the places the layer's `blocked` allows, so they mean the same
+for every kind: normalized entropy over the keys a query can actually see.
 
 What counts. A query row is *counted* when its query is a real token and it may look at two or more keys (the
 keys the layer's own mask allows: real keys, and for a causal layer only keys at or before it). A row with a
 single allowed key has no choice
 to make: its entropy is 0/log 1, undefined, and its max weight is 1 whatever the model learned, so counting it
-would make every causal head look collapsed. Every figure below is a mean over counted rows (or their allowed
-query×key pairs) of the whole validation set, accumulated exactly, not an average of batch averages.
+would make every causal head look collapsed.
+
+Cost. A validation batch of long texts holds millions of rows × keys; reading them all cost more than the
+validation pass itself (7 min 40 s per pass on IMDB at 512 tokens). So the figures are read from a fixed sample
+of at most `rows_per_batch` counted rows per batch (the same rows every epoch: the generator is reseeded at each
+reset), each standing for its batch's share of counted rows, so the sums estimate those over every counted row
+without bias; with fewer counted rows than that, every row is read and the figures are exact. Every figure below is
+a mean over counted rows (or their allowed query×key pairs) of the whole validation set, accumulated as sums, not
+an average of batch averages.
 
 Figures per (layer, head); layers are numbered from 0 like `model.blocks[i]`:
     entropy      mean of H(row) / log(allowed keys)     1 = uniform, 0 = one key takes everything
@@ -17,7 +28,8 @@ Figures per (layer, head); layers are numbered from 0 like `model.blocks[i]`:
     score_std    √(Σ (s - row mean)² / Σ pairs) of the pre-softmax scores s = q·k · scale, within each row
                  (softmax ignores a constant added to a row, so only the spread inside a row matters)
 
-Letters in the shape comments: B batch, L tokens, H heads, N counted pairs.
+Letters in the shape comments: B batch, L tokens (query rows), K keys of a row, H heads, R sampled rows,
+N counted pairs.
 """
 
 import math
@@ -63,13 +75,14 @@ class HealthThresholds:
     saturated_max_weight: float = 0.7
 
 
-def allowed_keys(blocked: torch.Tensor | None, L: int, device=None) -> torch.Tensor:
-    """(B or 1, 1, L or 1, L) bool, True where a query may look at a key: the layer's own mask, negated."""
-    return torch.ones(1, 1, 1, L, dtype=torch.bool, device=device) if blocked is None else ~blocked
+def allowed_keys(blocked: torch.Tensor | None, n_keys: int, device=None) -> torch.Tensor:
+    """(B or 1, 1, L or 1, K) bool, True where a query may look at a key: the layer's own mask, negated."""
+    return torch.ones(1, 1, 1, n_keys, dtype=torch.bool, device=device) if blocked is None else ~blocked
 
 
 def counted_rows(allowed: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
-    """(B or 1, 1, L or 1) bool: real queries with at least two allowed keys (see the module docstring)."""
+    """(B or 1, 1, L or 1) bool: real queries with at least two allowed keys (see the module docstring).
+    key_padding_mask (B, L) marks the padded queries (for the sparse kind's global rows: its first g columns)."""
     counted = allowed.sum(dim=-1) >= 2  # (B or 1, 1, L or 1)
     if key_padding_mask is not None:
         counted = counted & ~key_padding_mask.bool()[:, None, :]
@@ -77,19 +90,20 @@ def counted_rows(allowed: torch.Tensor, key_padding_mask: torch.Tensor | None) -
 
 
 def row_normalized_entropy(weights: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """(B, H, L, L) weights → (B, H, L) entropy / log(allowed keys); meaningful on counted rows only."""
-    entropy = -torch.xlogy(weights, weights).sum(dim=-1)  # (B, H, L), 0·log 0 = 0
-    n_keys = allowed.sum(dim=-1).to(weights.dtype)  # (B or 1, 1, L or 1)
+    """(…, K) weights → (…) entropy / log(allowed keys); meaningful on counted rows only."""
+    entropy = -torch.xlogy(weights, weights).sum(dim=-1)  # (…), 0·log 0 = 0
+    n_keys = allowed.sum(dim=-1).to(weights.dtype)  # (…) broadcastable
     return entropy / n_keys.clamp(min=2).log()
 
 
 def normalized_entropy(attention: AttentionWeights, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """One layer's attention → (H,) mean normalized entropy over counted rows (NaN if none).
+    """One layer's attention → (H,) mean normalized entropy over counted rows (NaN if none); the sparse kind's
+    global rows are not included here (AttentionHealth includes them).
 
     1.0 is uniform over the allowed keys, 0.0 is one-hot. For a whole model over many batches use AttentionHealth.
     """
-    B, H, L, _ = attention.weights.shape
-    allowed = allowed_keys(attention.blocked, L, attention.weights.device)
+    B, H, L, K = attention.weights.shape
+    allowed = allowed_keys(attention.blocked, K, attention.weights.device)
     counted = counted_rows(allowed, key_padding_mask).expand(B, H, L)
     per_row = row_normalized_entropy(attention.weights, allowed)
     return (per_row * counted).sum(dim=(0, 2)) / counted.sum(dim=(0, 2))
@@ -117,45 +131,69 @@ class HealthFigures:
 class AttentionHealth:
     """Accumulates attention figures over the batches of a validation pass; `compute()` gives HealthFigures.
 
-    Sums live in float64 on the device of the first batch; the histogram sample is a uniform sample without
-    replacement of all counted weights seen (each weight gets a random key, the smallest `sample_size` keys stay).
+    Sums live in float64 on the device of the first batch. At most `rows_per_batch` counted rows of a batch are
+    read (None: all of them; see the module docstring). The histogram sample is a uniform sample without
+    replacement of the weights of the rows read (each weight gets a random key, the smallest `sample_size` keys stay).
     """
 
-    def __init__(self, sample_size: int = 4096, seed: int = 0):
-        self.sample_size, self.seed = sample_size, seed
+    def __init__(self, sample_size: int = 4096, seed: int = 0, rows_per_batch: int | None = 256):
+        if rows_per_batch is not None and rows_per_batch < 1:
+            raise ValueError(f"rows_per_batch must be >= 1 or None, got {rows_per_batch}")
+        self.sample_size, self.seed, self.rows_per_batch = sample_size, seed, rows_per_batch
         self.reset()
 
     def reset(self) -> None:
         self.sums = None  # dict of (n_layers, H) float64: entropy, max_weight, squared_deviation
-        self.rows = self.pairs = 0
+        self.rows, self.pairs = 0, 0.0  # counted rows; (estimated) allowed pairs of counted rows
+        self.rows_read = 0
         self.sample = self.sample_keys = None  # (n_layers, H, ≤ sample_size)
         self.generator = None
 
     @torch.no_grad()
     def update(self, attention: Sequence[AttentionWeights], key_padding_mask: torch.Tensor | None = None) -> None:
-        """attention: one AttentionWeights per layer, as the network handed them out for this batch
-        (`model(ids, key_padding_mask, need_weights=True).attention`); all layers share one mask."""
-        weights = [layer.weights for layer in attention]
-        scores = [layer.scores for layer in attention]
-        B, H, L, _ = weights[0].shape
-        device = weights[0].device
-        allowed = allowed_keys(attention[0].blocked, L, device)
-        counted = counted_rows(allowed, key_padding_mask).expand(B, 1, L)  # (B, 1, L)
-        pairs = (allowed & counted[..., None]).expand(B, 1, L, L)  # (B, 1, L, L): allowed keys of counted rows
-        n_keys = allowed.sum(dim=-1).expand(B, 1, L)  # (B, 1, L)
+        """attention: one AttentionWeights (or LongAttentionWeights) per layer, as the network handed them out for
+        this batch (`model(ids, key_padding_mask, need_weights=True).attention`); all layers share one mask."""
+        weights = attention[0].weights
         if self.sums is None:
-            zeros = torch.zeros(len(weights), H, dtype=torch.float64, device=device)
+            zeros = torch.zeros(len(attention), weights.shape[1], dtype=torch.float64, device=weights.device)
             self.sums = {name: zeros.clone() for name in ("entropy", "max_weight", "squared_deviation")}
-            self.generator = torch.Generator(device=device).manual_seed(self.seed)
-        for layer, (w, s) in enumerate(zip(weights, scores)):
-            w, s = w.double(), s.double()
-            self.sums["entropy"][layer] += (row_normalized_entropy(w, allowed) * counted).sum(dim=(0, 2))
-            self.sums["max_weight"][layer] += (w.amax(dim=-1) * counted).sum(dim=(0, 2))
-            row_mean = (s * allowed).sum(dim=-1, keepdim=True) / n_keys[..., None].clamp(min=1)  # (B, H, L, 1)
-            self.sums["squared_deviation"][layer] += ((s - row_mean).square() * pairs).sum(dim=(0, 2, 3))
-        self.rows += int(counted.sum())
-        self.pairs += int(pairs.sum())
-        self.add_to_sample(torch.stack([w.transpose(0, 1)[:, pairs[:, 0]] for w in weights]))
+            self.generator = torch.Generator(device=weights.device).manual_seed(self.seed)
+        self.update_rows(attention, key_padding_mask)
+        global_rows = [getattr(layer, "global_rows", None) for layer in attention]
+        if global_rows[0] is not None:  # the sparse kind's global queries, over all L keys
+            g = global_rows[0].weights.shape[2]
+            self.update_rows(global_rows, None if key_padding_mask is None else key_padding_mask[:, :g])
+
+    def update_rows(self, attention: Sequence[AttentionWeights], query_padding: torch.Tensor | None) -> None:
+        """Adds one set of query rows, (B, H, L, K) per layer, sharing one mask; query_padding (B, L) or None."""
+        B, H, L, K = attention[0].weights.shape
+        device = attention[0].weights.device
+        allowed = allowed_keys(attention[0].blocked, K, device)  # (B or 1, 1, L or 1, K)
+        counted = counted_rows(allowed, query_padding).expand(B, 1, L)[:, 0]  # (B, L)
+        batch_index, query_index = counted.nonzero(as_tuple=True)  # (R,) each
+        total = len(batch_index)
+        if total == 0:
+            return
+        if self.rows_per_batch is not None and total > self.rows_per_batch:
+            pick = torch.randperm(total, generator=self.generator, device=device)[: self.rows_per_batch]
+            batch_index, query_index = batch_index[pick], query_index[pick]
+        share = total / len(batch_index)  # counted rows each row read stands for
+        row_allowed = allowed.expand(B, 1, L, K)[batch_index, 0, query_index]  # (R, K)
+        n_keys = row_allowed.sum(dim=-1, keepdim=True)  # (R, 1)
+        for layer, part in enumerate(attention):
+            # Rows first: (B, H, L, K)[b, :, i] with R pairs (b, i) → (R, H, K); only these are read.
+            w = part.weights[batch_index, :, query_index].double()  # (R, H, K)
+            s = part.scores[batch_index, :, query_index].double()  # (R, H, K)
+            self.sums["entropy"][layer] += share * row_normalized_entropy(w, row_allowed[:, None]).sum(dim=0)
+            self.sums["max_weight"][layer] += share * w.amax(dim=-1).sum(dim=0)
+            pairs = row_allowed[:, None].to(s.dtype)  # (R, 1, K)
+            row_mean = (s * pairs).sum(dim=-1, keepdim=True) / n_keys[:, None]  # (R, H, 1)
+            self.sums["squared_deviation"][layer] += share * ((s - row_mean).square() * pairs).sum(dim=(0, 2))
+        self.rows += total
+        self.rows_read += len(batch_index)
+        self.pairs += share * int(row_allowed.sum())
+        read = [part.weights[batch_index, :, query_index].transpose(0, 1)[:, row_allowed] for part in attention]
+        self.add_to_sample(torch.stack(read))  # (n_layers, H, pairs read)
 
     def add_to_sample(self, values: torch.Tensor) -> None:
         """values (n_layers, H, N); keep the sample_size values with the smallest random keys among all seen."""
@@ -170,12 +208,13 @@ class AttentionHealth:
             raise RuntimeError("AttentionHealth.compute() called before any update()")
         nan = torch.tensor(math.nan, dtype=torch.float64)
         rows = self.rows or nan
+        nothing = torch.zeros(*self.sums["entropy"].shape, 0)  # no counted row at all: an empty sample
         return HealthFigures(
             entropy=(self.sums["entropy"] / rows).float().cpu(),
             max_weight=(self.sums["max_weight"] / rows).float().cpu(),
             score_std=(self.sums["squared_deviation"] / (self.pairs or nan)).sqrt().float().cpu(),
             rows=self.rows,
-            weight_sample=self.sample.cpu(),
+            weight_sample=(self.sample if self.sample is not None else nothing).cpu(),
         )
 
 

@@ -1,5 +1,12 @@
 """Attention heatmaps: one example's weights as a grid of layers × heads, query rows × key columns, on 0-1.
 
+What is drawn, for a text of any length: the first `max_tokens` tokens (40 by default) and no more, so a review of
+2,000 tokens gives a readable 40 × 40 image, never a 2,000 × 2,000 one. Full, local and sparse attention: the
+token × token matrix of those tokens (query rows, key columns); local attention shows as a band around the
+diagonal, sparse as that band plus the columns (and rows) of its global tokens; weights on keys past the window
+are not drawn, so a row may sum to less than 1. Linformer: those tokens' rows over the k projected keys (columns
+"E·K 0" …), as its weights are (L × k). The title says how many tokens the text has.
+
 Headless by construction: figures are `matplotlib.figure.Figure` objects drawn by the Agg canvas, never pyplot,
 so nothing needs a display and nothing stays registered in pyplot's global figure list.
 Chinese (and other CJK) tokens are drawn with a CJK font when one is installed, as a per-glyph fallback after
@@ -17,6 +24,8 @@ import torch
 from matplotlib import font_manager, rc_context
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from model.long_attention import dense_window
 
 log = logging.getLogger(__name__)
 
@@ -83,43 +92,77 @@ def shorten(token: str) -> str:
     return token if len(token) <= MAX_LABEL_CHARACTERS else token[: MAX_LABEL_CHARACTERS - 1] + "…"
 
 
+def shown_weights(
+    weights, max_tokens: int, key_padding_mask=None, key_positions=None, global_weights=None
+) -> tuple[torch.Tensor, int, bool]:
+    """What a heatmap draws: (n_layers, H, m, m) over the first m = min(real tokens, max_tokens) real tokens, or
+    (n_layers, H, m, k) for projected keys; also the number of real tokens and whether the keys are projected.
+
+    weights: (n_layers, H, L, K) in the layer's own key layout; (H, L, K) is read as one layer. key_positions: (L, K)
+    token of each column (model/long_attention.py), None for full attention (K = L). global_weights: the sparse
+    kind's global rows (n_layers, H, g, L). key_padding_mask: (L,) bool, True = padding, which must come last for a
+    long kind (as the data module pads)."""
+    weights = (weights if torch.is_tensor(weights) else torch.as_tensor(np.asarray(weights))).detach().float().cpu()
+    if weights.dim() == 3:
+        weights = weights[None]
+    if weights.dim() != 4 or (key_positions is None and weights.shape[-1] != weights.shape[-2]):
+        raise ValueError(f"weights must be (n_layers, H, L, L), got shape {tuple(weights.shape)}")
+    real = None if key_padding_mask is None else ~torch.as_tensor(key_padding_mask, dtype=torch.bool).cpu()
+    if key_positions is None:
+        if real is not None:
+            weights = weights[:, :, real][:, :, :, real]
+        n = weights.shape[-1]
+        return weights[:, :, :max_tokens, :max_tokens], n, False
+    n = weights.shape[-2] if real is None else int(real.sum())  # real tokens come first
+    key_positions = torch.as_tensor(key_positions).cpu()
+    if global_weights is not None:
+        global_weights = torch.as_tensor(global_weights).detach().float().cpu()
+        global_weights = global_weights[None] if global_weights.dim() == 3 else global_weights
+    window = dense_window(weights[:, :, :n], key_positions[:n], 0, max_tokens, global_weights)
+    return window, n, bool((key_positions < 0).all())
+
+
 def attention_figure(
     weights,
     tokens: list[str],
     title: str | None = None,
     max_tokens: int = 40,
     key_padding_mask=None,
+    key_positions=None,
+    global_weights=None,
 ) -> Figure:
     """A grid of heatmaps, one per (layer, head), for a single example.
 
-    weights: (n_layers, H, L, L) tensor or array, query rows × key columns; (H, L, L) is read as one layer.
-    tokens: the L token strings. key_padding_mask: optional (L,) bool, True = padding; those rows, columns and
-    tokens are dropped first. Beyond max_tokens tokens, only the first max_tokens are drawn and the title says so.
+    weights: (n_layers, H, L, L) tensor or array, query rows × key columns; (H, L, L) is read as one layer; or a
+    long kind's own layout (n_layers, H, L, K) with its key_positions (L, K) (and the sparse kind's global_weights),
+    see shown_weights. tokens: the L token strings. key_padding_mask: optional (L,) bool, True = padding; those
+    rows, columns and tokens are dropped first. Beyond max_tokens tokens, only the first max_tokens are drawn and
+    the title says so.
     """
-    weights = (weights if torch.is_tensor(weights) else torch.as_tensor(np.asarray(weights))).detach().float().cpu()
-    if weights.dim() == 3:
-        weights = weights[None]
-    if weights.dim() != 4 or weights.shape[-1] != weights.shape[-2]:
-        raise ValueError(f"weights must be (n_layers, H, L, L), got shape {tuple(weights.shape)}")
+    weights, L, virtual = shown_weights(weights, max_tokens, key_padding_mask, key_positions, global_weights)
     tokens = list(tokens)
     if key_padding_mask is not None:
         real = ~torch.as_tensor(key_padding_mask, dtype=torch.bool).cpu()
-        weights = weights[:, :, real][:, :, :, real]
         tokens = [token for token, keep in zip(tokens, real.tolist()) if keep]
-    n_layers, n_heads, L, _ = weights.shape
+    n_layers, n_heads, shown, n_keys = weights.shape
     if len(tokens) != L:
         raise ValueError(f"{len(tokens)} tokens for attention over {L} positions")
 
-    shown = min(L, max_tokens)
-    weights, labels = weights[:, :, :shown, :shown].numpy(), [shorten(token) for token in tokens[:shown]]
+    weights, labels = weights.numpy(), [shorten(token) for token in tokens[:shown]]
+    key_labels = [f"E·K {r}" for r in range(n_keys)] if virtual else labels
     heading = title or "attention weights"
     if shown < L:
         heading += f" (first {shown} of {L} tokens)"
+    if virtual:
+        heading += f", over {n_keys} projected keys"
 
     # Each heatmap gets room for its cells plus its token labels on the left and below.
     label_inches = 0.08 * max((len(label) for label in labels), default=1) + 0.4
     cell_inches = max(1.6, INCHES_PER_TOKEN * shown)
-    size = (n_heads * (cell_inches + label_inches) + 1.0, n_layers * (cell_inches + label_inches + 0.3) + 0.6)
+    # Projected keys get narrower columns, every `key_step`-th labelled: k may be 128 or more.
+    key_step = max(1, math.ceil(n_keys / 32)) if virtual else 1
+    width_inches = max(1.6, INCHES_PER_TOKEN * n_keys / key_step) if virtual else cell_inches
+    size = (n_heads * (width_inches + label_inches) + 1.0, n_layers * (cell_inches + label_inches + 0.3) + 0.6)
     with rc_context({"font.family": font_families([heading, *labels]), "font.size": 8}):
         fig = Figure(figsize=size, layout="constrained")
         FigureCanvasAgg(fig)
@@ -127,11 +170,14 @@ def attention_figure(
         for layer in range(n_layers):
             for head in range(n_heads):
                 ax = axes[layer, head]
-                image = ax.imshow(weights[layer, head], vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest")
+                image = ax.imshow(weights[layer, head], vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest",
+                                  aspect="auto" if virtual else "equal")
                 ax.set_title(f"layer {layer} · head {head}", fontsize=8)
                 # Token labels on the outer edge of the grid only: every heatmap has the same tokens in the same
                 # places, and drawing hundreds of labels is most of the cost of an image.
-                ax.set_xticks(range(shown), labels if layer == n_layers - 1 else [], rotation=90, fontsize=LABEL_FONT_SIZE)
+                columns = range(0, n_keys, key_step)
+                ax.set_xticks(columns, [key_labels[c] for c in columns] if layer == n_layers - 1 else [], rotation=90,
+                              fontsize=LABEL_FONT_SIZE)
                 ax.set_yticks(range(shown), labels if head == 0 else [], fontsize=LABEL_FONT_SIZE)
                 ax.tick_params(length=0, pad=1)
         axes[-1, 0].set_xlabel("key", fontsize=8)

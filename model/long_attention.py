@@ -1,0 +1,313 @@
+"""Attention for long texts, written out as matrices like model/attention.py: three kinds that never build L × L.
+
+    local      S_i = q_i [k_{i-w} … k_{i+w}]ᵀ · scale     each token sees the w tokens on each side      O(L·w)
+               (causal: [k_{i-w} … k_i], the w tokens before it and itself)
+    linformer  K' = E K,  V' = F V  (k × d per head)      S = Q K'ᵀ · scale, out = softmax(S) V'          O(L·k)
+               E, F (k × max_length) are learned and shared by all heads; padded keys and values are zeroed
+               before projecting, so padding contributes nothing to K' and V'
+    sparse     local, plus the first g tokens as global tokens: every token sees them, they see every token
+                                                                                                          O(L·(w+g))
+
+Each kind is a MultiHeadSelfAttention: the same W_Q, W_K, W_V, W_O, the same 1/√d scale, the same conventions (a
+blocked key gets exactly 0 weight, a query with no key to look at gives 0), reached through the same forward() and
+forward_packed(). Only `attend` differs: which keys each query scores. `mask` hands attend the padding mask itself,
+and each kind builds its own `blocked` places in its own key layout.
+
+Local attention is computed by blocks (lucidrains/local-attention): the sequence is cut into blocks of w tokens,
+and each block of queries scores its own block and the one before it (and after it): (B, H, n, w, 3w). Nothing of
+size L × L is ever made, so time and memory grow as L·w.
+
+What a layer hands out (`LongAttentionWeights`), in the kind's own key layout, K keys per query row:
+    local      (B, H, L, 2w+1), column o of row i is key i − w + o      causal: (B, H, L, w+1), the same formula
+    linformer  (B, H, L, k), column r is the projected ("virtual") key r: row r of E K
+    sparse     (B, H, L, g + 2w+1): columns 0..g-1 the global keys, then the band as for local; the g global query
+               rows are handed out apart, over all L keys, as `global_rows` (B, H, g, L) (as Longformer's
+               global_attentions); their rows in the main layout are blocked
+`key_positions` (L, K) names the token each column is (−1 for a virtual key) and `token_window` turns any hand-out
+into a token × token matrix for a short window of the text, for heatmaps.
+
+Letters in the shape comments: B batch, L tokens, H heads, d head size, w window, n blocks of w tokens,
+C blocks of keys per block of queries (3, or 2 with the look-ahead mask), k projection length, g global tokens.
+"""
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.attention import AttentionWeights, MultiHeadSelfAttention
+
+
+class LongAttentionWeights(NamedTuple):
+    """AttentionWeights' three fields in a long kind's own key layout (see the module docstring), plus where each
+    column's key lies in the text."""
+
+    weights: torch.Tensor  # (B, H, L, K) softmax rows over the K columns; blocked columns hold exactly 0
+    scores: torch.Tensor  # (B, H, L, K) the pre-softmax scores (blocked places hold a huge negative)
+    blocked: torch.Tensor | None  # broadcasts to (B, H, L, K); True where a column is not a key the query may see
+    key_positions: torch.Tensor  # (L, K) long: the token of column c in row i; −1 for a virtual (projected) key
+    global_rows: AttentionWeights | None = None  # sparse: the g global queries over all L keys, (B, H, g, L)
+
+
+def masked_softmax(scores: torch.Tensor, blocked: torch.Tensor | None) -> torch.Tensor:
+    """softmax over the last axis with the blocked places at exactly 0, the way MultiHeadSelfAttention.attend does
+    it: half the lowest float added in place (a row with no allowed key stays finite; empty_rows() zeroes it)."""
+    if blocked is not None:
+        lowest = torch.finfo(scores.dtype).min / 2
+        scores += torch.zeros(blocked.shape, dtype=scores.dtype, device=scores.device).masked_fill_(blocked, lowest)
+    return scores.softmax(dim=-1)
+
+
+def empty_rows(blocked: torch.Tensor | None) -> torch.Tensor | None:
+    """Rows (keepdim) with no key to look at, or None when there are none."""
+    if blocked is None:
+        return None
+    empty = blocked.all(dim=-1, keepdim=True)
+    return empty if empty.any() else None
+
+
+class LongAttention(MultiHeadSelfAttention):
+    """What the three kinds share: no fused kernel (it computes L × L), and the padding mask handed to attend."""
+
+    def __init__(self, **kwargs):
+        if kwargs.get("kernel", "manual") != "manual":
+            raise ValueError(f"the fused kernel applies to full attention only, not to {type(self).__name__}")
+        super().__init__(**kwargs)
+
+    def mask(self, key_padding_mask: torch.Tensor | None, L: int, device=None) -> torch.Tensor | None:
+        """(B, L) bool, True at padding, or None: each kind builds its own blocked places from it."""
+        return None if key_padding_mask is None else key_padding_mask.bool()
+
+
+# ---- local ------------------------------------------------------------------------------------------------------
+
+
+class LocalSelfAttention(LongAttention):
+    def __init__(self, *, window: int, **kwargs):
+        super().__init__(**kwargs)
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window = window
+
+    @property
+    def band_width(self) -> int:
+        """Columns of the handed-out band: the w keys before, the query itself, and (without causal) the w after."""
+        return self.window + 1 if self.causal else 2 * self.window + 1
+
+    def attend(self, q, k, v, padding, need_weights: bool = False):
+        """q, k, v (B, H, L, d); padding (B, L) bool or None. Returns (out (B, H, L, d), LongAttentionWeights or None)."""
+        L = q.shape[2]
+        scores, blocked = self.band_scores(q, k, padding)  # (B, H, n, w, C·w), (B or 1, 1, n, w, C·w)
+        weights = masked_softmax(scores, blocked)  # (B, H, n, w, C·w), each row sums to 1
+        out = self.dropout(weights) @ self.neighbours(self.blocks(v))  # (B, H, n, w, d)
+        empty = empty_rows(blocked)  # a padded query whose whole window is padding
+        if empty is not None:
+            out, weights = out.masked_fill(empty, 0.0), weights.masked_fill(empty, 0.0)
+        out = out.flatten(2, 3)[:, :, :L]  # (B, H, L, d)
+        if not need_weights:
+            return out, None
+        band = [self.to_band(t, L) for t in (weights, scores, blocked)]  # each (B or 1, H or 1, L, band_width)
+        return out, LongAttentionWeights(*band, self.key_positions(L, q.device))
+
+    def band_scores(self, q, k, padding):
+        """Scores of each block of w queries against its neighbouring blocks of keys, and the places outside the
+        window, past the text's end or at padding: (B, H, n, w, C·w) and (B or 1, 1, n, w, C·w)."""
+        L, w = q.shape[2], self.window
+        scores = (self.blocks(q) @ self.neighbours(self.blocks(k)).transpose(-2, -1)) * self.scale  # (B, H, n, w, C·w)
+        # Offset of key slot s from query r inside a block row: key (b − 1)·w + s, query b·w + r → s − r − w.
+        offset = torch.arange(scores.shape[-1], device=q.device) - torch.arange(w, device=q.device)[:, None] - w
+        outside = (offset > 0) | (offset < -w) if self.causal else offset.abs() > w  # (w, C·w)
+        missing = torch.arange(L, device=q.device) >= L  # (L,) all False: the text itself
+        missing = missing[None] if padding is None else padding  # (B or 1, L): keys that are not there
+        missing = self.neighbours(self.blocks(missing[:, None, :, None], fill=True))  # (B or 1, 1, n, C·w, 1)
+        return scores, outside | missing.transpose(-2, -1)  # (B or 1, 1, n, w, C·w)
+
+    def blocks(self, t: torch.Tensor, fill=0) -> torch.Tensor:
+        """(B, H, L, d) → (B, H, n, w, d), the last block filled up with `fill` rows."""
+        B, H, L, d = t.shape
+        n = -(-L // self.window)
+        t = F.pad(t, (0, 0, 0, n * self.window - L), value=fill)
+        return t.view(B, H, n, self.window, d)
+
+    def neighbours(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, H, n, w, d) → (B, H, n, C·w, d): each block's previous block, itself (and next block) side by side;
+        beyond the ends: zeros, or True for a boolean (missing) tensor."""
+        after = 0 if self.causal else 1
+        padded = F.pad(t, (0, 0, 0, 0, 1, after), value=t.dtype == torch.bool)  # (B, H, n + C − 1, w, d)
+        n = t.shape[2]
+        return torch.cat([padded[:, :, i : i + n] for i in range(2 + after)], dim=3)
+
+    def to_band(self, t: torch.Tensor, L: int) -> torch.Tensor:
+        """Block layout (…, n, w, C·w) → band layout (…, L, band_width): query r of a block finds key i − w + o at
+        slot r + o (see band_scores)."""
+        w, width = self.window, self.band_width
+        slots = torch.arange(w, device=t.device)[:, None] + torch.arange(width, device=t.device)  # (w, band_width)
+        band = t.gather(-1, slots.expand(*t.shape[:-1], width))  # (…, n, w, band_width)
+        return band.flatten(-3, -2)[..., :L, :]
+
+    def key_positions(self, L: int, device=None) -> torch.Tensor:
+        """(L, band_width): column o of row i is key i − w + o."""
+        return torch.arange(L, device=device)[:, None] - self.window + torch.arange(self.band_width, device=device)
+
+
+# ---- sparse -----------------------------------------------------------------------------------------------------
+
+
+class SparseSelfAttention(LocalSelfAttention):
+    """Local attention plus the first g tokens as global tokens (Longformer / BigBird style): every query scores
+    the g global keys besides its window, and the g global queries score all L keys."""
+
+    def __init__(self, *, global_tokens: int, **kwargs):
+        super().__init__(**kwargs)
+        if global_tokens < 0:
+            raise ValueError(f"global_tokens must be >= 0, got {global_tokens}")
+        self.global_tokens = global_tokens
+
+    def attend(self, q, k, v, padding, need_weights: bool = False):
+        """q, k, v (B, H, L, d); padding (B, L) bool or None. Returns (out (B, H, L, d), LongAttentionWeights or None)."""
+        B, H, L, d = q.shape
+        g = min(self.global_tokens, L)
+        band, band_blocked = self.band_scores(q, k, padding)  # (B, H, n, w, C·w), (B or 1, 1, n, w, C·w)
+        n, w = band.shape[2], self.window
+        # A global key inside a query's window has its own column: blocked in the band, so it is not counted twice.
+        band_key = (torch.arange(n, device=q.device)[:, None] - 1) * w + torch.arange(band.shape[-1], device=q.device)
+        band_blocked = band_blocked | (band_key < g)[:, None, :]  # (B or 1, 1, n, w, C·w)
+        global_keys = (self.blocks(q) @ k[:, :, None, :g].transpose(-2, -1)) * self.scale  # (B, H, n, w, g)
+        global_blocked = self.blocks(self.global_mask(padding, n * w, g, q.device))  # (B or 1, 1, n, w, g)
+        scores = torch.cat([global_keys, band], dim=-1)  # (B, H, n, w, g + C·w)
+        batch = max(global_blocked.shape[0], band_blocked.shape[0])
+        blocked = torch.cat([global_blocked.expand(batch, -1, -1, -1, -1), band_blocked.expand(batch, -1, -1, -1, -1)],
+                            dim=-1)  # (B or 1, 1, n, w, g + C·w)
+        weights = masked_softmax(scores, blocked)  # (B, H, n, w, g + C·w), each row sums to 1
+        dropped = self.dropout(weights)
+        out = dropped[..., :g] @ v[:, :, None, :g] + dropped[..., g:] @ self.neighbours(self.blocks(v))  # (B, H, n, w, d)
+        empty = empty_rows(blocked)
+        if empty is not None:
+            out, weights = out.masked_fill(empty, 0.0), weights.masked_fill(empty, 0.0)
+
+        # The global queries: g rows of full attention over all L keys, O(g·L).
+        rows_scores = (q[:, :, :g] @ k.transpose(-2, -1)) * self.scale  # (B, H, g, L)
+        rows_blocked = self.global_mask(padding, g, L, q.device)  # (B or 1, 1, g, L)
+        rows_weights = masked_softmax(rows_scores, rows_blocked)  # (B, H, g, L)
+        rows_out = self.dropout(rows_weights) @ v  # (B, H, g, d)
+        empty = empty_rows(rows_blocked)
+        if empty is not None:
+            rows_out, rows_weights = rows_out.masked_fill(empty, 0.0), rows_weights.masked_fill(empty, 0.0)
+        out = torch.cat([rows_out, out.flatten(2, 3)[:, :, g:L]], dim=2)  # (B, H, L, d)
+        if not need_weights:
+            return out, None
+
+        is_global = (torch.arange(L, device=q.device) < g)[:, None]  # (L, 1): rows handed out in global_rows
+        weights = self.to_band(weights, L).masked_fill(is_global, 0.0)  # (B, H, L, g + band_width)
+        blocked = self.to_band(blocked, L) | is_global  # (B or 1, 1, L, g + band_width)
+        global_rows = AttentionWeights(rows_weights, rows_scores, rows_blocked)
+        return out, LongAttentionWeights(weights, self.to_band(scores, L), blocked, self.key_positions(L, q.device),
+                                         global_rows)
+
+    def global_mask(self, padding, queries: int, keys: int, device) -> torch.Tensor:
+        """(B or 1, 1, queries, keys) bool, True where query p may not see key j: j is padding, or comes after p under
+        the look-ahead mask. For the global columns (all queries × g keys) and the global rows (g queries × L keys)."""
+        blocked = torch.zeros(1, 1, queries, keys, dtype=torch.bool, device=device)
+        if padding is not None:
+            blocked = blocked | padding[:, None, None, :keys]  # (B, 1, queries, keys)
+        if self.causal:
+            blocked = blocked | (torch.arange(keys, device=device) > torch.arange(queries, device=device)[:, None])
+        return blocked
+
+    def to_band(self, t: torch.Tensor, L: int) -> torch.Tensor:
+        """Block layout (…, n, w, g + C·w) → (…, L, g + band_width): the g global columns, then the band."""
+        g = t.shape[-1] - (3 - self.causal) * self.window
+        return torch.cat([t[..., :g].flatten(-3, -2)[..., :L, :], super().to_band(t[..., g:], L)], dim=-1)
+
+    def key_positions(self, L: int, device=None) -> torch.Tensor:
+        """(L, g + band_width): the global keys 0..g-1, then the band (column o: key i − w + o)."""
+        g = min(self.global_tokens, L)
+        return torch.cat([torch.arange(g, device=device).expand(L, g), super().key_positions(L, device)], dim=-1)
+
+
+# ---- linformer --------------------------------------------------------------------------------------------------
+
+
+class LinformerSelfAttention(LongAttention):
+    """Keys and values projected along the length to k rows: K' = E K, V' = F V (Wang et al. 2020, "Linformer").
+
+    E and F (k × max_length) are learned, one pair shared by all heads and all texts (the paper's headwise
+    sharing); a batch of L tokens uses their first L columns. Padded keys and values are zeroed before projecting,
+    so a padded position contributes nothing to K' and V' and padding changes no real token's output. There is no
+    look-ahead mask: each virtual key mixes the whole text, future tokens included.
+    """
+
+    def __init__(self, *, projection_length: int, max_length: int, **kwargs):
+        super().__init__(**kwargs)
+        if self.causal:
+            raise ValueError("linformer cannot use the look-ahead mask (causal): each projected key mixes every token")
+        if not 1 <= projection_length <= max_length:
+            raise ValueError(f"projection_length must be in [1, max_length {max_length}], got {projection_length}")
+        # Entries N(0, 1/k), as the paper's random projections; learned from there.
+        self.key_projection = nn.Parameter(torch.randn(projection_length, max_length) / math.sqrt(projection_length))
+        self.value_projection = nn.Parameter(torch.randn(projection_length, max_length) / math.sqrt(projection_length))
+
+    def attend(self, q, k, v, padding, need_weights: bool = False):
+        """q, k, v (B, H, L, d); padding (B, L) bool or None. Returns (out (B, H, L, d), LongAttentionWeights or None)."""
+        L = q.shape[2]
+        blocked = None
+        if padding is not None:
+            real = ~padding[:, None, :, None]  # (B, 1, L, 1)
+            k, v = k * real, v * real  # padded positions contribute nothing to E K and F V
+            # A text of padding only has no key at all: all k virtual keys blocked, its queries give 0.
+            blocked = padding.all(dim=-1)[:, None, None, None].expand(-1, -1, -1, self.key_projection.shape[0])
+        k = self.key_projection[:, :L] @ k  # (k, L) @ (B, H, L, d) → (B, H, k, d)
+        v = self.value_projection[:, :L] @ v  # (B, H, k, d)
+        scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, L, k)
+        weights = masked_softmax(scores, blocked)  # (B, H, L, k), each row sums to 1
+        out = self.dropout(weights) @ v  # (B, H, L, d)
+        empty = empty_rows(blocked)
+        if empty is not None:
+            out, weights = out.masked_fill(empty, 0.0), weights.masked_fill(empty, 0.0)
+        if not need_weights:
+            return out, None
+        virtual = torch.full((L, weights.shape[-1]), -1, dtype=torch.long, device=q.device)  # (L, k): no token
+        return out, LongAttentionWeights(weights, scores, blocked, virtual)
+
+
+# ---- views for heatmaps -----------------------------------------------------------------------------------------
+
+
+def has_virtual_keys(attention: AttentionWeights | LongAttentionWeights) -> bool:
+    """True when the columns are projected keys (linformer), not tokens of the text."""
+    return isinstance(attention, LongAttentionWeights) and bool((attention.key_positions < 0).all())
+
+
+def dense_window(
+    weights: torch.Tensor, key_positions: torch.Tensor, start: int, size: int, global_weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A kind's layout (…, L, K) → the token × token matrix (…, m, m) of tokens start..start+m-1, m = min(size,
+    L − start): row i, column j is the weight query i puts on key j; keys outside the window are left out.
+    global_weights (…, g, L): the sparse kind's global rows, written over rows 0..g-1. Virtual keys (linformer):
+    (…, m, K), the rows only."""
+    L = weights.shape[-2]
+    m = max(0, min(size, L - start))
+    rows = weights[..., start : start + m, :]  # (…, m, K)
+    positions = key_positions[start : start + m]  # (m, K)
+    if (positions < 0).all():
+        return rows
+    key = positions - start  # (m, K): column in the window
+    inside = (key >= 0) & (key < m)
+    dense = rows.new_zeros(*rows.shape[:-1], m)  # (…, m, m)
+    dense.scatter_add_(-1, key.clamp(0, max(m - 1, 0)).expand_as(rows), rows * inside)
+    if global_weights is not None:
+        top = min(global_weights.shape[-2], start + m) - start  # global rows inside the window
+        if top > 0:
+            dense[..., :top, :] = global_weights[..., start : start + top, start : start + m]
+    return dense
+
+
+def token_window(attention: AttentionWeights | LongAttentionWeights, start: int, size: int) -> torch.Tensor:
+    """Any layer's hand-out (B, H, L, K) → (B, H, m, m) over tokens start..start+m-1 (see dense_window); full
+    attention is simply cut; linformer gives (B, H, m, k)."""
+    if not isinstance(attention, LongAttentionWeights):
+        return attention.weights[..., start : start + size, start : start + size]
+    global_rows = attention.global_rows.weights if attention.global_rows is not None else None
+    return dense_window(attention.weights, attention.key_positions, start, size, global_rows)
