@@ -17,19 +17,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from data.sources import DataError, Splits, load_splits, local_copy_dir
-from data.tokenizer import KINDS, PAD_ID, UNK_ID, load_tokenizer, train_tokenizer
+from data.tokenizer import KINDS, PAD_ID, UNK_ID, cut, load_tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 3  # bump when tokenization changes (3: deterministic WordPiece vocabulary, texts cut first)
-# Texts are cut to this many characters per token of max_length before tokenizing, so a 1 MB line costs no more
-# than a long review. Real text has 1-2 (Chinese) to 4-6 (English) characters per token: a cut text still holds
-# far more than max_length tokens, and the tokens past max_length are dropped anyway.
-CHARS_PER_TOKEN_BOUND = 50
-
-
-def cut(texts: list[str], max_length: int) -> list[str]:
-    """Texts cut to max_length * CHARS_PER_TOKEN_BOUND characters, for tokenizer training and encoding alike."""
-    return [text[: max_length * CHARS_PER_TOKEN_BOUND] for text in texts]
 
 
 class EncodedSplit(Dataset):

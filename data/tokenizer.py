@@ -117,3 +117,14 @@ def without_added_tokens(tokenizer: Tokenizer, keep: tuple[str, ...]) -> Tokeniz
 
 def load_tokenizer(json_string: str) -> Tokenizer:
     return Tokenizer.from_str(json_string)
+
+
+# Texts are cut to this many characters per token of max_length before tokenizing, so a 1 MB line costs no more
+# than a long review. Real text has 1-2 (Chinese) to 4-6 (English) characters per token: a cut text still holds
+# far more than max_length tokens, and the tokens past max_length are dropped anyway.
+CHARS_PER_TOKEN_BOUND = 50
+
+
+def cut(texts: list[str], max_length: int) -> list[str]:
+    """Texts cut to max_length * CHARS_PER_TOKEN_BOUND characters, for tokenizer training and encoding alike."""
+    return [text[: max_length * CHARS_PER_TOKEN_BOUND] for text in texts]

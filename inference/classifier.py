@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from data.tokenizer import PAD_ID, UNK_ID
+from data.tokenizer import PAD_ID, UNK_ID, cut
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
 
@@ -169,9 +169,10 @@ class TextClassifier:
         return cls(model, tokenizer, label_names, device=device)
 
     def encode(self, texts: list[str]) -> tuple[list[list[int]], list[list[str]], list[int]]:
-        """Token ids and tokens cut to max_length, and each text's full length in tokens."""
+        """Token ids and tokens cut to max_length, and each text's full length in tokens (of its first
+        max_length × CHARS_PER_TOKEN_BOUND characters: as in training, a huge line is never tokenized whole)."""
         ids, tokens, full_lengths = [], [], []
-        for encoding in self.tokenizer.encode_batch(list(texts)):
+        for encoding in self.tokenizer.encode_batch(cut(list(texts), self.max_length)):
             # As in training (data/datamodule.py): a text of only unknown symbols becomes one [UNK].
             text_ids, text_tokens = (encoding.ids, encoding.tokens) if encoding.ids else ([UNK_ID], ["[UNK]"])
             ids.append(text_ids[: self.max_length])

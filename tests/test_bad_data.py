@@ -152,7 +152,8 @@ def test_a_cache_dir_that_cannot_be_written_encodes_in_memory_with_a_warning(tmp
 
 
 def test_a_huge_line_is_cut_to_a_character_bound_before_tokenizing(tmp_path):
-    from data.datamodule import CHARS_PER_TOKEN_BOUND, EncodedSplit
+    from data.datamodule import EncodedSplit
+    from data.tokenizer import CHARS_PER_TOKEN_BOUND
 
     data = datamodule(tmp_path, max_length=8)
     seen = []

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.datamodule import BucketBatchSampler, TextDataModule
+from data.datamodule import BucketBatchSampler, TextDataModule, collate
 from data.sources import DataError, load_splits, stratified_split
-from data.tokenizer import load_tokenizer, train_tokenizer
+from data.tokenizer import PAD_ID, load_tokenizer, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -167,7 +167,9 @@ def test_batches_hold_ids_mask_labels_and_little_padding(tmp_path):
     assert len(batches) == len(data.train_dataloader())
     batch = batches[0]
     assert batch["input_ids"].dtype == torch.long and batch["labels"].shape == (len(batch["input_ids"]),)
-    assert torch.equal(batch["padding_mask"], batch["input_ids"] == 0)
+    # In every batch each row holds one text's ids, then padding: the mask's real places are its length.
+    for b in batches:
+        assert ((~b["padding_mask"]).long().diff(dim=1) <= 0).all()  # real tokens first, padding after
     real = sum((~b["padding_mask"]).sum().item() for b in batches)
     total = sum(b["padding_mask"].numel() for b in batches)
     assert real / total > 0.9  # bucketing: lengths 1..20 at random would give about 55%
@@ -253,3 +255,10 @@ def test_vocab_size_too_small_for_one_character_says_the_smallest_that_works():
     expected = r"^vocab_size 3 cannot hold \[PAD\], \[UNK\] and one character: use at least 4$"
     with pytest.raises(DataError, match=expected):
         train_tokenizer(["hello world"], vocab_size=3, max_length=8)
+
+
+def test_collate_pads_with_pad_id_and_marks_exactly_the_padding():
+    batch = collate([(torch.tensor([5, 6, 7]), torch.tensor(1)), (torch.tensor([8]), torch.tensor(0))])
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, PAD_ID, PAD_ID]]
+    assert batch["padding_mask"].tolist() == [[False, False, False], [False, True, True]]
+    assert batch["labels"].tolist() == [1, 0]
