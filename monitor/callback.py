@@ -55,10 +55,10 @@ class AttentionMonitor(Callback):
         max_tokens: int = 40,
         health_batches: int | None = None,
         health_rows: int | None = 256,
-        uniform_entropy: float = 0.95,
-        collapsed_entropy: float = 0.1,
-        saturated_score_std: float = 5.0,
-        saturated_max_weight: float = 0.7,
+        uniform_entropy: float = HealthThresholds.uniform_entropy,  # the thresholds' defaults live in health.py
+        collapsed_entropy: float = HealthThresholds.collapsed_entropy,
+        saturated_score_std: float = HealthThresholds.saturated_score_std,
+        saturated_max_weight: float = HealthThresholds.saturated_max_weight,
         warn: bool = True,
         warn_from_epoch: int = 0,
     ):
