@@ -56,6 +56,9 @@ class MultiHeadSelfAttention(nn.Module):
         self.w_v = nn.Linear(d_model, inner, bias=bias)
         self.w_o = nn.Linear(inner, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
+        # (H,) multiplies each head's output before W_O when set: head importance (its gradient) and ablation
+        # (a 0) in inference/heads.py. Not a parameter: None in training, and never in the checkpoint.
+        self.head_gate: torch.Tensor | None = None
 
     def attend(self, q, k, v, blocked, need_weights: bool = False):
         """The formula: q, k, v (B, H, L, d); blocked broadcasts to (B, H, L, L), True = may not look.
@@ -90,7 +93,7 @@ class MultiHeadSelfAttention(nn.Module):
         k = self.split_heads(self.w_k(x))  # (B, H, L, d)
         v = self.split_heads(self.w_v(x))  # (B, H, L, d)
         out, weights = self.attend(q, k, v, self.mask(key_padding_mask, L, x.device), need_weights)
-        return self.w_o(self.merge_heads(out)), weights  # (B, L, D)
+        return self.w_o(self.merge_heads(self.gated(out))), weights  # (B, L, D)
 
     def forward_packed(
         self, x: torch.Tensor, key_padding_mask: torch.Tensor, need_weights: bool = False
@@ -114,7 +117,11 @@ class MultiHeadSelfAttention(nn.Module):
         grid.permute(1, 3, 0, 2, 4)[real] = qkv
         q, k, v = grid  # each (B, H, L, d), zeros at padded places
         out, weights = self.attend(q, k, v, self.mask(key_padding_mask, L, x.device), need_weights)
-        return self.w_o(out.transpose(1, 2)[real].flatten(1)), weights  # (N, H·d) → (N, D)
+        return self.w_o(self.gated(out).transpose(1, 2)[real].flatten(1)), weights  # (N, H·d) → (N, D)
+
+    def gated(self, out: torch.Tensor) -> torch.Tensor:
+        """Each head's output (B, H, L, d) times its gate, when one is set."""
+        return out if self.head_gate is None else out * self.head_gate.view(1, -1, 1, 1)
 
     def mask(self, key_padding_mask: torch.Tensor | None, L: int, device=None) -> torch.Tensor | None:
         """This layer's mask: (B or 1, 1, L or 1, L) bool, True where a query may not look at a key; None if none."""

@@ -20,10 +20,12 @@ class ClassifierOutput(NamedTuple):
     attention: tuple[AttentionWeights | LongAttentionWeights, ...] | None  # one per layer, when asked for
 
 
-def attention_layer(config: NetworkConfig) -> MultiHeadSelfAttention:
-    """The attention kind the config names: full (model/attention.py) or a long-text kind (model/long_attention.py)."""
+def attention_layer(config: NetworkConfig, n_heads: int | None = None) -> MultiHeadSelfAttention:
+    """The attention kind the config names: full (model/attention.py) or a long-text kind (model/long_attention.py),
+    with n_heads heads (default config.n_heads; fewer in a pruned layer) of config.head_size each."""
     shared = dict(
-        d_model=config.d_model, n_heads=config.n_heads, d_head=config.d_head, dropout=config.attention_dropout,
+        d_model=config.d_model, n_heads=n_heads or config.n_heads, d_head=config.head_size,
+        dropout=config.attention_dropout,
         bias=config.bias, scale=config.scale, causal=config.causal, kernel=config.attention_kernel,
     )
     if config.attention == "local":
@@ -38,9 +40,9 @@ def attention_layer(config: NetworkConfig) -> MultiHeadSelfAttention:
 class Block(nn.Module):
     """Self-attention + residual + LayerNorm, then (optionally) a position-wise feed-forward the same way."""
 
-    def __init__(self, config: NetworkConfig):
+    def __init__(self, config: NetworkConfig, n_heads: int | None = None):
         super().__init__()
-        self.attention = attention_layer(config)
+        self.attention = attention_layer(config, n_heads)
         self.norm1 = nn.LayerNorm(config.d_model)
         self.ffn = None
         if config.d_ff > 0:
@@ -97,7 +99,7 @@ class AttentionClassifier(nn.Module):
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.position_embedding = position_embedding(config.positions, config.max_length, config.d_model)
         self.embedding_dropout = nn.Dropout(config.embedding_dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.blocks = nn.ModuleList(Block(config, config.heads_in_layer(i)) for i in range(config.n_layers))
         self.attention_pool = AttentionPooling(config.d_model) if config.pooling == "attention" else None
         self.head_dropout = nn.Dropout(config.head_dropout)
         self.head = nn.Linear(config.d_model, config.num_classes)

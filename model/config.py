@@ -53,6 +53,8 @@ class NetworkConfig:
             computed in).
         projection_length: linformer: k, the rows keys and values are projected to (at most max_length).
         global_tokens: sparse: the first this many tokens are global (at most max_length; 0 is plain local).
+        layer_heads: heads kept in each layer after pruning (bench/prune_heads.py), one count per layer, each
+            1..n_heads; null (default) is n_heads in every layer. Each head keeps its size, head_size.
     """
 
     vocab_size: int = 8000
@@ -77,6 +79,7 @@ class NetworkConfig:
     window: int = 64
     projection_length: int = 128
     global_tokens: int = 1
+    layer_heads: list[int] | None = None
 
     def __post_init__(self):
         for name in ("vocab_size", "max_length", "d_model", "n_heads", "n_layers"):
@@ -112,6 +115,14 @@ class NetworkConfig:
                               "every token, future ones included (use local or sparse)")
         if self.attention == "sparse" and self.global_tokens > self.max_length:
             raise ConfigError(f"global_tokens {self.global_tokens} is larger than max_length {self.max_length}")
+        if self.layer_heads is not None:
+            object.__setattr__(self, "layer_heads", list(self.layer_heads))  # a list: plain data in the checkpoint
+            if len(self.layer_heads) != self.n_layers:
+                raise ConfigError(f"layer_heads has {len(self.layer_heads)} counts for n_layers {self.n_layers}")
+            for count in self.layer_heads:
+                if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= self.n_heads:
+                    raise ConfigError(f"layer_heads must hold integers in 1..n_heads {self.n_heads}, "
+                                      f"got {self.layer_heads}")
         if self.scale is not None and not self.scale > 0:
             raise ConfigError(f"scale must be > 0 (or null for 1/sqrt(d_head)), got {self.scale}")
         if self.causal and self.pooling == "first":
@@ -122,6 +133,10 @@ class NetworkConfig:
     @property
     def head_size(self) -> int:
         return self.d_head or self.d_model // self.n_heads
+
+    def heads_in_layer(self, layer: int) -> int:
+        """How many heads layer `layer` has: n_heads, or its count in layer_heads after pruning."""
+        return self.n_heads if self.layer_heads is None else self.layer_heads[layer]
 
     def to_dict(self) -> dict:
         """Plain data for the checkpoint (loadable with torch.load(weights_only=True))."""
