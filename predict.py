@@ -39,6 +39,7 @@ examples:
   cut -f1 data/sst2/validation.tsv | python predict.py --ckpt last.ckpt --file - --top-k 1
   python predict.py --ckpt last.ckpt --attention "alpha w3 beta" | python -m json.tool
   python predict.py --ckpt last.ckpt --attention-png heatmaps/ --file reviews.txt   # heatmaps/0000.png, ...
+  python predict.py --ckpt last.ckpt --explain --html report.html "the acting is wonderful"
 """
 
 
@@ -64,6 +65,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--attention-png", metavar="DIR",
                         help="write an attention heatmap per input (layers × heads) to DIR/0000.png, DIR/0001.png, "
                              "... (numbered from 0 in input order) and name it in the output as 'attention_png'")
+    parser.add_argument("--explain", action="store_true",
+                        help="instead of attention, say why: per token, for the predicted class, scores from raw "
+                             "attention, attention rollout, gradient × input, Integrated Gradients and exact occlusion, "
+                             "with each method's faithfulness for that text (README 'Why did it predict that?')")
+    parser.add_argument("--html", metavar="FILE",
+                        help="with --explain, also write one self-contained HTML page for the texts to FILE")
+    parser.add_argument("--ig-steps", type=positive_int, default=32, metavar="N",
+                        help="with --explain, Integrated Gradients steps (default: 32)")
     parser.add_argument("--batch-size", type=positive_int, default=256, metavar="N",
                         help="texts per forward pass (default: 256); texts are batched by length internally")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -74,6 +83,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("give either TEXT arguments or --file (not both, not neither)")
     if args.all_heads and not args.attention:
         parser.error("--all-heads goes with --attention")
+    if args.html and not args.explain:
+        parser.error("--html goes with --explain")
     return args
 
 
@@ -158,6 +169,8 @@ def run(args) -> int:
 
     texts = read_inputs(args)
     classifier = TextClassifier.from_checkpoint(args.ckpt, device=args.device)
+    if args.explain:
+        return run_explain(args, classifier, texts)
     png_dir = Path(args.attention_png) if args.attention_png else None
     if png_dir is not None:
         try:
@@ -215,6 +228,27 @@ def run(args) -> int:
     if empty:
         shown = ", ".join(map(str, empty[:NOTES_SHOWN])) + (", ..." if len(empty) > NOTES_SHOWN else "")
         log.info('%d empty input(s) reported as {"error": "empty text"} (%s %s)', len(empty), where, shown)
+    return 0
+
+
+def run_explain(args, classifier, texts: list[str]) -> int:
+    """--explain: one JSON object per input (an empty one gives {"text", "error"}), and the page with --html."""
+    real = [i for i, text in enumerate(texts) if text.strip()]
+    explanations = dict(zip(real, classifier.explain([texts[i] for i in real], ig_steps=args.ig_steps)))
+    for i, text in enumerate(texts):
+        out = explanations[i].to_dict() if i in explanations else {"text": text, "error": "empty text"}
+        sys.stdout.write(json_line(out) or json_line({"text": text, "error": NON_FINITE}))
+        if i in explanations and explanations[i].truncated_from is not None:
+            log.info("input %d: %d tokens; explained as the model saw it, its first %d", i + 1,
+                     explanations[i].truncated_from, classifier.max_length)
+    if args.html:
+        from inference.report import write_report
+
+        try:
+            write_report([explanations[i] for i in real], args.html)
+        except OSError as e:
+            raise InputError(f"{args.html}: cannot write the report: {e.strerror}") from e
+        log.info("report written to %s", args.html)
     return 0
 
 

@@ -198,6 +198,10 @@ class TextClassifier:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        heads = {block.attention.n_heads for block in self.model.blocks}
+        if attention and len(heads) > 1:
+            raise ValueError("attention weights are handed out as one (layers, heads, ...) tensor, but this pruned "
+                             f"model's layers have different head counts ({sorted(heads)}); use explain() instead")
         ids, tokens, full_lengths = self.encode(texts)
         order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
         predictions: list[Prediction | None] = [None] * len(texts)
@@ -218,6 +222,13 @@ class TextClassifier:
                     global_attention=global_weights[row, ..., :n, :n].clone() if global_weights is not None else None,
                 )
         return predictions
+
+    def explain(self, texts: list[str], ig_steps: int = 32) -> list:
+        """Why each text got its label: per-token scores from five methods and their faithfulness figures
+        (inference/explain.py; README "Why did it predict that?")."""
+        from inference.explain import explain  # Captum only when explanations are asked for
+
+        return explain(self, texts, ig_steps=ig_steps)
 
     def _forward(self, batch_ids: list[list[int]], attention: bool) -> tuple[torch.Tensor, tuple]:
         """Probabilities (B, num_classes) and, if asked, weights (B, n_layers, H, L, L) (a long kind: (B, n_layers,

@@ -1,0 +1,266 @@
+"""Why did the model predict that? A score per token from five methods, and how faithful each one is.
+
+For the predicted class c and its probability p_c:
+
+    attention     the last layer's weights, averaged over its heads, read the way the pooling reads the token
+                  vectors: mean pooling → the mean over query rows; first → token 0's row; attention pooling → the
+                  rows weighted by the pooling weights; max → the rows weighted by the share of features each token
+                  wins. Non-negative; says where the last layer looked, not what changed the prediction.
+    rollout       Abnar & Zuidema 2020: per layer the head average A, with the residual: 0.5·A + 0.5·I, rows
+                  renormalised, multiplied through the layers (first layer rightmost), then read like attention.
+    grad_x_input  Captum InputXGradient on the token embeddings: Σ_d e_d · ∂p_c/∂e_d (positions kept).
+    integrated_gradients
+                  Captum IntegratedGradients on the token embeddings, Σ_d of the attribution, from the baseline
+                  "every token's embedding replaced by [UNK]'s" (positions kept) to the text, ig_steps steps
+                  (Gauss-Legendre). Completeness: the scores add up to p_c(text) − p_c(baseline), up to
+                  `integrated_gradients_delta`.
+    occlusion     exact: Captum FeatureAblation with each token in turn *replaced by [UNK]* (the text keeps its
+                  length, the other tokens their positions): p_c(text) − p_c(text with token i = [UNK]).
+                  Positive: the token supports the prediction.
+
+Faithfulness, per text: each method's Spearman rank correlation with occlusion, and a deletion curve: the top-k
+tokens by the method replaced by [UNK], the drop in p_c for k = 1..5 (a random order, averaged over a few
+permutations, is the floor). bench/faithfulness.py gives the same figures over a split.
+
+Attention kinds: full, local and sparse give token × token weights (local/sparse are unfolded to tokens with
+model.long_attention.token_window); linformer's keys are projections of the whole text, not tokens, so attention and
+rollout do not apply to it (scores None, with a note); the gradient methods and occlusion apply to every kind.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from captum.attr import FeatureAblation, InputXGradient, IntegratedGradients
+
+from data.tokenizer import UNK_ID
+from model.long_attention import has_virtual_keys, token_window
+
+METHODS = ("attention", "rollout", "grad_x_input", "integrated_gradients", "occlusion")
+DELETION_KS = (1, 2, 3, 4, 5)
+RANDOM_ORDERS = 8  # random permutations averaged for the deletion floor
+
+
+@dataclass
+class Explanation:
+    text: str
+    label: str
+    probabilities: dict[str, float]
+    tokens: list[str]  # what the model saw (the first max_length tokens of a longer text)
+    scores: dict[str, list[float] | None]  # method → one score per token, for the predicted class; None: n/a
+    faithfulness: dict  # {"spearman": {method: r}, "deletion": {method: [drop at k]}, "ks": [...]}
+    notes: dict[str, str]  # method → what it reflects (or why it does not apply)
+    integrated_gradients_delta: float | None = None  # |Σ scores − (p_c(text) − p_c(baseline))|
+    truncated_from: int | None = None  # the text's length in tokens when it was cut to max_length
+    attention: list[torch.Tensor] | None = field(default=None, repr=False)  # per layer (H, n, n), for the report
+
+    def to_dict(self) -> dict:
+        out = {"text": self.text, "label": self.label, "probabilities": self.probabilities, "tokens": self.tokens,
+               "scores": {m: None if s is None else [round(v, 6) for v in s] for m, s in self.scores.items()},
+               "faithfulness": self.faithfulness, "notes": self.notes,
+               "integrated_gradients_delta": self.integrated_gradients_delta}
+        if self.truncated_from is not None:
+            out["truncated_from"] = self.truncated_from
+        return out
+
+
+def method_notes(model) -> dict[str, str]:
+    config = model.config
+    pooling = {"mean": "mean over query rows (mean pooling)", "first": "the first token's row (first pooling)",
+               "attention": "rows weighted by the attention-pooling weights",
+               "max": "rows weighted by the share of features each token wins in max pooling"}[config.pooling]
+    notes = {
+        "attention": f"layer {config.n_layers - 1} (the last), mean of its heads, {pooling}",
+        "rollout": f"Abnar & Zuidema 2020 over all {config.n_layers} layers (0.5·A + 0.5·I, rows renormalised), "
+                   f"then {pooling}",
+        "grad_x_input": "Captum InputXGradient on the token embeddings, summed over the width; target p(class)",
+        "integrated_gradients": "Captum IntegratedGradients on the token embeddings, summed over the width; "
+                                "baseline: every token embedding replaced by [UNK]'s (positions kept); target p(class)",
+        "occlusion": "exact: p(class) minus p(class) with the token replaced by [UNK] (Captum FeatureAblation)",
+    }
+    if config.attention == "linformer":
+        for method in ("attention", "rollout"):
+            notes[method] = "not applicable: linformer's keys are projections of the whole text, not tokens"
+    return notes
+
+
+class EmbeddingForward:
+    """p(class) (B, C) of the classifier with its token-embedding output replaced by given embeddings (B, L, D),
+    texts without padding. The network runs its one path; a forward hook swaps the (N, D) packed embeddings."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, embeddings: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        swap = embeddings.reshape(-1, embeddings.shape[-1])  # (B·L, D): row-major, as the model packs real tokens
+        handle = self.model.token_embedding.register_forward_hook(lambda module, inputs, output: swap)
+        try:
+            return self.model(token_ids).logits.softmax(dim=-1)
+        finally:
+            handle.remove()
+
+
+def probabilities_of(model, token_ids: torch.Tensor) -> torch.Tensor:
+    """(B, C) probabilities of texts without padding."""
+    return model(token_ids).logits.softmax(dim=-1)
+
+
+def explain_ids(model, ids: list[int], ig_steps: int = 32, seed: int = 0) -> dict:
+    """Scores per method, faithfulness figures and per-layer attention for one text's token ids (no padding)."""
+    if ig_steps < 1:
+        raise ValueError(f"ig_steps (Integrated Gradients steps) must be >= 1, got {ig_steps}")
+    device = next(model.parameters()).device
+    token_ids = torch.tensor([ids], device=device)  # (1, n)
+    n = len(ids)
+
+    captured = {}
+    hook = model.blocks[-1].register_forward_hook(lambda module, inputs, output: captured.update(x=output[0]))
+    try:
+        with torch.no_grad():
+            output = model(token_ids, need_weights=True)
+    finally:
+        hook.remove()
+    probabilities = output.logits.softmax(dim=-1)[0]  # (C,)
+    target = int(probabilities.argmax())
+    scores: dict[str, np.ndarray | None] = {}
+
+    layers = None if has_virtual_keys(output.attention[0]) else [token_window(a, 0, n)[0] for a in output.attention]
+    if layers is None:
+        scores["attention"] = scores["rollout"] = None
+    else:
+        with torch.no_grad():
+            read = pooling_read(model, captured["x"].reshape(n, -1))  # (n,) weight of each query row
+        scores["attention"] = (read @ layers[-1].mean(dim=0)).cpu().numpy()
+        scores["rollout"] = (read @ rollout(layers)).cpu().numpy()
+
+    forward = EmbeddingForward(model)
+    embeddings = model.token_embedding(token_ids).detach()  # (1, n, D)
+    baseline = model.token_embedding(torch.full_like(token_ids, UNK_ID)).detach()  # (1, n, D)
+    gxi = InputXGradient(forward).attribute(embeddings.clone().requires_grad_(), target=target,
+                                            additional_forward_args=(token_ids,))
+    scores["grad_x_input"] = gxi.sum(dim=-1)[0].detach().cpu().numpy()
+    ig, delta = IntegratedGradients(forward).attribute(
+        embeddings, baselines=baseline, target=target, additional_forward_args=(token_ids,), n_steps=ig_steps,
+        return_convergence_delta=True)
+    scores["integrated_gradients"] = ig.sum(dim=-1)[0].detach().cpu().numpy()
+    with torch.no_grad():
+        occlusion = FeatureAblation(lambda t: probabilities_of(model, t)).attribute(
+            token_ids, baselines=UNK_ID, target=target, feature_mask=torch.arange(n, device=device)[None],
+            perturbations_per_eval=n)
+        scores["occlusion"] = occlusion[0].cpu().numpy()
+        faithfulness = faithfulness_of(model, token_ids, target, scores, seed=seed)
+    return {"target": target, "probabilities": probabilities.tolist(), "scores": scores,
+            "faithfulness": faithfulness, "integrated_gradients_delta": float(delta.abs().max()),
+            "attention": None if layers is None else [layer.detach().cpu() for layer in layers]}
+
+
+def pooling_read(model, x: torch.Tensor) -> torch.Tensor:
+    """(n,) how much each token's final vector x (n, D) counts in the sentence vector, summing to 1."""
+    n = x.shape[0]
+    pooling = model.config.pooling
+    if pooling == "first":
+        return torch.nn.functional.one_hot(torch.tensor(0), n).to(x)
+    if pooling == "attention":
+        return model.attention_pool.score(x).squeeze(-1).softmax(dim=-1)
+    if pooling == "max":
+        return torch.bincount(x.argmax(dim=0), minlength=n).to(x) / x.shape[1]
+    return torch.full((n,), 1.0 / n, dtype=x.dtype, device=x.device)
+
+
+def rollout(layers: list[torch.Tensor]) -> torch.Tensor:
+    """Attention rollout (n, n) from per-layer weights (H, n, n): Π over layers of rownorm(0.5·mean_h A + 0.5·I)."""
+    n = layers[0].shape[-1]
+    eye = torch.eye(n, dtype=layers[0].dtype, device=layers[0].device)
+    result = eye
+    for weights in layers:
+        mixed = 0.5 * weights.mean(dim=0) + 0.5 * eye  # (n, n)
+        mixed = mixed / mixed.sum(dim=-1, keepdim=True)
+        result = mixed @ result  # later layers on the left: row i of layer l reads the rows of layer l − 1
+    return result
+
+
+def faithfulness_of(model, token_ids: torch.Tensor, target: int, scores: dict, seed: int = 0) -> dict:
+    """Spearman of each method with occlusion, and the deletion curve (drop of p(target) with the top-k tokens by
+    each method replaced by [UNK], k in DELETION_KS capped at the text's length), random orders as the floor."""
+    n = token_ids.shape[1]
+    ks = [k for k in DELETION_KS if k <= n]
+    orders = {m: np.argsort(-s, kind="stable") for m, s in scores.items() if s is not None}
+    rng = np.random.default_rng(seed)
+    randoms = [rng.permutation(n) for _ in range(RANDOM_ORDERS)]
+    rows = [(name, order, k) for name, order in list(orders.items()) + [("random", o) for o in randoms] for k in ks]
+    deleted = token_ids.repeat(len(rows) + 1, 1)  # (rows + 1, n): row 0 the text itself
+    for row, (_, order, k) in enumerate(rows, start=1):
+        deleted[row, torch.as_tensor(order[:k].copy(), device=token_ids.device)] = UNK_ID
+    p = probabilities_of(model, deleted)[:, target].cpu().numpy()
+    drops: dict[str, list[float]] = {}
+    for (name, _, _), drop in zip(rows, p[0] - p[1:]):
+        drops.setdefault(name, []).append(float(drop))
+    if randoms:
+        drops["random"] = np.mean(np.array(drops["random"]).reshape(RANDOM_ORDERS, len(ks)), axis=0).tolist()
+    return {
+        "spearman": {m: spearman(s, scores["occlusion"]) for m, s in scores.items()
+                     if s is not None and m != "occlusion"},
+        "deletion": {m: [round(d, 6) for d in v] for m, v in drops.items()},
+        "ks": ks,
+    }
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Rank correlation (ties get their mean rank); None when either side is constant or has < 2 tokens."""
+    if len(a) < 2:
+        return None
+    ra, rb = ranks(np.asarray(a, dtype=float)), ranks(np.asarray(b, dtype=float))
+    if ra.std() == 0 or rb.std() == 0:
+        return None
+    r = float(np.corrcoef(ra, rb)[0, 1])
+    return None if math.isnan(r) else round(r, 6)
+
+
+def ranks(values: np.ndarray) -> np.ndarray:
+    order = np.argsort(values, kind="stable")
+    ranked = np.empty(len(values))
+    ranked[order] = np.arange(len(values), dtype=float)
+    for value in np.unique(values):  # ties: their mean rank
+        same = values == value
+        if same.sum() > 1:
+            ranked[same] = ranked[same].mean()
+    return ranked
+
+
+def explain(classifier, texts: list[str], ig_steps: int = 32) -> list[Explanation]:
+    """One Explanation per text (TextClassifier.explain). Texts longer than max_length are explained as the model
+    saw them: their first max_length tokens, with truncated_from set."""
+    if isinstance(texts, str):
+        raise TypeError("explain takes a list of texts; wrap a single text in a list")
+    texts = list(texts)
+    not_text = [str(i) for i, text in enumerate(texts) if not isinstance(text, str)]
+    if not_text:
+        raise TypeError(f"texts must be strings; not a string at position(s) {', '.join(not_text[:10])}")
+    empty = [i for i, text in enumerate(texts) if not text.strip()]
+    if empty:
+        raise ValueError(f"empty or whitespace-only text at position(s) {', '.join(map(str, empty[:10]))}")
+    if ig_steps < 1:
+        raise ValueError(f"ig_steps (Integrated Gradients steps) must be >= 1, got {ig_steps}")
+    model = classifier.model
+    notes = method_notes(model)
+    ids, tokens, full_lengths = classifier.encode(texts)
+    explanations = []
+    for i, text in enumerate(texts):
+        result = explain_ids(model, ids[i], ig_steps=ig_steps)
+        target = result["target"]
+        truncated = full_lengths[i] if full_lengths[i] > len(ids[i]) else None
+        text_notes = dict(notes)
+        if truncated:
+            text_notes["truncated"] = (f"the text has {truncated} tokens; the model saw and these scores explain "
+                                       f"the first {len(ids[i])} (max_length)")
+        explanations.append(Explanation(
+            text=text, label=classifier.label_names[target],
+            probabilities=dict(zip(classifier.label_names, result["probabilities"])),
+            tokens=tokens[i],
+            scores={m: None if s is None else [float(v) for v in s] for m, s in result["scores"].items()},
+            faithfulness=result["faithfulness"], notes=text_notes,
+            integrated_gradients_delta=result["integrated_gradients_delta"], truncated_from=truncated,
+            attention=result["attention"],
+        ))
+    return explanations
