@@ -1,0 +1,140 @@
+"""Which attention heads matter: importance, exact ablation, and pruning into a smaller checkpoint.
+
+    importance    Michel et al. 2019 ("Are Sixteen Heads Really Better than One?"): a gate ξ_h = 1 multiplies each
+                  head's output before W_O (MultiHeadSelfAttention.head_gate); the importance of a head is
+                  Σ over batches |∂ loss / ∂ξ_h| (cross-entropy, batch mean), divided by the number of batches.
+    ablation      exact: the gate set to 0 (the head removed), accuracy on the same texts measured again.
+    pruning       a checkpoint with the chosen heads cut out of W_Q, W_K, W_V (rows) and W_O (columns);
+                  NetworkConfig.layer_heads records the heads left per layer, so the checkpoint rebuilds exactly and
+                  predict.py loads it. Every layer keeps at least one head.
+
+bench/prune_heads.py runs all three over a dataset split and writes the table and the checkpoint.
+"""
+
+import re
+
+import torch
+import torch.nn.functional as F
+
+from data.tokenizer import PAD_ID
+
+
+def batches(classifier, texts: list[str], labels: list[int], batch_size: int = 256):
+    """(token_ids (B, L), key_padding_mask (B, L) or None, labels (B,)) over the texts, sorted by length."""
+    ids, _, _ = classifier.encode(texts)
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    out = []
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        lengths = torch.tensor([len(ids[i]) for i in chunk])
+        token_ids = torch.full((len(chunk), int(lengths.max())), PAD_ID, dtype=torch.long)
+        for row, i in enumerate(chunk):
+            token_ids[row, : len(ids[i])] = torch.tensor(ids[i])
+        mask = torch.arange(token_ids.shape[1]) >= lengths[:, None]
+        out.append((token_ids.to(classifier.device), mask.to(classifier.device) if mask.any() else None,
+                    torch.tensor([labels[i] for i in chunk], device=classifier.device)))
+    return out
+
+
+def attention_layers(model) -> list:
+    return [block.attention for block in model.blocks]
+
+
+def head_importance(model, data) -> list[torch.Tensor]:
+    """Per layer (H_l,): mean over batches of |∂ loss / ∂ gate| (Michel et al. 2019)."""
+    layers = attention_layers(model)
+    gates = [torch.ones(layer.n_heads, device=layer.w_q.weight.device, requires_grad=True) for layer in layers]
+    total = [torch.zeros_like(g) for g in gates]
+    try:
+        for layer, gate in zip(layers, gates):
+            layer.head_gate = gate
+        for token_ids, mask, labels in data:
+            loss = F.cross_entropy(model(token_ids, mask).logits, labels)
+            grads = torch.autograd.grad(loss, gates)
+            for t, g in zip(total, grads):
+                t += g.abs()
+    finally:
+        for layer in layers:
+            layer.head_gate = None
+    return [(t / max(len(data), 1)).detach().cpu() for t in total]
+
+
+@torch.no_grad()
+def accuracy(model, data, removed: tuple[int, int] | None = None) -> float:
+    """Accuracy over the batches; with removed=(layer, head) that head's gate is 0 (exact ablation)."""
+    layers = attention_layers(model)
+    if removed is not None:
+        layer, head = removed
+        gate = torch.ones(layers[layer].n_heads, device=layers[layer].w_q.weight.device)
+        gate[head] = 0.0
+        layers[layer].head_gate = gate
+    try:
+        right = total = 0
+        for token_ids, mask, labels in data:
+            right += int((model(token_ids, mask).logits.argmax(dim=-1) == labels).sum())
+            total += len(labels)
+    finally:
+        if removed is not None:
+            layers[removed[0]].head_gate = None
+    return right / max(total, 1)
+
+
+def least_important(importance: list[torch.Tensor], n: int) -> list[tuple[int, int]]:
+    """The n (layer, head) pairs of lowest importance, never the last head of a layer; ValueError when n is more
+    than the heads that can go (all but one per layer)."""
+    counts = [len(t) for t in importance]
+    removable = sum(counts) - len(counts)
+    if not 0 <= n <= removable:
+        raise ValueError(f"cannot prune {n} heads: the model has {sum(counts)} heads in {len(counts)} layers and "
+                         f"every layer keeps one, so at most {removable} can go")
+    ranked = sorted(((float(v), layer, head) for layer, t in enumerate(importance) for head, v in enumerate(t)))
+    left, chosen = list(counts), []
+    for _, layer, head in ranked:
+        if len(chosen) == n:
+            break
+        if left[layer] > 1:
+            chosen.append((layer, head))
+            left[layer] -= 1
+    return sorted(chosen)
+
+
+def prune_checkpoint(checkpoint: dict, remove: list[tuple[int, int]]) -> dict:
+    """A new checkpoint dict (plain data) without the given heads: W_Q, W_K, W_V rows and W_O columns cut, the
+    network's layer_heads set. Training state (optimizer, loops, callbacks) is left out: it no longer fits."""
+    if "network" not in checkpoint["hyper_parameters"]:
+        raise ValueError("the checkpoint keeps its network settings in the flat layout of the first version; "
+                         "load and save it with this version of train.py first")
+    network = dict(checkpoint["hyper_parameters"]["network"])
+    n_layers, n_heads = network["n_layers"], network["n_heads"]
+    d_head = network.get("d_head") or network["d_model"] // n_heads
+    counts = list(network.get("layer_heads") or [n_heads] * n_layers)
+    for layer, head in remove:
+        if not (0 <= layer < n_layers and 0 <= head < counts[layer]):
+            raise ValueError(f"no head {head} in layer {layer} (layers 0..{n_layers - 1}, heads per layer {counts})")
+    kept = [[h for h in range(counts[layer]) if (layer, h) not in set(remove)] for layer in range(n_layers)]
+    if any(not heads for heads in kept):
+        raise ValueError("every layer must keep at least one head")
+    pattern = re.compile(r"(^|\.)blocks\.(\d+)\.attention\.(w_q|w_k|w_v|w_o)\.(weight|bias)$")
+    state = {}
+    for key, value in checkpoint["state_dict"].items():
+        match = pattern.search(key)
+        if match:
+            layer, name, kind = int(match.group(2)), match.group(3), match.group(4)
+            rows = torch.cat([torch.arange(h * d_head, (h + 1) * d_head) for h in kept[layer]])
+            if name != "w_o":
+                value = value[rows]  # (H·d, D) rows or (H·d,) bias
+            elif kind == "weight":
+                value = value[:, rows]  # (D, H·d) columns; W_O's bias is per output, unchanged
+            value = value.clone()
+        state[key] = value
+    network["layer_heads"] = [len(heads) for heads in kept]
+    pruned = [list(pair) for pair in sorted(remove)]
+    earlier = checkpoint.get("pruned_heads") or []
+    keep_keys = ("hyper_parameters", "TextDataModule", "datamodule_hyper_parameters", "hparams_name",
+                 "datamodule_hparams_name", "pytorch-lightning_version", "epoch", "global_step")
+    out = {key: checkpoint[key] for key in keep_keys if key in checkpoint}
+    out["hyper_parameters"] = dict(checkpoint["hyper_parameters"]) | {"network": network}
+    out["state_dict"] = state
+    # Which heads went, in the head numbering of the checkpoint this one was cut from (plain lists).
+    out["pruned_heads"] = earlier + [pruned]
+    return out

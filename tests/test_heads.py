@@ -1,0 +1,109 @@
+"""Head gates, importance, ablation and pruning (inference/heads.py, bench/prune_heads.py, NetworkConfig.layer_heads)."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import predict
+from bench import prune_heads
+from inference import TextClassifier
+from inference.classifier import read_checkpoint
+from inference.heads import accuracy, batches, head_importance, least_important, prune_checkpoint
+from model.config import ConfigError, NetworkConfig
+from test_explain import KINDS, save_checkpoint, tiny_classifier
+
+SYNTHETIC = {"dataset": "synthetic", "data_dir": None, "train_file": None, "val_file": None, "test_file": None,
+             "text_column": None, "label_column": None, "val_fraction": 0.1, "seed": 0}
+TEXTS = ["w1 alpha w2 beta w3", "beta w4 alpha", "w5 w6 w7 好", "alpha beta w8 w9 w10 w11"]
+
+
+def logits(model, texts, classifier):
+    (token_ids, mask, _), = batches(classifier, texts, [0] * len(texts), batch_size=len(texts))
+    with torch.no_grad():
+        return model(token_ids, mask).logits
+
+
+@pytest.mark.parametrize("attention", list(KINDS))
+def test_a_zero_gate_is_the_head_cut_out_of_w_o(attention):
+    classifier = tiny_classifier(attention)
+    model, layer = classifier.model, classifier.model.blocks[0].attention
+    before = logits(model, TEXTS, classifier)
+    layer.head_gate = torch.ones(2)
+    assert torch.allclose(logits(model, TEXTS, classifier), before, atol=1e-6)
+    layer.head_gate = torch.tensor([1.0, 0.0])
+    gated = logits(model, TEXTS, classifier)
+    layer.head_gate = None
+    with torch.no_grad():
+        layer.w_o.weight[:, layer.d_head :] = 0.0  # head 1's columns of W_O
+    assert torch.allclose(logits(model, TEXTS, classifier), gated, atol=1e-6)
+
+
+@pytest.mark.parametrize("attention", list(KINDS))
+def test_a_pruned_checkpoint_rebuilds_exactly_the_gated_network(attention, tmp_path):
+    classifier = tiny_classifier(attention)
+    path = save_checkpoint(classifier, tmp_path / "full.ckpt")
+    pruned = prune_checkpoint(read_checkpoint(path), [(0, 1), (1, 0)])
+    torch.save(pruned, tmp_path / "pruned.ckpt")
+    loaded = torch.load(tmp_path / "pruned.ckpt", weights_only=True)
+    assert loaded["hyper_parameters"]["network"]["layer_heads"] == [1, 1] and loaded["pruned_heads"] == [[[0, 1], [1, 0]]]
+    small = TextClassifier.from_checkpoint(tmp_path / "pruned.ckpt", device="cpu")
+    assert [b.attention.n_heads for b in small.model.blocks] == [1, 1]
+    assert small.model.blocks[0].attention.w_q.weight.shape == (8, 16)  # one head of size 8
+    blocks = classifier.model.blocks
+    blocks[0].attention.head_gate, blocks[1].attention.head_gate = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    assert torch.allclose(logits(small.model, TEXTS, small), logits(classifier.model, TEXTS, classifier), atol=1e-5)
+
+
+def test_importance_is_the_gradient_of_the_loss_with_respect_to_the_gate():
+    classifier = tiny_classifier()
+    data = batches(classifier, TEXTS, [0, 1, 0, 1], batch_size=4)
+    importance = head_importance(classifier.model, data)
+    layer, eps = classifier.model.blocks[1].attention, 1e-3
+    token_ids, mask, labels = data[0]
+    losses = []
+    for gate in (1 + eps, 1 - eps):
+        layer.head_gate = torch.tensor([gate, 1.0])
+        with torch.no_grad():
+            losses.append(float(F.cross_entropy(classifier.model(token_ids, mask).logits, labels)))
+    layer.head_gate = None
+    assert float(importance[1][0]) == pytest.approx(abs(losses[0] - losses[1]) / (2 * eps), rel=1e-2, abs=1e-6)
+    assert accuracy(classifier.model, data) == accuracy(classifier.model, data, removed=None)
+
+
+def test_least_important_keeps_a_head_per_layer_and_refuses_too_many():
+    importance = [torch.tensor([0.1, 0.2]), torch.tensor([0.01, 0.02])]
+    assert least_important(importance, 2) == [(0, 0), (1, 0)]  # (1, 1) is next, but layer 1 must keep a head
+    with pytest.raises(ValueError, match="cannot prune 3 heads: the model has 4 heads in 2 layers .* at most 2"):
+        least_important(importance, 3)
+
+
+def test_layer_heads_in_the_config():
+    assert NetworkConfig(n_layers=2, layer_heads=(2, 1)).layer_heads == [2, 1]
+    assert NetworkConfig(n_layers=2).heads_in_layer(1) == 4
+    for bad in ([1], [0, 1], [5, 1]):
+        with pytest.raises(ConfigError, match="layer_heads"):
+            NetworkConfig(n_layers=2, layer_heads=bad)
+    old = NetworkConfig(n_layers=2).to_dict()
+    del old["layer_heads"]  # a checkpoint written before pruning existed
+    assert NetworkConfig.from_dict(old).layer_heads is None
+
+
+def test_prune_heads_script_writes_a_checkpoint_predict_loads(tmp_path, capsys):
+    classifier = tiny_classifier()
+    classifier.label_names = ["0", "1"]  # the synthetic dataset's label names
+    ckpt = save_checkpoint(classifier, tmp_path / "full.ckpt", data=SYNTHETIC)
+    out = tmp_path / "pruned.ckpt"
+    assert prune_heads.main(["--ckpt", str(ckpt), "--importance-limit", "100", "--limit", "100",
+                             "--prune", "1", "--out", str(out)]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert len(result["heads"]) == 4 and [row["heads_kept"] for row in result["table"]] == [4, 3, 2]
+    assert sorted(result["pruned"]["layer_heads"]) == [1, 2]
+    assert predict.main(["--ckpt", str(out), "w1 alpha"]) == 0
+    assert json.loads(capsys.readouterr().out)["label"] in ("0", "1")
+    assert predict.main(["--ckpt", str(out), "--attention", "w1 alpha"]) == 2  # layers differ: one-line error
+    assert "different head counts" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="cannot prune 3 heads"):
+        prune_heads.main(["--ckpt", str(ckpt), "--importance-limit", "50", "--limit", "50", "--prune", "3",
+                          "--out", str(out), "--no-table"])
