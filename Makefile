@@ -14,7 +14,7 @@ ifneq ($(wildcard $(SHARED_DATA)),)
 export ATTENTION_DATA_ROOT ?= $(SHARED_DATA)
 endif
 
-.PHONY: setup test test-fast train tensorboard bench fonts clean
+.PHONY: setup test test-fast train tensorboard bench fonts browser clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ bench: setup
 # Without it heatmaps still work; Chinese labels show as boxes and the first heatmap logs one warning.
 fonts: setup
 	bash scripts/install_cjk_font.sh --install
+
+# Opt-in, needs root: Debian's chromium, so tests/test_report_browser.py opens the explanation page in a real
+# headless browser (playwright, from the dev extra, drives it; it downloads no browser). Without it the test skips.
+browser: setup
+	apt-get install -y chromium
 
 clean:
 	rm -rf $(VENV) lightning_logs .cache
