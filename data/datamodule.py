@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import os
+import math
 import random
 from pathlib import Path
 
@@ -17,10 +18,17 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from data.sources import DataError, Splits, load_splits, local_copy_dir
-from data.tokenizer import KINDS, PAD_ID, UNK_ID, cut, load_tokenizer, train_tokenizer
+from data.tokenizer import KINDS, PAD_ID, UNK_ID, cut, load_tokenizer, train_tokenizer, word_counts
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 3  # bump when tokenization changes (3: deterministic WordPiece vocabulary, texts cut first)
+CACHE_VERSION = 4  # bump when tokenization changes (4: adaptive max_length/vocab_size, ChnSentiCorp test split)
+
+# Adaptive sizes (data.max_length / data.vocab_size left unset), chosen from the training split alone:
+LENGTH_PERCENTILE = 100  # max_length covers the longest training text (batches are padded only to their longest
+MAX_LENGTH_CAP = 256     # text, so the tail is cheap; SST-2's validation sentences are longer than most training
+                         # phrases), but full attention costs L², so longer texts are cut here
+MIN_WORD_COUNT = 2      # vocabulary: the words seen at least this often (a word seen once teaches its embedding little)
+VOCAB_SIZE_CAP = 32000
 
 
 class EncodedSplit(Dataset):
@@ -101,9 +109,9 @@ class TextDataModule(L.LightningDataModule):
         text_column: str | None = None,
         label_column: str | None = None,
         val_fraction: float = 0.1,
-        max_length: int = 128,
+        max_length: int | None = None,
         batch_size: int = 64,
-        vocab_size: int = 8000,
+        vocab_size: int | None = None,
         tokenizer: str = "wordpiece",
         split_cjk: bool = True,
         split_punctuation: bool = True,
@@ -123,9 +131,13 @@ class TextDataModule(L.LightningDataModule):
             text_column: column holding the text (default: the dataset's, or "text" for own files).
             label_column: column holding the label, strings or integers (default: the dataset's, or "label").
             val_fraction: share of train held out for validation when there is no validation split (0 < f < 1).
-            max_length: longer texts are truncated to this many tokens.
+            max_length: longer texts are truncated to this many tokens. Unset: the longest training text in
+                tokens, rounded up to a multiple of 8, at most 256 (logged at start and
+                written into the run's config.yaml).
             batch_size: texts per batch; batches are bucketed by length and padded per batch.
             vocab_size: most tokens the tokenizer trained on the training split may have (fewer if the text has fewer).
+                Unset: the words (split as the tokenizer splits them) seen at least twice in the training split,
+                plus [PAD] and [UNK], at most 32,000 (logged, and written into config.yaml).
             tokenizer: "wordpiece" (sub-words, the default) or "word" (whole words).
             split_cjk: one token per Chinese/Japanese/Korean character (True), or learned multi-character pieces
                 (False, wordpiece only): CJK text has no spaces, so a run of characters is one "word" to split.
@@ -142,7 +154,7 @@ class TextDataModule(L.LightningDataModule):
             raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
         if tokenizer not in KINDS:
             raise DataError(f"tokenizer must be one of {', '.join(KINDS)}, got {tokenizer!r}")
-        if max_length < 1 or batch_size < 1 or vocab_size < 3:
+        if (max_length is not None and max_length < 1) or batch_size < 1 or (vocab_size is not None and vocab_size < 3):
             raise DataError(f"max_length, batch_size must be >= 1 and vocab_size >= 3, got {max_length}, {batch_size}, {vocab_size}")
         self.save_hyperparameters()
         self._state = None  # {"tokenizer": json, "label_names": [...], "splits": {name: EncodedSplit}}
@@ -154,6 +166,16 @@ class TextDataModule(L.LightningDataModule):
         return self.state["label_names"]
 
     @property
+    def max_length(self) -> int:
+        """data.max_length, or the one chosen from the training texts when it was left unset."""
+        return self.hparams.max_length or self.state["max_length"]
+
+    @property
+    def vocab_size(self) -> int:
+        """data.vocab_size, or the one chosen from the training texts when it was left unset."""
+        return self.hparams.vocab_size or self.state["vocab_size"]
+
+    @property
     def tokenizer(self):
         self.state  # noqa: B018  (built together with the data)
         return self._tokenizer
@@ -163,6 +185,8 @@ class TextDataModule(L.LightningDataModule):
         if self._state is None:
             self._state = self._load_or_build()
             self._tokenizer = load_tokenizer(self._state["tokenizer"])
+            for choice in self._state.get("choices", []):  # adaptive sizes, once per process (also from the cache)
+                log.info("%s", choice)
         return self._state
 
     def split(self, name: str) -> EncodedSplit:
@@ -232,9 +256,9 @@ class TextDataModule(L.LightningDataModule):
             val_fraction=hp.val_fraction, seed=hp.seed,
         )
 
-    def _encode(self, tokenizer, splits: Splits) -> dict:
+    def _encode(self, tokenizer, splits: Splits, max_length: int) -> dict:
         encoded = {
-            name: EncodedSplit.encode(tokenizer, texts, splits.labels[name], self.hparams.max_length)
+            name: EncodedSplit.encode(tokenizer, texts, splits.labels[name], max_length)
             for name, texts in splits.texts.items()
         }
         log.info(
@@ -246,11 +270,49 @@ class TextDataModule(L.LightningDataModule):
     def _build(self) -> dict:
         hp = self.hparams
         splits = self._read_splits()
-        tokenizer = train_tokenizer(
-            cut(splits.texts["train"], hp.max_length), vocab_size=hp.vocab_size, max_length=hp.max_length, kind=hp.tokenizer,
+        vocab_size, max_length, choices = hp.vocab_size, hp.max_length, []
+        if vocab_size is None:
+            vocab_size, choice = self._choose_vocab_size(splits)
+            choices.append(choice)
+        if max_length is None:
+            max_length, choice = self._choose_max_length(splits, vocab_size)
+            choices.append(choice)
+        # With the chosen sizes, exactly what a config that states them builds: a rerun from config.yaml is exact.
+        tokenizer = self._train_tokenizer(splits, vocab_size, max_length)
+        return {**self._encode(tokenizer, splits, max_length), "max_length": max_length, "vocab_size": vocab_size,
+                "choices": choices}
+
+    def _train_tokenizer(self, splits: Splits, vocab_size: int, max_length: int):
+        hp = self.hparams
+        return train_tokenizer(
+            cut(splits.texts["train"], max_length), vocab_size=vocab_size, max_length=max_length, kind=hp.tokenizer,
             split_cjk=hp.split_cjk, split_punctuation=hp.split_punctuation,
         )
-        return self._encode(tokenizer, splits)
+
+    def _choose_vocab_size(self, splits: Splits) -> tuple[int, str]:
+        counts = word_counts(cut(splits.texts["train"], MAX_LENGTH_CAP), split_cjk=self.hparams.split_cjk,
+                             split_punctuation=self.hparams.split_punctuation)
+        if not counts:
+            raise DataError(f"{splits.sources.get('train', 'train')}: every training text is empty after tokenization "
+                            "(no words): cannot choose vocab_size; check text_column")
+        frequent = sum(count >= MIN_WORD_COUNT for count in counts.values())
+        vocab_size = min(VOCAB_SIZE_CAP, max(frequent, 1) + 2)  # + [PAD], [UNK]
+        return vocab_size, (f"vocab_size {vocab_size}: the {frequent} of {len(counts)} distinct training words seen "
+                            f"at least {MIN_WORD_COUNT} times, + [PAD], [UNK] (at most {VOCAB_SIZE_CAP})")
+
+    def _choose_max_length(self, splits: Splits, vocab_size: int) -> tuple[int, str]:
+        probe = self._train_tokenizer(splits, vocab_size, MAX_LENGTH_CAP)
+        probe.no_truncation()
+        lengths = sorted(len(e.ids) for e in probe.encode_batch(cut(splits.texts["train"], MAX_LENGTH_CAP)))
+        if lengths[-1] == 0:
+            raise DataError(f"{splits.sources.get('train', 'train')}: every training text is empty after tokenization: "
+                            "cannot choose max_length; check text_column")
+        at_percentile = lengths[min(len(lengths) - 1, math.ceil(LENGTH_PERCENTILE / 100 * len(lengths)) - 1)]
+        max_length = min(MAX_LENGTH_CAP, 8 * math.ceil(max(at_percentile, 1) / 8))
+        longer = sum(length > max_length for length in lengths) / len(lengths)
+        which = "the longest training text" if LENGTH_PERCENTILE == 100 else f"{LENGTH_PERCENTILE}th percentile of training lengths"
+        return max_length, (f"max_length {max_length}: {which} ({at_percentile} tokens) rounded up to a multiple of 8, "
+                            f"at most {MAX_LENGTH_CAP}; {100 * longer:.1f}% of training texts are longer and get cut")
 
     def prepare_data(self):
         self.state  # noqa: B018  (builds the cache once, before the loaders need it)
@@ -283,7 +345,7 @@ class TextDataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict:
         """Saved in every checkpoint: what turns raw text into the model's input, and the label names."""
-        return {"tokenizer": self.state["tokenizer"], "label_names": self.label_names, "max_length": self.hparams.max_length}
+        return {"tokenizer": self.state["tokenizer"], "label_names": self.label_names, "max_length": self.max_length}
 
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint restored for fit (resume), validate, test or predict: the data must be encoded the way the
@@ -297,16 +359,17 @@ class TextDataModule(L.LightningDataModule):
                 f"the checkpoint's label names {state.get('label_names')} differ from these data's {self.label_names}; "
                 "use the data the checkpoint was trained on (its run's config.yaml)"
             )
-        if state.get("max_length") != self.hparams.max_length:
+        if state.get("max_length") != self.max_length:
             raise DataError(
                 f"the checkpoint's max_length {state.get('max_length')} differs from data.max_length "
-                f"{self.hparams.max_length}; use the checkpoint's (its run's config.yaml)"
+                f"{self.max_length}; use the checkpoint's (its run's config.yaml)"
             )
         if state.get("tokenizer") != self.state["tokenizer"]:
             log.info("the checkpoint's tokenizer differs from the one trained on these data: "
                      "encoding them with the checkpoint's")
             tokenizer = load_tokenizer(state["tokenizer"])
-            self._state = self._encode(tokenizer, self._read_splits())
+            sizes = {key: self._state[key] for key in ("max_length", "vocab_size")}
+            self._state = {**self._encode(tokenizer, self._read_splits(), self.max_length), **sizes}
             self._tokenizer = tokenizer
 
 

@@ -41,8 +41,7 @@ def train_tokenizer(
         tokenizer = Tokenizer(models.WordLevel(unk_token=UNK))
     else:
         raise ValueError(f"tokenizer kind must be one of {KINDS}, got {kind!r}")
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True, handle_chinese_chars=split_cjk, strip_accents=False)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer() if split_punctuation else pre_tokenizers.WhitespaceSplit()
+    set_word_splitting(tokenizer, split_cjk=split_cjk, split_punctuation=split_punctuation)
     if kind == "wordpiece":
         tokenizer.train_from_iterator(texts, wordpiece_trainer(tokenizer, texts, vocab_size))
         tokenizer = without_added_tokens(tokenizer, keep=(PAD, UNK))
@@ -53,6 +52,28 @@ def train_tokenizer(
         raise DataError(f"vocab_size {vocab_size}: the trained tokenizer has {tokenizer.get_vocab_size()} tokens")
     tokenizer.enable_truncation(max_length)
     return tokenizer
+
+
+def set_word_splitting(tokenizer: Tokenizer, *, split_cjk: bool, split_punctuation: bool) -> Tokenizer:
+    """How text becomes words before any vocabulary: lower-cased BERT normalizing, then a split at whitespace (and
+    punctuation)."""
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True, handle_chinese_chars=split_cjk, strip_accents=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer() if split_punctuation else pre_tokenizers.WhitespaceSplit()
+    return tokenizer
+
+
+def word_counts(texts: list[str], *, split_cjk: bool = True, split_punctuation: bool = True) -> Counter:
+    """How often each word occurs, split as train_tokenizer splits text into words (before word pieces)."""
+    splitter = set_word_splitting(Tokenizer(models.WordLevel(unk_token=UNK)), split_cjk=split_cjk,
+                                  split_punctuation=split_punctuation)
+    chunks = Counter()
+    for text in texts:
+        chunks.update(splitter.normalizer.normalize_str(text).split())
+    words = Counter()
+    for chunk, count in chunks.items():  # each distinct whitespace chunk is split once (see character_counts)
+        for word, _ in splitter.pre_tokenizer.pre_tokenize_str(chunk):
+            words[word] += count
+    return words
 
 
 def wordpiece_trainer(tokenizer: Tokenizer, texts: list[str], vocab_size: int) -> trainers.WordPieceTrainer:

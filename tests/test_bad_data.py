@@ -181,7 +181,7 @@ def test_a_checkpoint_with_another_tokenizer_has_the_data_encoded_with_it(tmp_pa
 
 
 def test_a_checkpoint_with_other_label_names_or_max_length_is_refused(tmp_path):
-    data = datamodule(tmp_path)
+    data = datamodule(tmp_path, max_length=128)
     with pytest.raises(DataError) as error:
         data.load_state_dict({**data.state_dict(), "label_names": ["negative", "positive"]})
     assert one_line(error).startswith(
