@@ -36,6 +36,7 @@ EPILOG = """\
 examples:
   python predict.py --ckpt lightning_logs/version_0/checkpoints/last.ckpt "a charming and affecting journey"
   python predict.py --ckpt last.ckpt --file reviews.txt > predictions.jsonl
+  python predict.py --ckpt runs/seed0 --ckpt runs/seed1 --ckpt runs/seed2 "not bad"   # ensemble of best checkpoints
   cut -f1 data/sst2/validation.tsv | python predict.py --ckpt last.ckpt --file - --top-k 1
   python predict.py --ckpt last.ckpt --attention "alpha w3 beta" | python -m json.tool
   python predict.py --ckpt last.ckpt --attention-png heatmaps/ --file reviews.txt   # heatmaps/0000.png, ...
@@ -48,8 +49,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         prog="predict.py", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("texts", nargs="*", metavar="TEXT", help="texts to classify (or use --file)")
-    parser.add_argument("--ckpt", required=True, metavar="PATH",
-                        help="checkpoint written by train.py, e.g. lightning_logs/version_0/checkpoints/last.ckpt")
+    parser.add_argument("--ckpt", required=True, metavar="PATH", action="append",
+                        help="checkpoint written by train.py, e.g. lightning_logs/version_0/checkpoints/last.ckpt, or "
+                             "a run folder (lightning_logs/version_0: its best checkpoint); given several times, "
+                             "an ensemble: their probabilities averaged")
     parser.add_argument("--file", metavar="F", help="read one text per line from F; '-' reads standard input")
     parser.add_argument("--top-k", type=positive_int, metavar="K",
                         help="keep only the K most likely labels in probabilities, most likely first (default: all, "
@@ -85,6 +88,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--all-heads goes with --attention")
     if args.html and not args.explain:
         parser.error("--html goes with --explain")
+    if len(args.ckpt) > 1 and (args.attention or args.attention_png or args.explain):
+        parser.error("attention belongs to one network: --attention, --attention-png and --explain take one --ckpt")
     return args
 
 
@@ -167,8 +172,13 @@ def run(args) -> int:
     # Imported here, not at the top, so --help and argument errors answer without loading torch.
     from inference import TextClassifier
 
+    from inference.ensemble import Ensemble, resolve_checkpoint
+
     texts = read_inputs(args)
-    classifier = TextClassifier.from_checkpoint(args.ckpt, device=args.device)
+    if len(args.ckpt) == 1:
+        classifier = TextClassifier.from_checkpoint(resolve_checkpoint(args.ckpt[0]), device=args.device)
+    else:
+        classifier = Ensemble.from_checkpoints(args.ckpt, device=args.device)
     if args.explain:
         return run_explain(args, classifier, texts)
     png_dir = Path(args.attention_png) if args.attention_png else None

@@ -1,0 +1,69 @@
+"""Several checkpoints as one classifier: their class probabilities averaged, each text encoded by each checkpoint's
+own tokenizer (they may differ in anything but their label names).
+
+    from inference.ensemble import Ensemble
+    ensemble = Ensemble.from_checkpoints(["run0/checkpoints/best.ckpt", "lightning_logs/version_1"])
+    ensemble.predict(["a charming and affecting journey"])[0].label
+
+A run folder (lightning_logs/version_N, or its checkpoints/) stands for its best checkpoint (resolve_checkpoint).
+"""
+
+from pathlib import Path
+
+from inference.classifier import CheckpointError, Prediction, TextClassifier
+
+
+def resolve_checkpoint(path) -> Path:
+    """A checkpoint file as it is; a run folder or its checkpoints/ folder: the best-*.ckpt train.py kept there
+    (the newest, if a resumed run left several), else last.ckpt."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    best = sorted(folder.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
+    if best:
+        return best[-1]
+    if (folder / "last.ckpt").is_file():
+        return folder / "last.ckpt"
+    raise CheckpointError(f"{path}: a folder without best-*.ckpt or last.ckpt (give a checkpoint file or a run folder)")
+
+
+class Ensemble:
+    """The average of several TextClassifiers' probabilities; predict() as TextClassifier's, without attention."""
+
+    def __init__(self, members: list[TextClassifier]):
+        if not members:
+            raise ValueError("an ensemble needs at least one checkpoint")
+        self.members = members
+        self.label_names = members[0].label_names
+        self.max_length = min(member.max_length for member in members)  # for notes on truncated texts
+
+    @classmethod
+    def from_checkpoints(cls, paths, device="auto") -> "Ensemble":
+        members = []
+        for path in paths:
+            member = TextClassifier.from_checkpoint(resolve_checkpoint(path), device=device)
+            if members and member.label_names != members[0].label_names:
+                raise CheckpointError(f"{path}: labels {member.label_names} differ from {paths[0]}'s "
+                                      f"{members[0].label_names}; an ensemble averages the same classes")
+            members.append(member)
+        return cls(members)
+
+    def predict(self, texts: list[str], attention: bool = False, top_k: int | None = None,
+                batch_size: int = 256) -> list[Prediction]:
+        if attention:
+            raise ValueError("attention belongs to one network: ask a single checkpoint, not an ensemble")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        per_member = [member.predict(texts, batch_size=batch_size) for member in self.members]
+        predictions = []
+        for i, text in enumerate(texts):
+            average = {name: sum(p[i].probabilities[name] for p in per_member) / len(per_member)
+                       for name in self.label_names}
+            label = max(self.label_names, key=average.__getitem__)  # ties: the first label, as argmax
+            if top_k is not None:
+                average = dict(sorted(average.items(), key=lambda pair: pair[1], reverse=True)[:top_k])
+            cut_from = [p[i].truncated_from for p in per_member if p[i].truncated_from is not None]
+            predictions.append(Prediction(text=text, label=label, probabilities=average,
+                                          truncated_from=max(cut_from) if cut_from else None))
+        return predictions
