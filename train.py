@@ -4,15 +4,20 @@
     python train.py fit --config configs/sst2.yaml --ckpt_path last      # resume an interrupted run
     python train.py validate --config configs/sst2.yaml --ckpt_path lightning_logs/version_0/checkpoints/last.ckpt
 
-`python train.py fit --help` lists every option (data.*, model.*, trainer.*).
+`python train.py fit --help` lists every option (data.*, model.*, trainer.*, early_stopping.*).
+
+Left unset, the sizes the data decide (data.max_length, data.vocab_size) and the training length
+(trainer.max_epochs) are chosen at start, logged once, and written into the run's config.yaml, so a rerun from
+that file is exact. Early stopping on val/acc and the attention monitor are on by default.
 """
 
 import logging
+import math
 import sys
 from pathlib import Path
 
 import torch
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -22,14 +27,28 @@ from model.config import ConfigError
 from training.checkpoints import check_checkpoint, check_readable
 from training.module import ClassifierModule, NonFiniteLossError
 
+log = logging.getLogger("train")
+
+# Training length when trainer.max_epochs and trainer.max_steps are unset: at least MIN_EPOCHS passes over the data
+# and at least MIN_STEPS optimizer steps (a small dataset gets more epochs: 10k news texts need ~20 epochs, not 5),
+# at most MAX_EPOCHS. Early stopping ends it sooner once validation accuracy stops improving.
+MIN_EPOCHS, MIN_STEPS, MAX_EPOCHS = 5, 2000, 40
+
 
 class CLI(LightningCLI):
     def add_arguments_to_parser(self, parser):
-        # Sizes the data decides travel to the model; the user never types them twice.
-        parser.link_arguments("data.max_length", "model.network.max_length")
-        parser.link_arguments("data.vocab_size", "model.network.vocab_size")  # the tokenizer never exceeds it
+        # Sizes the data decides travel to the model; the user never types them twice. Read from the DataModule
+        # once it exists, since left unset they are chosen from the training texts.
+        parser.link_arguments("data.max_length", "model.network.max_length", apply_on="instantiate")
+        parser.link_arguments("data.vocab_size", "model.network.vocab_size", apply_on="instantiate")  # tokenizer ≤ it
         parser.link_arguments("data.label_names", "model.label_names", apply_on="instantiate")
         parser.link_arguments("data.label_names", "model.network.num_classes", compute_fn=len, apply_on="instantiate")
+        # Stop when validation accuracy has not improved for `patience` epochs; the best checkpoint is kept.
+        parser.add_lightning_class_args(EarlyStopping, "early_stopping")
+        parser.set_defaults({"early_stopping.monitor": "val/acc", "early_stopping.mode": "max",
+                             "early_stopping.patience": 5})
+        # On unless a config lists its own callbacks (the shipped ones list it too).
+        parser.set_defaults({"trainer.callbacks": [{"class_path": "monitor.AttentionMonitor"}]})
 
     def parse_arguments(self, parser, args):
         super().parse_arguments(parser, args)
@@ -40,7 +59,7 @@ class CLI(LightningCLI):
             check_readable(self.config[subcommand].get("ckpt_path"))
 
     def before_instantiate_classes(self):
-        config = self.config.get(self.subcommand, {})
+        config = self.config[self.subcommand] if self.subcommand else self.config
         logger = config["trainer"]["logger"]
         logger_args = logger["init_args"] if isinstance(logger, dict) or hasattr(logger, "init_args") else None
         # --trainer.default_root_dir DIR holds everything, as Lightning users expect: the logger's default "." is
@@ -55,6 +74,27 @@ class CLI(LightningCLI):
             if resumable:
                 logger_args["version"] = resumable[-1].parent.parent.name
 
+
+    def instantiate_trainer(self, **kwargs):
+        # The data are read by now (the links above built them). What was chosen from them goes into the config
+        # that SaveConfigCallback writes as config.yaml, as concrete numbers.
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        config["data"]["max_length"] = self.datamodule.max_length
+        config["data"]["vocab_size"] = self.datamodule.vocab_size
+        trainer = config["trainer"]
+        if self.subcommand in ("fit", None) and trainer.get("max_epochs") is None and trainer.get("max_steps") in (None, -1):
+            trainer["max_epochs"] = kwargs["max_epochs"] = self.training_epochs(config)
+        return super().instantiate_trainer(**kwargs)
+
+    def training_epochs(self, config) -> int:
+        data = self.datamodule
+        batches = math.ceil(len(data.split("train")) / data.hparams.batch_size)
+        steps = max(1, batches // (config["trainer"].get("accumulate_grad_batches") or 1))  # per epoch, one process
+        epochs = min(MAX_EPOCHS, max(MIN_EPOCHS, math.ceil(MIN_STEPS / steps)))
+        log.info("max_epochs %d: at least %d epochs and %d optimizer steps (%d per epoch), at most %d epochs; early "
+                 "stopping after %d epochs without a better val/acc", epochs, MIN_EPOCHS, MIN_STEPS, steps, MAX_EPOCHS,
+                 config["early_stopping"]["patience"])
+        return epochs
 
     def before_fit(self):
         # Before anything is written (config.yaml included): the checkpoint must be safe to read and fit this
@@ -82,7 +122,7 @@ def main(args=None):
                  "(logs and checkpoints) or --data.cache_dir")
 
 
-def cli(args=None):
+def cli(args=None, run=True):
     return CLI(
         ClassifierModule,
         TextDataModule,
@@ -104,6 +144,7 @@ def cli(args=None):
             ],
         },
         args=args,
+        run=run,
     )
 
 

@@ -1,0 +1,178 @@
+"""Sizes and training length chosen from the data, written into config.yaml; early stopping; the fixed test split;
+ensembles of checkpoints."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import train
+from data import DataError, TextDataModule
+from data.datamodule import MAX_LENGTH_CAP
+from data.sources import load_splits
+from inference import TextClassifier
+from inference.ensemble import Ensemble, resolve_checkpoint
+from monitor import AttentionMonitor
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+
+
+def write_csv(path: Path, rows) -> Path:
+    lines = ["text,label"] + [f'"{text}",{label}' for text, label in rows]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_vocab_size_is_the_words_seen_twice_and_max_length_the_longest_text_rounded_to_8(tmp_path):
+    # Words: "good" ×6, "bad" ×6, "film" ×4, "plot" ×2 seen twice or more; "rare1".."rare3" once.
+    rows = [("good film", 1), ("good film", 1), ("good plot", 1), ("bad film", 0), ("bad film", 0), ("bad plot", 0),
+            ("good good good rare1 rare2 rare3 bad bad bad x", 1), ("x", 0)] * 1
+    data = TextDataModule(train_file=str(write_csv(tmp_path / "train.csv", rows)),
+                          val_file=str(write_csv(tmp_path / "val.csv", [("good", 1), ("bad", 0)])),
+                          tokenizer="word", cache_dir=str(tmp_path / "cache"))
+    assert data.vocab_size == 5 + 2  # good, bad, film, plot, x + [PAD], [UNK]
+    assert data.tokenizer.get_vocab_size() == 7
+    assert data.max_length == 16  # the longest training text has 10 words: rounded up to a multiple of 8
+    assert data.hparams.max_length is None and data.hparams.vocab_size is None  # chosen, not configured
+
+
+def test_max_length_is_capped(tmp_path):
+    long = " ".join(f"w{i % 7}" for i in range(2 * MAX_LENGTH_CAP))
+    rows = [(long, 1), ("w1 w2", 0), ("w3", 1), ("w4 w5", 0)]
+    data = TextDataModule(train_file=str(write_csv(tmp_path / "train.csv", rows)),
+                          val_file=str(write_csv(tmp_path / "val.csv", [("w1", 1), ("w2", 0)])),
+                          tokenizer="word", cache_dir=str(tmp_path / "cache"))
+    assert data.max_length == MAX_LENGTH_CAP
+    assert max(data.split("train").lengths) == MAX_LENGTH_CAP
+
+
+def test_chosen_sizes_encode_exactly_as_the_same_sizes_given(tmp_path):
+    rows = [(f"w{i % 13} w{i % 5} w{i % 3} w{i % 11} {'w7 ' * (i % 9)}", i % 2) for i in range(60)]
+    path = write_csv(tmp_path / "train.csv", rows)
+    chosen = TextDataModule(train_file=str(path), cache_dir=str(tmp_path / "a"))
+    given = TextDataModule(train_file=str(path), max_length=chosen.max_length, vocab_size=chosen.vocab_size,
+                           cache_dir=str(tmp_path / "b"))
+    assert chosen.state["tokenizer"] == given.state["tokenizer"]
+    for split in ("train", "validation"):
+        assert torch.equal(chosen.split(split).ids, given.split(split).ids)
+
+
+@pytest.mark.parametrize("rows, val_rows, message", [
+    ([("\x07", 0), ("\x07\x07", 1)] * 3, [("\x07", 0), ("\x07", 1)], "train.csv: every training text is empty after tokenization"),
+    ([("a b", 0), ("c d", 1), ("e f", 2)] * 3, [("a", 0), ("c", 1)], "val.csv: 2 validation text(s) for 3 classes"),
+])
+def test_a_choice_that_cannot_be_made_is_a_one_line_error_naming_the_file(tmp_path, rows, val_rows, message):
+    data = TextDataModule(train_file=str(write_csv(tmp_path / "train.csv", rows)),
+                          val_file=str(write_csv(tmp_path / "val.csv", val_rows)), cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(DataError) as error:
+        data.state  # noqa: B018
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_single_file_registered_dataset_has_a_fixed_stratified_test_split(tmp_path):
+    rows = [(f"positive review {i}", 1) for i in range(60)] + [(f"negative review {i}", 0) for i in range(40)]
+    folder = tmp_path / "chnsenticorp_htl"
+    folder.mkdir()
+    (folder / "all.csv").write_text("label,review\n" + "".join(f"{label},{text}\n" for text, label in rows))
+
+    def splits(seed, val_fraction=0.1):
+        return load_splits(dataset="chnsenticorp_htl", data_dir=str(folder), train_file=None, val_file=None,
+                           test_file=None, text_column=None, label_column=None, val_fraction=val_fraction, seed=seed)
+
+    first, other_seed, other_fraction = splits(0), splits(1), splits(0, 0.2)
+    assert sorted(first.labels["test"]) == [0] * 4 + [1] * 6  # 10% of each class
+    assert first.texts["test"] == other_seed.texts["test"] == other_fraction.texts["test"]  # fixed
+    assert first.texts["validation"] != other_seed.texts["validation"]  # validation follows data.seed
+    assert not set(first.texts["test"]) & (set(first.texts["train"]) | set(first.texts["validation"]))
+    assert len(first.texts["train"]) + len(first.texts["validation"]) + len(first.texts["test"]) == 100
+
+
+def test_training_length_with_no_max_epochs_gives_small_data_enough_steps(tmp_path):
+    # Synthetic: 3,600 training texts, batch 64 → 57 steps per epoch → ceil(2000 / 57) = 36 epochs.
+    cli = train.cli(["--config", SMOKE, "--data.cache_dir", str(tmp_path), "--trainer.max_epochs", "null"], run=False)
+    assert cli.trainer.max_epochs == 36 == cli.config["trainer"]["max_epochs"]
+    cli = train.cli(["--config", SMOKE, "--data.cache_dir", str(tmp_path), "--trainer.max_epochs", "null",
+                     "--data.batch_size", "8"], run=False)
+    assert cli.trainer.max_epochs == train.MIN_EPOCHS  # 450 steps per epoch: the epoch minimum
+    cli = train.cli(["--config", SMOKE, "--data.cache_dir", str(tmp_path)], run=False)
+    assert cli.trainer.max_epochs == 10  # set by the config: kept
+
+
+def test_early_stopping_and_the_attention_monitor_are_on_by_default(tmp_path):
+    cli = train.cli(["--data.dataset", "synthetic", "--data.cache_dir", str(tmp_path)], run=False)
+    monitors = [c for c in cli.trainer.callbacks if isinstance(c, AttentionMonitor)]
+    stoppers = [c for c in cli.trainer.callbacks if type(c).__name__ == "EarlyStopping"]
+    assert len(monitors) == 1 and len(stoppers) == 1 and stoppers[0].monitor == "val/acc"
+    cli = train.cli(["--config", SMOKE, "--data.cache_dir", str(tmp_path)], run=False)  # lists the monitor itself
+    assert sum(isinstance(c, AttentionMonitor) for c in cli.trainer.callbacks) == 1
+
+
+def test_early_stopping_ends_a_run_that_stopped_improving(tmp_path):
+    cli = train.main(["fit", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"), *QUIET,
+                      "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.callbacks", "[]",
+                      "--model.lr", "0", "--early_stopping.patience", "1", "--trainer.limit_train_batches", "2"])
+    # lr 0: validation accuracy never changes; epoch 0 sets the best, epoch 1 does not beat it, so it stops.
+    assert cli.trainer.current_epoch == 2 and cli.trainer.max_epochs == 10
+
+
+@pytest.fixture(scope="module")
+def chosen_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("chosen")
+    cli = train.main(["fit", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"), *QUIET,
+                      "--trainer.logger.init_args.save_dir", str(tmp_path), "--data.max_length", "null",
+                      "--data.vocab_size", "null", "--trainer.max_epochs", "2"])
+    return tmp_path / "lightning_logs" / "version_0", cli
+
+
+def test_config_yaml_holds_the_chosen_sizes_and_the_model_was_built_with_them(chosen_run):
+    run, cli = chosen_run
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["data"]["max_length"] == cli.datamodule.max_length == cli.model.network.max_length == 56
+    assert saved["data"]["vocab_size"] == cli.datamodule.vocab_size == cli.model.network.vocab_size == 34
+    assert saved["early_stopping"]["monitor"] == "val/acc"
+
+
+def test_rerun_from_config_yaml_scores_the_best_checkpoint_as_training_did(chosen_run, tmp_path):
+    run, cli = chosen_run
+    best = resolve_checkpoint(run)
+    assert best.name.startswith("best-")
+    logged = torch.load(best, weights_only=True)["callbacks"]
+    score = next(float(s["best_model_score"]) for k, s in logged.items() if "ModelCheckpoint" in k)
+    again = train.main(["validate", "--config", str(run / "config.yaml"), "--ckpt_path", str(best), *QUIET,
+                        "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path)])
+    assert float(again.trainer.callback_metrics["val/acc"]) == pytest.approx(score, abs=1e-6)
+
+
+def test_ensemble_averages_the_probabilities_of_its_checkpoints(chosen_run):
+    run, _ = chosen_run
+    paths = [resolve_checkpoint(run), run / "checkpoints" / "last.ckpt"]
+    texts = ["alpha w3 beta w7", "beta w1 w2 alpha w9 w4", "w1 beta w2 w3 alpha"]
+    single = [TextClassifier.from_checkpoint(p, device="cpu").predict(texts) for p in paths]
+    averaged = Ensemble.from_checkpoints(paths, device="cpu").predict(texts)
+    for i, prediction in enumerate(averaged):
+        for name, p in prediction.probabilities.items():
+            assert p == pytest.approx((single[0][i].probabilities[name] + single[1][i].probabilities[name]) / 2)
+        assert prediction.label == max(prediction.probabilities, key=prediction.probabilities.get)
+    assert math.isclose(sum(averaged[0].probabilities.values()), 1.0, rel_tol=1e-6)
+
+
+def test_predict_py_takes_several_checkpoints_and_run_folders(chosen_run):
+    run, _ = chosen_run
+    last = run / "checkpoints" / "last.ckpt"
+    result = subprocess.run([sys.executable, str(ROOT / "predict.py"), "--ckpt", str(run), "--ckpt", str(last),
+                             "alpha w3 beta"], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    expected = Ensemble.from_checkpoints([run, last], device="cpu").predict(["alpha w3 beta"])[0]
+    out = json.loads(result.stdout)
+    assert out["label"] == expected.label
+    assert out["probabilities"] == pytest.approx(expected.probabilities, abs=1e-6)
+    refused = subprocess.run([sys.executable, str(ROOT / "predict.py"), "--ckpt", str(run), "--ckpt", str(last),
+                              "--attention", "alpha"], capture_output=True, text=True, cwd=ROOT)
+    assert refused.returncode == 2 and "take one --ckpt" in refused.stderr
