@@ -99,30 +99,36 @@ class LocalSelfAttention(LongAttention):
     def attend(self, q, k, v, padding, need_weights: bool = False):
         """q, k, v (B, H, L, d); padding (B, L) bool or None. Returns (out (B, H, L, d), LongAttentionWeights or None)."""
         L = q.shape[2]
-        scores, blocked = self.band_scores(q, k, padding)  # (B, H, n, w, C·w), (B or 1, 1, n, w, C·w)
-        weights = masked_softmax(scores, blocked)  # (B, H, n, w, C·w), each row sums to 1
-        out = self.dropout(weights) @ self.neighbours(self.blocks(v))  # (B, H, n, w, d)
-        empty = empty_rows(blocked)  # a padded query whose whole window is padding
-        if empty is not None:
-            out, weights = out.masked_fill(empty, 0.0), weights.masked_fill(empty, 0.0)
+        keys, values = self.neighbours(self.blocks(k)), self.neighbours(self.blocks(v))  # each (B, H, n, C·w, d)
+        blocked = self.band_mask(L, padding, q.device)  # (B or 1, 1, n, w, C·w)
+        out, weights, scores = self.attend_blocks(q, keys, values, blocked)  # (B, H, n, w, d), 2 × (B, H, n, w, C·w)
         out = out.flatten(2, 3)[:, :, :L]  # (B, H, L, d)
         if not need_weights:
             return out, None
         band = [self.to_band(t, L) for t in (weights, scores, blocked)]  # each (B or 1, H or 1, L, band_width)
         return out, LongAttentionWeights(*band, self.key_positions(L, q.device))
 
-    def band_scores(self, q, k, padding):
-        """Scores of each block of w queries against its neighbouring blocks of keys, and the places outside the
-        window, past the text's end or at padding: (B, H, n, w, C·w) and (B or 1, 1, n, w, C·w)."""
-        L, w = q.shape[2], self.window
-        scores = (self.blocks(q) @ self.neighbours(self.blocks(k)).transpose(-2, -1)) * self.scale  # (B, H, n, w, C·w)
+    def attend_blocks(self, q, keys, values, blocked):
+        """The formula, block by block: each block of w queries against its own K keys. q (B, H, L, d); keys, values
+        (B, H, n, K, d); blocked (B or 1, 1, n, w, K). Returns out (B, H, n, w, d), weights and scores (B, H, n, w, K)."""
+        scores = (self.blocks(q) @ keys.transpose(-2, -1)) * self.scale  # (B, H, n, w, K)
+        weights = masked_softmax(scores, blocked)  # (B, H, n, w, K), each row sums to 1
+        out = self.dropout(weights) @ values  # (B, H, n, w, d)
+        empty = empty_rows(blocked)  # e.g. a padded query whose whole window is padding
+        if empty is not None:
+            out, weights = out.masked_fill(empty, 0.0), weights.masked_fill(empty, 0.0)
+        return out, weights, scores
+
+    def band_mask(self, L: int, padding, device) -> torch.Tensor:
+        """(B or 1, 1, n, w, C·w) bool: True where a block's key slot is outside a query's window, past the text's
+        end, or padding."""
+        w = self.window
         # Offset of key slot s from query r inside a block row: key (b − 1)·w + s, query b·w + r → s − r − w.
-        offset = torch.arange(scores.shape[-1], device=q.device) - torch.arange(w, device=q.device)[:, None] - w
+        offset = torch.arange((3 - self.causal) * w, device=device) - torch.arange(w, device=device)[:, None] - w
         outside = (offset > 0) | (offset < -w) if self.causal else offset.abs() > w  # (w, C·w)
-        missing = torch.arange(L, device=q.device) >= L  # (L,) all False: the text itself
-        missing = missing[None] if padding is None else padding  # (B or 1, L): keys that are not there
+        missing = torch.zeros(1, L, dtype=torch.bool, device=device) if padding is None else padding  # (B or 1, L)
         missing = self.neighbours(self.blocks(missing[:, None, :, None], fill=True))  # (B or 1, 1, n, C·w, 1)
-        return scores, outside | missing.transpose(-2, -1)  # (B or 1, 1, n, w, C·w)
+        return outside | missing.transpose(-2, -1)  # (B or 1, 1, n, w, C·w)
 
     def blocks(self, t: torch.Tensor, fill=0) -> torch.Tensor:
         """(B, H, L, d) → (B, H, n, w, d), the last block filled up with `fill` rows."""
@@ -141,7 +147,7 @@ class LocalSelfAttention(LongAttention):
 
     def to_band(self, t: torch.Tensor, L: int) -> torch.Tensor:
         """Block layout (…, n, w, C·w) → band layout (…, L, band_width): query r of a block finds key i − w + o at
-        slot r + o (see band_scores)."""
+        slot r + o (see band_mask)."""
         w, width = self.window, self.band_width
         slots = torch.arange(w, device=t.device)[:, None] + torch.arange(width, device=t.device)  # (w, band_width)
         band = t.gather(-1, slots.expand(*t.shape[:-1], width))  # (…, n, w, band_width)
@@ -167,25 +173,20 @@ class SparseSelfAttention(LocalSelfAttention):
 
     def attend(self, q, k, v, padding, need_weights: bool = False):
         """q, k, v (B, H, L, d); padding (B, L) bool or None. Returns (out (B, H, L, d), LongAttentionWeights or None)."""
-        B, H, L, d = q.shape
+        L = q.shape[2]
         g = min(self.global_tokens, L)
-        band, band_blocked = self.band_scores(q, k, padding)  # (B, H, n, w, C·w), (B or 1, 1, n, w, C·w)
-        n, w = band.shape[2], self.window
-        # A global key inside a query's window has its own column: blocked in the band, so it is not counted twice.
-        band_key = (torch.arange(n, device=q.device)[:, None] - 1) * w + torch.arange(band.shape[-1], device=q.device)
-        band_blocked = band_blocked | (band_key < g)[:, None, :]  # (B or 1, 1, n, w, C·w)
-        global_keys = (self.blocks(q) @ k[:, :, None, :g].transpose(-2, -1)) * self.scale  # (B, H, n, w, g)
+        n, w = -(-L // self.window), self.window
+        # Each block's keys: the g global keys, then its neighbouring blocks as in local attention.
+        keys = torch.cat([k[:, :, None, :g].expand(-1, -1, n, -1, -1), self.neighbours(self.blocks(k))], dim=3)
+        values = torch.cat([v[:, :, None, :g].expand(-1, -1, n, -1, -1), self.neighbours(self.blocks(v))], dim=3)
+        # (B, H, n, g + C·w, d) each. A global key inside a query's window has its own column: blocked in the band.
+        band_key = (torch.arange(n, device=q.device)[:, None] - 1) * w + torch.arange(keys.shape[3] - g, device=q.device)
+        band_blocked = self.band_mask(L, padding, q.device) | (band_key < g)[:, None, :]  # (B or 1, 1, n, w, C·w)
         global_blocked = self.blocks(self.global_mask(padding, n * w, g, q.device))  # (B or 1, 1, n, w, g)
-        scores = torch.cat([global_keys, band], dim=-1)  # (B, H, n, w, g + C·w)
         batch = max(global_blocked.shape[0], band_blocked.shape[0])
         blocked = torch.cat([global_blocked.expand(batch, -1, -1, -1, -1), band_blocked.expand(batch, -1, -1, -1, -1)],
                             dim=-1)  # (B or 1, 1, n, w, g + C·w)
-        weights = masked_softmax(scores, blocked)  # (B, H, n, w, g + C·w), each row sums to 1
-        dropped = self.dropout(weights)
-        out = dropped[..., :g] @ v[:, :, None, :g] + dropped[..., g:] @ self.neighbours(self.blocks(v))  # (B, H, n, w, d)
-        empty = empty_rows(blocked)
-        if empty is not None:
-            out, weights = out.masked_fill(empty, 0.0), weights.masked_fill(empty, 0.0)
+        out, weights, scores = self.attend_blocks(q, keys, values, blocked)  # (B, H, n, w, d), 2 × (B, H, n, w, g + C·w)
 
         # The global queries: g rows of full attention over all L keys, O(g·L).
         rows_scores = (q[:, :, :g] @ k.transpose(-2, -1)) * self.scale  # (B, H, g, L)

@@ -2,7 +2,8 @@
 
 At the end of every validation epoch (never during the sanity check, whose model has not trained):
     attention/probe_<i>                         a layers × heads heatmap of fixed probe texts (image)
-    attention_health/<figure>/layer<l>_head<h>  entropy, max_weight, score_std over the validation set (scalars)
+    attention_health/<figure>/layer<l>_head<h>  entropy, max_weight, score_std over the validation set (scalars),
+                                                read from a fixed sample of up to `health_rows` rows per batch
     attention_health/weights/layer<l>           a uniform sample of the attention weights (histogram)
     attention_health/verdicts                   the verdict table, markdown (text)
 and one `logging` warning per head whose verdict is not "ok", naming the figure, the likely cause and what to try.
