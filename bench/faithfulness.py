@@ -105,16 +105,22 @@ def main(argv=None) -> int:
     if not texts:
         raise SystemExit("error: no (non-empty) texts to explain")
     ids, _, _ = classifier.encode(texts)
-    start = time.perf_counter()
-    results = [explain_ids(classifier.model, text_ids, ig_steps=args.ig_steps, seed=i) for i, text_ids in enumerate(ids)]
-    seconds = time.perf_counter() - start
+    results, times = [], []
+    for i, text_ids in enumerate(ids):
+        start = time.perf_counter()
+        results.append(explain_ids(classifier.model, text_ids, ig_steps=args.ig_steps, seed=i))
+        times.append(time.perf_counter() - start)
+    seconds = sum(times)
     summary = summarise(results) | {"texts": len(texts), "seconds": round(seconds, 2),
-                                    "ms_per_text": round(1000 * seconds / len(texts), 1), "ig_steps": args.ig_steps,
+                                    "ms_per_text": round(1000 * seconds / len(texts), 1),
+                                    "ms_per_text_median": round(1000 * float(np.median(times)), 1),
+                                    "ms_per_text_max": round(1000 * max(times), 1),
+                                    "tokens_per_text_max": max(len(t) for t in ids), "ig_steps": args.ig_steps,
                                     "threads": torch.get_num_threads(), "checkpoint": str(args.ckpt),
                                     "split": None if args.text else args.split}
     print(markdown(summary), file=sys.stderr)
-    print(f"{len(texts)} texts in {seconds:.1f} s ({summary['ms_per_text']} ms per text, all methods and curves)",
-          file=sys.stderr)
+    print(f"{len(texts)} texts in {seconds:.1f} s: all methods and curves in {summary['ms_per_text']} ms per text "
+          f"(median {summary['ms_per_text_median']}, longest {summary['ms_per_text_max']})", file=sys.stderr)
     print(json.dumps(summary))
     return 0
 

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from bench.faithfulness import checkpoint_split  # noqa: E402
 from inference import CheckpointError, TextClassifier  # noqa: E402
 from inference.classifier import read_checkpoint  # noqa: E402
+from inference.explain import spearman  # noqa: E402
 from inference.heads import accuracy, batches, head_importance, least_important, prune_checkpoint  # noqa: E402
 
 
@@ -87,6 +88,8 @@ def main(argv=None) -> int:
     for h in heads:
         print(f"| {h['layer']} | {h['head']} | {h['importance']:.4f} | {h['ablation_accuracy']:.4f} | "
               f"{h['ablation_drop']:+.4f} |", file=sys.stderr)
+    agreement = spearman([h["importance"] for h in heads], [h["ablation_drop"] for h in heads])
+    print(f"\nSpearman of importance with the ablation drop over the {len(heads)} heads: {agreement}", file=sys.stderr)
     total = sum(len(t) for t in importance)
     table = []
     if not args.no_table:
@@ -101,7 +104,8 @@ def main(argv=None) -> int:
             print(f"| {row['heads_kept']} | {removed} | {row['accuracy']:.4f} |", file=sys.stderr)
     result = {"checkpoint": str(args.ckpt), "split": args.split, "texts": sum(len(b[2]) for b in data),
               "importance_split": args.importance_split, "importance_texts": sum(len(b[2]) for b in importance_data),
-              "accuracy": round(base, 4), "heads": heads, "table": table}
+              "accuracy": round(base, 4), "heads": heads, "importance_vs_ablation_spearman": agreement,
+              "table": table}
     if args.prune is not None:
         removed = least_important(importance, args.prune)
         try:

@@ -197,3 +197,23 @@ def test_cli_rejects_html_without_explain_and_zero_ig_steps(tmp_path, capsys):
         assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--html goes with --explain" in err and "--ig-steps: must be >= 1" in err
+
+
+def test_faithfulness_bench_over_a_split_and_for_one_text(tmp_path, capsys):
+    from bench import faithfulness
+
+    classifier = tiny_classifier()
+    classifier.label_names = ["0", "1"]
+    data = {"dataset": "synthetic", "data_dir": None, "train_file": None, "val_file": None, "test_file": None,
+            "text_column": None, "label_column": None, "val_fraction": 0.1, "seed": 0}
+    ckpt = save_checkpoint(classifier, tmp_path / "tiny.ckpt", data=data)
+    assert faithfulness.main(["--ckpt", str(ckpt), "--limit", "6", "--ig-steps", "8"]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["texts"] == 6 and summary["split"] == "validation"
+    assert set(summary["spearman_with_occlusion"]) == {"attention", "rollout", "grad_x_input", "integrated_gradients"}
+    assert set(summary["deletion"]) == set(METHODS) | {"random"} and len(summary["deletion"]["random"]["curve"]) == 5
+    assert faithfulness.main(["--ckpt", str(ckpt), "--text", "w1 alpha w2"]) == 0
+    one = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert one["texts"] == 1 and one["deletion"]["occlusion"]["curve"][3:] == [None, None]  # 3 tokens: k ≤ 3
+    with pytest.raises(SystemExit):
+        faithfulness.main(["--ckpt", str(ckpt), "--ig-steps", "0"])
