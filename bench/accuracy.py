@@ -1,14 +1,22 @@
-"""Validation accuracy of this model (several seeds) against TF-IDF + logistic regression, NB-LR (naive-Bayes
-weighted n-grams, Wang & Manning 2012) and fastText, on the same splits. The README's results table comes from
-this script.
+"""Accuracy of this model against TF-IDF + logistic regression, NB-LR (naive-Bayes weighted n-grams, Wang & Manning
+2012) and fastText, on every registered dataset with a local copy, in one table. The README's results come from it.
 
-    python bench/accuracy.py --jobs 2                 # SST-2 and ChnSentiCorp, 3 seeds each, two runs at a time
-    python bench/accuracy.py --datasets sst2 --seeds 0
-    python bench/accuracy.py --peers-only             # the peers alone, about a minute
+    python bench/accuracy.py --jobs 2                          # every dataset: generic default and tuned, 3 seeds
+    python bench/accuracy.py --datasets sst2 --configs default --seeds 0
+    python bench/accuracy.py --peers-only                      # the peers alone, a minute or two
+    python bench/accuracy.py --reuse --out runs/accuracy       # the table from runs already there (no training)
 
-Needs the `bench` extra for the peers: pip install -e ".[bench]". The model runs are ordinary `train.py fit` runs
-(their logs and checkpoints stay under --out); the accuracy reported for a run is its best validation accuracy
-over epochs, i.e. the checkpoint train.py keeps as best.
+Model configurations: `default` is configs/default.yaml with only `--data.dataset` added (no tuning for the
+dataset: sizes and training length are chosen from its training split); `tuned` is the dataset's own config.
+
+Reported split: **test** where the dataset has a labelled one (ChnSentiCorp's fixed 10% split, IMDB's official
+test set), else validation (SST-2). Runs, settings and checkpoints are chosen on validation only: a run's figure is
+its best-validation checkpoint (the one train.py keeps) scored by `train.py test`; beside it, the best and the
+last epoch's validation accuracy. `ensemble` averages the probabilities of the seeds' best checkpoints
+(inference/ensemble.py, as `predict.py --ckpt a --ckpt b ...`). Peers are fitted on the training split only.
+Training time is config.yaml → last.ckpt of each run (the fit itself, without data loading).
+
+Needs the `bench` extra for the peers: pip install -e ".[bench]".
 """
 
 import argparse
@@ -21,28 +29,38 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 
 import numpy as np
-import torch
 import yaml
 
-from data.sources import load_splits
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from data.sources import DATA_ROOT_ENV, load_splits, local_copy_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-
-CONFIGS = {"sst2": "configs/sst2.yaml", "chnsenticorp_htl": "configs/chnsenticorp_htl.yaml"}
+DEFAULT_CONFIG = "configs/default.yaml"
+TUNED = {"sst2": "configs/sst2.yaml", "chnsenticorp_htl": "configs/chnsenticorp_htl.yaml", "imdb": "configs/imdb.yaml"}
 log = logging.getLogger("bench.accuracy")
 
 
-def splits_for(config: str):
+def config_files(dataset: str, which: str) -> list[str]:
+    return [DEFAULT_CONFIG] if which == "default" else [TUNED[dataset]]
+
+
+def splits_for(config: str, dataset: str | None = None):
+    """The splits a config's `data:` section makes (train.py makes the same), optionally for another dataset."""
     data = (yaml.safe_load((ROOT / config).read_text()) or {}).get("data", {})
     return load_splits(
-        dataset=data.get("dataset", "sst2"), data_dir=data.get("data_dir"), train_file=data.get("train_file"),
-        val_file=data.get("val_file"), test_file=data.get("test_file"), text_column=data.get("text_column"),
-        label_column=data.get("label_column"), val_fraction=data.get("val_fraction", 0.1), seed=data.get("seed", 0),
+        dataset=dataset or data.get("dataset", "sst2"), data_dir=data.get("data_dir"),
+        train_file=data.get("train_file"), val_file=data.get("val_file"), test_file=data.get("test_file"),
+        text_column=data.get("text_column"), label_column=data.get("label_column"),
+        val_fraction=data.get("val_fraction", 0.1), seed=data.get("seed", 0),
     )
+
+
+def report_split(splits) -> str:
+    return "test" if "test" in splits.texts else "validation"
 
 
 def is_chinese(texts) -> bool:
@@ -50,7 +68,11 @@ def is_chinese(texts) -> bool:
     return sum("\u4e00" <= c <= "\u9fff" for c in sample) > 0.3 * len(sample)
 
 
-def tfidf_logreg(splits) -> float:
+def accuracy(predicted, labels) -> float:
+    return float((np.asarray(predicted) == np.asarray(labels)).mean())
+
+
+def tfidf_logreg(splits, split: str = "validation") -> float:
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 
@@ -60,18 +82,17 @@ def tfidf_logreg(splits) -> float:
                                  sublinear_tf=True)
     x_train = vectorizer.fit_transform(splits.texts["train"])
     classifier = LogisticRegression(C=4.0, max_iter=2000).fit(x_train, splits.labels["train"])
-    return float((classifier.predict(vectorizer.transform(splits.texts["validation"])) == splits.labels["validation"]).mean())
+    return accuracy(classifier.predict(vectorizer.transform(splits.texts[split])), splits.labels[split])
 
 
-def nb_logreg(splits) -> float:
-    probabilities = nb_logreg_probabilities(splits)
-    return float((probabilities.argmax(1) == np.array(splits.labels["validation"])).mean())
+def nb_logreg(splits, split: str = "validation") -> float:
+    return accuracy(nb_logreg_probabilities(splits, split).argmax(1), splits.labels[split])
 
 
-def nb_logreg_probabilities(splits) -> np.ndarray:
+def nb_logreg_probabilities(splits, split: str = "validation") -> np.ndarray:
     """Binary n-gram features scaled by their naive-Bayes log-count ratio, then logistic regression (NBSVM's
     logistic cousin): among the strongest bag-of-n-grams sentiment classifiers. Returns its class probabilities
-    for the validation texts, (N, 2), columns in label id order."""
+    for the texts of `split`, (N, 2), columns in label id order."""
     from sklearn.feature_extraction.text import CountVectorizer
     from sklearn.linear_model import LogisticRegression
 
@@ -85,10 +106,10 @@ def nb_logreg_probabilities(splits) -> np.ndarray:
     negative = np.asarray(x_train[y_train == 0].sum(0)).ravel() + 1
     ratio = np.log((positive / positive.sum()) / (negative / negative.sum()))
     classifier = LogisticRegression(C=1.0, max_iter=3000).fit(x_train.multiply(ratio).tocsr(), y_train)
-    return classifier.predict_proba(vectorizer.transform(splits.texts["validation"]).multiply(ratio).tocsr())
+    return classifier.predict_proba(vectorizer.transform(splits.texts[split]).multiply(ratio).tocsr())
 
 
-def fasttext_accuracy(splits) -> float:
+def fasttext_accuracy(splits, split: str = "validation") -> float:
     import fasttext
 
     chinese = is_chinese(splits.texts["train"])
@@ -104,74 +125,160 @@ def fasttext_accuracy(splits) -> float:
         model = fasttext.train_supervised(f.name, epoch=25, wordNgrams=2, dim=100, lr=0.1, thread=1, seed=0, verbose=0)
     finally:
         os.unlink(f.name)
-    predicted = [int(model.predict(line(t))[0][0].removeprefix("__label__")) for t in splits.texts["validation"]]
-    return float(sum(p == y for p, y in zip(predicted, splits.labels["validation"])) / len(predicted))
+    predicted = [int(model.predict(line(t))[0][0].removeprefix("__label__")) for t in splits.texts[split]]
+    return accuracy(predicted, splits.labels[split])
 
 
-def train_run(config: str, seed: int, out: Path, extra: list[str], threads: int | None = None) -> dict:
-    """One `train.py fit` run; returns its best and last validation accuracy and wall time."""
-    save_dir = out / f"{Path(config).stem}-seed{seed}"
-    command = [sys.executable, str(ROOT / "train.py"), "fit", "--config", str(ROOT / config), "--seed_everything",
-               str(seed), "--trainer.logger.init_args.save_dir", str(save_dir), "--trainer.enable_progress_bar", "false",
-               *extra]
+def run_dir(out: Path, dataset: str, which: str, seed: int) -> Path:
+    return out / f"{dataset}-{which}-seed{seed}"
+
+
+def newest_run(save_dir: Path) -> Path | None:
+    runs = [p.parent.parent for p in save_dir.glob("lightning_logs/version_*/checkpoints/last.ckpt")]
+    return max(runs, key=lambda p: (p / "checkpoints" / "last.ckpt").stat().st_mtime) if runs else None
+
+
+def train_run(dataset: str, which: str, seed: int, out: Path, extra: list[str], threads: int | None) -> Path:
+    """One `train.py fit` run (skipped with --reuse when its folder holds a finished one); returns the run folder."""
+    save_dir = run_dir(out, dataset, which, seed)
+    configs = [arg for config in config_files(dataset, which) for arg in ("--config", str(ROOT / config))]
+    command = [sys.executable, str(ROOT / "train.py"), "fit", *configs, "--data.dataset", dataset,
+               "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save_dir),
+               "--trainer.enable_progress_bar", "false", *extra]
     log.info("running %s", " ".join(command))
-    start = time.perf_counter()
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, check=False)
-    seconds = time.perf_counter() - start
     if result.returncode != 0:
-        raise SystemExit(f"training failed ({config}, seed {seed}):\n{result.stderr[-3000:]}")
-    last = max(save_dir.glob("lightning_logs/version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
-    checkpoint = torch.load(last, weights_only=True, map_location="cpu")
-    best = max(float(state["best_model_score"]) for key, state in checkpoint["callbacks"].items() if "ModelCheckpoint" in key)
-    return {"seed": seed, "best_val_acc": best, "seconds": round(seconds, 1), "checkpoint": str(last)}
+        raise SystemExit(f"training failed ({dataset}, {which}, seed {seed}):\n{result.stderr[-3000:]}")
+    return newest_run(save_dir)
+
+
+def validation_curve(run: Path) -> list[float]:
+    """val/acc of every epoch, from the run's TensorBoard events."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    return [event.value for event in sorted(events.Scalars("val/acc"), key=lambda e: e.step)]
+
+
+def score_run(run: Path, split: str) -> dict:
+    """Best and last validation accuracy, epochs, fit time, and the best checkpoint scored by `train.py test`
+    (validation when the data has no test split)."""
+    from inference.ensemble import resolve_checkpoint
+
+    best = resolve_checkpoint(run)
+    curve = validation_curve(run)
+    seconds = (run / "checkpoints" / "last.ckpt").stat().st_mtime - (run / "config.yaml").stat().st_mtime
+    stage = "test" if split == "test" else "validate"
+    args = [stage, "--config", str(run / "config.yaml"), "--ckpt_path", str(best), "--trainer.logger", "false",
+            "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run / "scoring")]
+    code = (f"import json, train; cli = train.main({args!r}); "
+            "print('RESULT', json.dumps({k: float(v) for k, v in cli.trainer.callback_metrics.items()}))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    if result.returncode != 0 or not lines:
+        raise SystemExit(f"scoring {best} failed:\n{result.stderr[-3000:]}")
+    metrics = json.loads(lines[-1].removeprefix("RESULT "))
+    key = "test/acc" if split == "test" else "val/acc"
+    return {"run": str(run), "checkpoint": str(best), "accuracy": metrics[key], "best_val": max(curve),
+            "last_val": curve[-1], "epochs": len(curve), "best_epoch": curve.index(max(curve)),
+            "minutes": round(seconds / 60, 1)}
+
+
+def ensemble_accuracy(checkpoints: list[str], splits, split: str) -> float:
+    from inference.ensemble import Ensemble
+
+    ensemble = Ensemble.from_checkpoints(checkpoints, device="cpu")
+    predicted = [ensemble.label_names.index(p.label) for p in ensemble.predict(splits.texts[split])]
+    names = splits.label_names
+    return accuracy(predicted, [ensemble.label_names.index(names[y]) for y in splits.labels[split]])
+
+
+def has_local_copy(dataset: str) -> bool:
+    return local_copy_dir(dataset, None) is not None
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--datasets", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--datasets", nargs="+", default=list(TUNED), choices=list(TUNED),
+                        help="those with a local copy ($%s/<name>) are run (%%(default)s)" % DATA_ROOT_ENV)
+    parser.add_argument("--configs", nargs="+", default=["default", "tuned"], choices=["default", "tuned"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds for this model (%(default)s)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "accuracy", help="where runs are written (%(default)s)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="training runs at once; with 2 on a 2-core machine each gets one thread (%(default)s)")
+    parser.add_argument("--reuse", action="store_true", help="score runs already in --out instead of training them")
     parser.add_argument("--peers-only", action="store_true", help="only the peers: TF-IDF + LR, NB-LR, fastText")
     parser.add_argument("--model-only", action="store_true", help="only this model")
     parser.add_argument("extra", nargs="*", help="extra train.py arguments after --, e.g. -- --trainer.max_epochs 1")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
+    datasets = [name for name in args.datasets if has_local_copy(name)]
+    for name in set(args.datasets) - set(datasets):
+        log.warning("%s: no local copy ($%s/%s); skipped", name, DATA_ROOT_ENV, name)
     results = {}
-    for name in args.datasets:
-        config = CONFIGS[name]
-        row = results[name] = {}
+    for name in datasets:
+        splits = splits_for(DEFAULT_CONFIG, name)
+        split = report_split(splits)
+        row = results[name] = {"split": split, "texts": len(splits.texts[split])}
         if not args.model_only:
-            splits = splits_for(config)
-            row["tfidf_logreg"] = tfidf_logreg(splits)
-            row["nb_logreg"] = nb_logreg(splits)
-            try:
-                row["fasttext"] = fasttext_accuracy(splits)
-            except ImportError:
-                log.warning("fasttext is not installed (pip install -e '.[bench]'); skipping it")
-        if not args.peers_only:
-            threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
-            with ThreadPoolExecutor(args.jobs) as pool:
-                run = partial(train_run, config, out=args.out, extra=args.extra, threads=threads)
-                runs = list(pool.map(run, args.seeds))
-            row["this_model_runs"] = runs
-            row["this_model"] = statistics.median(r["best_val_acc"] for r in runs)
-
-    print("\n| dataset | model | validation accuracy | train time (s) |\n|---|---|---|---|")
-    for name, row in results.items():
-        if "this_model" in row:
-            accs = ", ".join(f"{r['best_val_acc']:.4f}" for r in row["this_model_runs"])
-            times = statistics.median(r["seconds"] for r in row["this_model_runs"])
-            print(f"| {name} | this model (median of {len(row['this_model_runs'])} seeds: {accs}) | "
-                  f"**{row['this_model']:.4f}** | {times:.0f} |")
-        peers = (("tfidf_logreg", "TF-IDF + logistic regression"), ("nb_logreg", "NB-LR"), ("fasttext", "fastText"))
-        for peer, label in peers:
-            if peer in row:
-                print(f"| {name} | {label} | {row[peer]:.4f} | |")
+            for peer, score in (("tfidf_logreg", tfidf_logreg), ("nb_logreg", nb_logreg), ("fasttext", fasttext_accuracy)):
+                start = time.perf_counter()
+                try:
+                    row[peer] = {"accuracy": score(splits, split), "minutes": round((time.perf_counter() - start) / 60, 1)}
+                except ImportError:
+                    log.warning("fasttext is not installed (pip install -e '.[bench]'); skipping it")
+                except ValueError as e:  # NB-LR on more than two classes
+                    log.warning("%s on %s: %s", peer, name, e)
+        if args.peers_only:
+            continue
+        for which in args.configs:
+            if which == "tuned" and not (ROOT / TUNED[name]).is_file():
+                continue
+            if args.reuse:
+                runs = [newest_run(run_dir(args.out, name, which, seed)) for seed in args.seeds]
+                runs = [run for run in runs if run is not None]
+            else:
+                threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
+                with ThreadPoolExecutor(args.jobs) as pool:
+                    runs = list(pool.map(lambda s: train_run(name, which, s, args.out, args.extra, threads), args.seeds))
+            if not runs:
+                continue
+            scored = [score_run(run, split) for run in runs]
+            row[which] = {
+                "runs": scored, "accuracy": statistics.median(r["accuracy"] for r in scored),
+                "ensemble": ensemble_accuracy([r["checkpoint"] for r in scored], splits, split) if len(scored) > 1 else None,
+            }
+    print_table(results)
     print(json.dumps(results))
+
+
+def print_table(results: dict) -> None:
+    print("\n| dataset (reported split) | model | accuracy | best / last validation epoch (median) | "
+          "minutes per run | epochs |\n|---|---|---|---|---|---|")
+    names = {"tfidf_logreg": "TF-IDF + logistic regression", "nb_logreg": "NB-LR", "fasttext": "fastText"}
+    for dataset, row in results.items():
+        where = f"{dataset} ({row['split']}, {row['texts']})"
+        for which in ("default", "tuned"):
+            if which not in row:
+                continue
+            runs = row[which]["runs"]
+            seeds = ", ".join(f"{100 * r['accuracy']:.2f}" for r in runs)
+            best = statistics.median(r["best_val"] for r in runs)
+            last = statistics.median(r["last_val"] for r in runs)
+            minutes = statistics.median(r["minutes"] for r in runs)
+            epochs = ", ".join(f"{r['best_epoch'] + 1}/{r['epochs']}" for r in runs)
+            label = "generic default" if which == "default" else "tuned config"
+            print(f"| {where} | this model, {label}, median of {len(runs)} ({seeds}) | **{100 * row[which]['accuracy']:.2f}** "
+                  f"| {100 * best:.2f} / {100 * last:.2f} | {minutes:.1f} | best/trained {epochs} |")
+            if row[which]["ensemble"] is not None:
+                print(f"| {where} | this model, {label}, ensemble of the {len(runs)} | "
+                      f"{100 * row[which]['ensemble']:.2f} | | | |")
+        for peer, label in names.items():
+            if peer in row:
+                print(f"| {where} | {label} | {100 * row[peer]['accuracy']:.2f} | | {row[peer]['minutes']:.1f} | |")
 
 
 if __name__ == "__main__":

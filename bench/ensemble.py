@@ -40,6 +40,8 @@ def main():
     parser.add_argument("--config", required=True, help="YAML config whose data: section makes the validation split")
     parser.add_argument("--nb-lr", action="store_true", help="also score NB-LR and its average with the checkpoints")
     parser.add_argument("--show", type=int, default=0, metavar="N", help="print N texts every checkpoint gets wrong")
+    parser.add_argument("--split", default="validation", choices=("validation", "test"),
+                        help="the split to score (default: validation; test only once everything is chosen)")
     args = parser.parse_args()
 
     config = Path(args.config).resolve()  # relative to where you stand, not to the repository
@@ -49,9 +51,11 @@ def main():
         splits = splits_for(str(config))
     except DataError as e:
         raise SystemExit(f"error: {e}") from None
-    texts, labels, names = splits.texts["validation"], np.array(splits.labels["validation"]), splits.label_names
+    if args.split not in splits.texts:
+        raise SystemExit(f"error: {args.config}: the data have no {args.split} split")
+    texts, labels, names = splits.texts[args.split], np.array(splits.labels[args.split]), splits.label_names
     if not texts:
-        raise SystemExit(f"error: {args.config}: the validation split is empty")
+        raise SystemExit(f"error: {args.config}: the {args.split} split is empty")
     if args.nb_lr and len(names) != 2:
         raise SystemExit(f"error: {args.config}: --nb-lr is for two classes, the data has {len(names)}")
     rows, probabilities = [], []
@@ -65,7 +69,7 @@ def main():
     average = np.mean(probabilities, axis=0)
     rows.append((f"average of {len(probabilities)}", float((average.argmax(1) == labels).mean())))
     if args.nb_lr:
-        nb = nb_logreg_probabilities(splits)
+        nb = nb_logreg_probabilities(splits, args.split)
         rows.append(("NB-LR", float((nb.argmax(1) == labels).mean())))
         rows.append((f"average of {len(probabilities)}, then averaged with NB-LR",
                      float(((average + nb).argmax(1) == labels).mean())))
@@ -73,16 +77,17 @@ def main():
     wrong = np.stack([p.argmax(1) != labels for p in probabilities])  # (checkpoints, N)
     wrong_in_all = np.flatnonzero(wrong.all(0))
     summary = {
-        "validation_texts": len(texts),
+        "split": args.split,
+        "texts": len(texts),
         "accuracy": dict(rows),
         "wrong_in_every_checkpoint": len(wrong_in_all),
         "wrong_in_at_least_half": int((wrong.mean(0) >= 0.5).sum()),
         "right_in_every_checkpoint": int((~wrong).all(0).sum()),
     }
-    print("| model | validation accuracy |\n|---|---|")
+    print(f"| model | {args.split} accuracy |\n|---|---|")
     for name, accuracy in rows:
         print(f"| {name} | {accuracy:.4f} |")
-    print(f"\n{len(texts)} validation texts: {summary['right_in_every_checkpoint']} right in every checkpoint, "
+    print(f"\n{len(texts)} {args.split} texts: {summary['right_in_every_checkpoint']} right in every checkpoint, "
           f"{summary['wrong_in_at_least_half']} wrong in at least half, {len(wrong_in_all)} wrong in every one.")
     for i in wrong_in_all[: args.show]:
         predicted = names[int(average[i].argmax())]

@@ -176,3 +176,19 @@ def test_predict_py_takes_several_checkpoints_and_run_folders(chosen_run):
     refused = subprocess.run([sys.executable, str(ROOT / "predict.py"), "--ckpt", str(run), "--ckpt", str(last),
                               "--attention", "alpha"], capture_output=True, text=True, cwd=ROOT)
     assert refused.returncode == 2 and "take one --ckpt" in refused.stderr
+
+
+def test_accuracy_bench_scores_a_run_by_its_best_checkpoint_and_keeps_its_validation_curve(chosen_run):
+    from bench.accuracy import ensemble_accuracy, score_run
+
+    run, _ = chosen_run
+    best = resolve_checkpoint(run)
+    logged = torch.load(best, weights_only=True)["callbacks"]
+    score = next(float(s["best_model_score"]) for k, s in logged.items() if "ModelCheckpoint" in k)
+    scored = score_run(run, "validation")
+    assert scored["checkpoint"] == str(best) and scored["epochs"] == 2
+    assert scored["accuracy"] == pytest.approx(score, abs=1e-6) == scored["best_val"] >= scored["last_val"]
+    splits = load_splits(dataset="synthetic", data_dir=None, train_file=None, val_file=None, test_file=None,
+                         text_column=None, label_column=None, val_fraction=0.1, seed=0)
+    # The same checkpoint twice averages to itself: the ensemble scores what train.py validated.
+    assert ensemble_accuracy([str(best), str(best)], splits, "validation") == pytest.approx(score, abs=1e-6)
