@@ -77,8 +77,7 @@ def main():
     wrong = np.stack([p.argmax(1) != labels for p in probabilities])  # (checkpoints, N)
     wrong_in_all = np.flatnonzero(wrong.all(0))
     summary = {
-        "split": args.split,
-        "texts": len(texts),
+        f"{args.split}_texts": len(texts),
         "accuracy": dict(rows),
         "wrong_in_every_checkpoint": len(wrong_in_all),
         "wrong_in_at_least_half": int((wrong.mean(0) >= 0.5).sum()),
