@@ -45,8 +45,9 @@ class CLI(LightningCLI):
         parser.link_arguments("data.label_names", "model.network.num_classes", compute_fn=len, apply_on="instantiate")
         # Stop when validation accuracy has not improved for `patience` epochs; the best checkpoint is kept.
         parser.add_lightning_class_args(EarlyStopping, "early_stopping")
+        # strict=False: a run without validation (--trainer.limit_val_batches 0) trains on instead of failing.
         parser.set_defaults({"early_stopping.monitor": "val/acc", "early_stopping.mode": "max",
-                             "early_stopping.patience": 5})
+                             "early_stopping.patience": 5, "early_stopping.strict": False})
         # On unless a config lists its own callbacks (the shipped ones list it too).
         parser.set_defaults({"trainer.callbacks": [{"class_path": "monitor.AttentionMonitor"}]})
 
