@@ -39,7 +39,8 @@ def checkpoint_split(path, split: str) -> tuple[list[str], list[int], list[str]]
 
     settings = read_checkpoint(path).get("datamodule_hyper_parameters") or {}
     if "dataset" not in settings:
-        raise SystemExit(f"error: {path}: no data settings saved in the checkpoint; give --text instead")
+        raise SystemExit(f"error: {path}: no data settings saved in the checkpoint, so its {split} split is unknown "
+                         "(bench/faithfulness.py also takes --text)")
     try:
         splits = load_splits(**{key: settings.get(key) for key in SPLIT_KEYS})
     except DataError as e:

@@ -19,8 +19,8 @@ CHROMIUM = os.environ.get("CHROMIUM", shutil.which("chromium") or shutil.which("
 @pytest.fixture(scope="module")
 def page(tmp_path_factory):
     if not CHROMIUM:
-        pytest.skip("no chromium installed (run `make browser` to install Debian's chromium and playwright)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed (run `make browser`)")
+        pytest.skip("no chromium installed: `make browser` installs Debian's chromium (root, apt)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed: pip install -e '.[dev]'")
     classifier = tiny_classifier()
     path = tmp_path_factory.mktemp("report") / "report.html"
     write_report(classifier.explain(["w1 alpha w2 beta w3 w4", "好 差 w5 差 好"]), path)
