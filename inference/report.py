@@ -5,7 +5,7 @@ text: label and probabilities, the tokens shaded by one method at a time (the sw
 the predicted class, blue speaks against it; each method scaled to its own largest |score| in that text), that
 text's faithfulness figures (Spearman with occlusion, deletion drops), and the attention heatmap of every layer and
 head (query rows × key columns, each map scaled to its own largest weight); hovering a token, or a heatmap row,
-outlines that query's row in every map of the text. Texts are written with textContent, never as HTML.
+outlines that query's row in every map of the text. Texts are HTML-escaped and tokens set as textContent: never markup.
 """
 
 import html
