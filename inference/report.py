@@ -59,13 +59,16 @@ function drawMap(canvas, m, cell, row) {
     const v = m[i][j] / top; const c = Math.round(255 * (1 - v));
     ctx.fillStyle = `rgb(${c},${Math.round(255 - 155 * v)},255)`; ctx.fillRect(j * cell, i * cell, cell, cell);
   }
-  if (row !== null && row < n) { ctx.strokeStyle = '#e00'; ctx.lineWidth = 2; ctx.strokeRect(1, row * cell + 1, k * cell - 2, cell - 2); }
+  if (row !== null && row < n) {
+    ctx.strokeStyle = '#e00'; ctx.lineWidth = 2; ctx.strokeRect(1, row * cell + 1, k * cell - 2, cell - 2);
+  }
 }
 function highlight(i, row) {
   const t = DATA.texts[i];
   document.querySelectorAll(`#text${i} .tok`).forEach((el, j) => el.classList.toggle('hl', j === row));
   document.querySelectorAll(`#text${i} canvas`).forEach(c => {
-    drawMap(c, t.attention[+c.dataset.layer][+c.dataset.head], +c.dataset.cell, row); c.dataset.row = row === null ? '' : row;
+    drawMap(c, t.attention[+c.dataset.layer][+c.dataset.head], +c.dataset.cell, row);
+    c.dataset.row = row === null ? '' : row;
   });
   const info = document.querySelector(`#text${i} .hover`);
   if (row === null) { info.textContent = ''; return; }
@@ -99,7 +102,8 @@ function build() {
       c.onmousemove = e => highlight(i, Math.min(n - 1, Math.floor(e.offsetY / cell)));
       c.onmouseleave = () => highlight(i, null);
       box.appendChild(c); box.appendChild(document.createElement('br'));
-      box.appendChild(document.createTextNode(`layer ${l} head ${h}`)); maps.appendChild(box); drawMap(c, m, cell, null);
+      box.appendChild(document.createTextNode(`layer ${l} head ${h}`)); maps.appendChild(box);
+      drawMap(c, m, cell, null);
     }));
   });
   paintTokens();
@@ -116,7 +120,8 @@ def faithfulness_table(faithfulness: dict) -> str:
         r = faithfulness["spearman"].get(method)
         r = "—" if r is None else f"{r:.2f}"
         cells = "".join(f"<td>{d:.3f}</td>" for d in drops)
-        rows.append(f"<tr><th style='text-align:left'>{html.escape(TITLES.get(method, method))}</th><td>{r}</td>{cells}</tr>")
+        name = html.escape(TITLES.get(method, method))
+        rows.append(f"<tr><th style='text-align:left'>{name}</th><td>{r}</td>{cells}</tr>")
     return (f"<table class='faith'><tr><th>method</th><th>Spearman with occlusion</th>{head}</tr>{''.join(rows)}"
             "</table>")
 
@@ -125,7 +130,9 @@ def render(explanations, title: str = "Why did it predict that?") -> str:
     """The page for a list of inference.explain.Explanation, as a string."""
     texts, cards = [], []
     for i, e in enumerate(explanations):
-        attention = None if e.attention is None else [layer.double().round(decimals=3).tolist() for layer in e.attention]
+        attention = None
+        if e.attention is not None:  # per layer (H, n, n), 3 decimals: enough for a colour, a sixth of the bytes
+            attention = [layer.double().round(decimals=3).tolist() for layer in e.attention]
         texts.append({"tokens": e.tokens, "scores": e.scores, "notes": e.notes, "attention": attention})
         probabilities = "".join(f"<span>{html.escape(name)}: {p:.3f}</span>" for name, p in e.probabilities.items())
         truncated = (f"<p class='note'>{html.escape(e.notes['truncated'])}</p>" if e.truncated_from else "")

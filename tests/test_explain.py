@@ -93,7 +93,8 @@ def test_gradient_times_input_matches_finite_differences_along_the_embedding():
     target, token_ids = result["target"], torch.tensor([ids])
     embeddings = model.token_embedding(token_ids).detach()
     forward = EmbeddingForward(model)
-    for i in range(len(ids)):  # d p / d t of p(e with token i's embedding scaled by t), at t = 1, is Σ_d e_d ∂p/∂e_d
+    # d/dt of p(e with token i's embedding scaled by t), at t = 1, is Σ_d e_d ∂p/∂e_d (token i's grad × input).
+    for i in range(len(ids)):
         eps = 1e-3
         up, down = embeddings.clone(), embeddings.clone()
         up[0, i] *= 1 + eps

@@ -1,4 +1,4 @@
-"""Head gates, importance, ablation and pruning (inference/heads.py, bench/prune_heads.py, NetworkConfig.layer_heads)."""
+"""Head gates, importance, ablation and pruning: inference/heads.py, bench/prune_heads.py, NetworkConfig.layer_heads."""
 
 import json
 
@@ -47,7 +47,8 @@ def test_a_pruned_checkpoint_rebuilds_exactly_the_gated_network(attention, tmp_p
     pruned = prune_checkpoint(read_checkpoint(path), [(0, 1), (1, 0)])
     torch.save(pruned, tmp_path / "pruned.ckpt")
     loaded = torch.load(tmp_path / "pruned.ckpt", weights_only=True)
-    assert loaded["hyper_parameters"]["network"]["layer_heads"] == [1, 1] and loaded["pruned_heads"] == [[[0, 1], [1, 0]]]
+    assert loaded["hyper_parameters"]["network"]["layer_heads"] == [1, 1]
+    assert loaded["pruned_heads"] == [[[0, 1], [1, 0]]]
     small = TextClassifier.from_checkpoint(tmp_path / "pruned.ckpt", device="cpu")
     assert [b.attention.n_heads for b in small.model.blocks] == [1, 1]
     assert small.model.blocks[0].attention.w_q.weight.shape == (8, 16)  # one head of size 8
