@@ -136,11 +136,13 @@ def cli(args=None, run=True):
                 "init_args": {"save_dir": ".", "name": "lightning_logs", "default_hp_metric": False},
             },
             "callbacks": [
-                # Best by validation accuracy, plus last.ckpt for resuming.
+                # Best by validation accuracy, and last.ckpt for resuming: its own callback, since Lightning's
+                # save_last rewrites last.ckpt only in epochs that also saved a new best.
                 ModelCheckpoint(
-                    monitor="val/acc", mode="max", save_last=True, auto_insert_metric_name=False,
+                    monitor="val/acc", mode="max", auto_insert_metric_name=False,
                     filename="best-epoch{epoch}-step{step}-acc{val/acc:.4f}",
                 ),
+                ModelCheckpoint(filename="last", enable_version_counter=False),  # no monitor: the newest epoch
                 LearningRateMonitor(logging_interval="step"),
             ],
         },

@@ -14,7 +14,7 @@ test set), else validation (SST-2). Runs, settings and checkpoints are chosen on
 its best-validation checkpoint (the one train.py keeps) scored by `train.py test`; beside it, the best and the
 last epoch's validation accuracy. `ensemble` averages the probabilities of the seeds' best checkpoints
 (inference/ensemble.py, as `predict.py --ckpt a --ckpt b ...`). Peers are fitted on the training split only.
-Training time is config.yaml → last.ckpt of each run (the fit itself, without data loading).
+Training time is config.yaml → the last validation epoch of each run (the fit itself, without data loading).
 
 Needs the `bench` extra for the peers: pip install -e ".[bench]".
 """
@@ -158,13 +158,14 @@ def train_run(dataset: str, which: str, seed: int, out: Path, extra: list[str], 
     return newest_run(save_dir)
 
 
-def validation_curve(run: Path) -> list[float]:
-    """val/acc of every epoch, from the run's TensorBoard events."""
+def validation_curve(run: Path) -> tuple[list[float], float]:
+    """val/acc of every epoch, from the run's TensorBoard events, and when the last one was logged."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run), size_guidance={"scalars": 0})
     events.Reload()
-    return [event.value for event in sorted(events.Scalars("val/acc"), key=lambda e: e.step)]
+    scalars = sorted(events.Scalars("val/acc"), key=lambda e: e.step)
+    return [event.value for event in scalars], scalars[-1].wall_time
 
 
 def score_run(run: Path, split: str) -> dict:
@@ -173,8 +174,8 @@ def score_run(run: Path, split: str) -> dict:
     from inference.ensemble import resolve_checkpoint
 
     best = resolve_checkpoint(run)
-    curve = validation_curve(run)
-    seconds = (run / "checkpoints" / "last.ckpt").stat().st_mtime - (run / "config.yaml").stat().st_mtime
+    curve, finished = validation_curve(run)
+    seconds = finished - (run / "config.yaml").stat().st_mtime  # the fit: start → last validation epoch
     stage = "test" if split == "test" else "validate"
     args = [stage, "--config", str(run / "config.yaml"), "--ckpt_path", str(best), "--trainer.logger", "false",
             "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run / "scoring")]
