@@ -10,7 +10,7 @@ the repeats; peak memory is the peak of tensor bytes alive at once during one ca
 the profiler's record of PyTorch's CPU allocations, or torch.cuda's peak), measured in calls of their own. A side
 whose full L × L attention would need more than --max-gib is skipped at that L (printed as "—").
 
-    python bench/long.py                 # L = 128 … 4096 (and 8192 for the kinds that fit), about 10 minutes
+    python bench/long.py                 # L = 128 … 4096 (8192 for the kinds that fit), about 15 minutes
     python bench/long.py --quick         # L = 128 … 2048, one repeat
     python bench/long.py --smoke         # tiny sizes: only checks that the bench runs
 
@@ -49,7 +49,7 @@ CONFIGS = ROOT / "configs"
 SIDES = ("full", "fused", "local", "linformer", "sparse", "peer")
 LONG_KINDS = ("local", "linformer", "sparse")
 PLANS = {
-    "default": dict(lengths=(128, 256, 512, 1024, 2048, 4096, 8192), warmup=1, repeats=3, batch=2),
+    "default": dict(lengths=(128, 256, 512, 1024, 2048, 4096, 8192), warmup=2, repeats=5, batch=2),
     "quick": dict(lengths=(128, 256, 512, 1024, 2048), warmup=1, repeats=1, batch=2),
     "smoke": dict(lengths=(16, 32), warmup=0, repeats=1, batch=2),
 }
