@@ -75,7 +75,6 @@ class CLI(LightningCLI):
             if resumable:
                 logger_args["version"] = resumable[-1].parent.parent.name
 
-
     def instantiate_trainer(self, **kwargs):
         # The data are read by now (the links above built them). What was chosen from them goes into the config
         # that SaveConfigCallback writes as config.yaml, as concrete numbers.
