@@ -29,12 +29,12 @@ from monitor import AttentionMonitor  # noqa: E402
 from training.module import ClassifierModule  # noqa: E402
 
 
-def monitor_of(config: dict) -> AttentionMonitor:
-    """The run's own AttentionMonitor settings (trainer.callbacks of its config.yaml), else the defaults."""
+def monitor_of(config: dict, **overrides) -> AttentionMonitor:
+    """The run's own AttentionMonitor settings (trainer.callbacks of its config.yaml, else the defaults)."""
     for callback in config["trainer"].get("callbacks") or []:
         if isinstance(callback, dict) and callback.get("class_path", "").endswith("AttentionMonitor"):
-            return AttentionMonitor(**(callback.get("init_args") or {}))
-    return AttentionMonitor()
+            return AttentionMonitor(**((callback.get("init_args") or {}) | overrides))
+    return AttentionMonitor(**overrides)
 
 
 def validation_seconds(module, datamodule, monitor: AttentionMonitor | None, folder: str) -> float:
@@ -51,6 +51,9 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="a run folder of train.py (holds config.yaml and checkpoints/)")
     parser.add_argument("--repeats", type=int, default=2, help="validation passes each way (default 2)")
+    parser.add_argument("--health-rows", type=int, default=-1,
+                        help="the monitor's health_rows instead of the run's; 0 = every row (the cost before "
+                             "sampling existed)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     config = yaml.safe_load((args.run / "config.yaml").read_text())
@@ -60,7 +63,8 @@ def main(argv=None) -> dict:
     seconds = {"without": [], "with": []}
     # One monitor throughout, as in training: its first pass also lays out the probe heatmaps (reported apart),
     # later passes only redraw them.
-    monitor = monitor_of(config)
+    overrides = {} if args.health_rows < 0 else {"health_rows": args.health_rows or None}
+    monitor = monitor_of(config, **overrides)
     with tempfile.TemporaryDirectory() as folder:
         validation_seconds(module, datamodule, None, folder)  # warm-up: data loaded, caches filled
         first = validation_seconds(module, datamodule, monitor, folder)
@@ -69,6 +73,7 @@ def main(argv=None) -> dict:
             seconds["with"].append(validation_seconds(module, datamodule, monitor, folder))
     summary = {name: round(statistics.median(values), 2) for name, values in seconds.items()}
     summary |= {"monitor_seconds": round(summary["with"] - summary["without"], 2), "first_with": round(first, 2),
+                "health_rows": monitor.health.rows_per_batch,
                 "run": str(args.run), "checkpoint": checkpoint.name, "all": seconds}
     print(json.dumps(summary))
     return summary
