@@ -61,6 +61,9 @@ class CLI(LightningCLI):
 
     def before_instantiate_classes(self):
         config = self.config[self.subcommand] if self.subcommand else self.config
+        if self.subcommand in ("fit", None) and config["model"]["distillation"] > 0 and not config["data"]["teacher"]:
+            raise ConfigError(f"model.distillation {config['model']['distillation']} needs a teacher: "
+                              "set data.teacher ngram (or model.distillation 0)")
         logger = config["trainer"]["logger"]
         logger_args = logger["init_args"] if isinstance(logger, dict) or hasattr(logger, "init_args") else None
         # --trainer.default_root_dir DIR holds everything, as Lightning users expect: the logger's default "." is

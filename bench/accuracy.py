@@ -38,6 +38,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from data.sources import DATA_ROOT_ENV, load_splits, local_copy_dir  # noqa: E402
+from data.teacher import is_cjk  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = "configs/default.yaml"
@@ -64,11 +65,6 @@ def report_split(splits) -> str:
     return "test" if "test" in splits.texts else "validation"
 
 
-def is_chinese(texts) -> bool:
-    sample = "".join(texts[:200])
-    return sum("\u4e00" <= c <= "\u9fff" for c in sample) > 0.3 * len(sample)
-
-
 def accuracy(predicted, labels) -> float:
     return float((np.asarray(predicted) == np.asarray(labels)).mean())
 
@@ -77,7 +73,7 @@ def tfidf_logreg(splits, split: str = "validation") -> float:
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 
-    chinese = is_chinese(splits.texts["train"])
+    chinese = is_cjk(splits.texts["train"])
     # Character 1-3-grams for Chinese (no word boundaries), word 1-2-grams otherwise.
     vectorizer = TfidfVectorizer(analyzer="char" if chinese else "word", ngram_range=(1, 3) if chinese else (1, 2),
                                  sublinear_tf=True)
@@ -97,7 +93,7 @@ def nb_logreg_probabilities(splits, split: str = "validation") -> np.ndarray:
     from sklearn.feature_extraction.text import CountVectorizer
     from sklearn.linear_model import LogisticRegression
 
-    chinese = is_chinese(splits.texts["train"])
+    chinese = is_cjk(splits.texts["train"])
     vectorizer = CountVectorizer(analyzer="char" if chinese else "word", ngram_range=(1, 2), binary=True,
                                  token_pattern=None if chinese else r"\S+")
     x_train, y_train = vectorizer.fit_transform(splits.texts["train"]), np.array(splits.labels["train"])
@@ -113,7 +109,7 @@ def nb_logreg_probabilities(splits, split: str = "validation") -> np.ndarray:
 def fasttext_accuracy(splits, split: str = "validation") -> float:
     import fasttext
 
-    chinese = is_chinese(splits.texts["train"])
+    chinese = is_cjk(splits.texts["train"])
 
     def line(text):
         text = " ".join(text) if chinese else text  # characters as words for Chinese

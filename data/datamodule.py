@@ -1,7 +1,7 @@
 """The DataModule: load splits → train the tokenizer on train → encode once (cached) → length-bucketed batches.
 
 A batch is a dict: input_ids (B, L) long, padding_mask (B, L) bool with True at padding, labels (B,) long,
-padded per batch to its longest text.
+padded per batch to its longest text; with data.teacher, training batches also hold teacher_probs (B, C).
 """
 
 import fcntl
@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from data.sources import DataError, Splits, load_splits, local_copy_dir
+from data.teacher import out_of_fold_probabilities
 from data.tokenizer import KINDS, PAD_ID, UNK_ID, cut, load_tokenizer, train_tokenizer, word_counts
 
 log = logging.getLogger(__name__)
@@ -34,8 +35,9 @@ VOCAB_SIZE_CAP = 32000
 class EncodedSplit(Dataset):
     """Token ids of one split, stored flat: text i is ids[offsets[i]:offsets[i + 1]]."""
 
-    def __init__(self, ids: torch.Tensor, offsets: torch.Tensor, labels: torch.Tensor):
-        self.ids, self.offsets, self.labels = ids, offsets, labels
+    def __init__(self, ids: torch.Tensor, offsets: torch.Tensor, labels: torch.Tensor,
+                 teacher_probs: torch.Tensor | None = None):
+        self.ids, self.offsets, self.labels, self.teacher_probs = ids, offsets, labels, teacher_probs
         self.lengths = (offsets[1:] - offsets[:-1]).tolist()
 
     @classmethod
@@ -49,21 +51,26 @@ class EncodedSplit(Dataset):
         return cls(ids, offsets, torch.tensor(labels))
 
     def state(self) -> dict:
-        return {"ids": self.ids, "offsets": self.offsets, "labels": self.labels}
+        state = {"ids": self.ids, "offsets": self.offsets, "labels": self.labels}
+        return state if self.teacher_probs is None else state | {"teacher_probs": self.teacher_probs}
 
     def __len__(self):
         return len(self.labels)
 
     def __getitem__(self, i):
-        return self.ids[self.offsets[i] : self.offsets[i + 1]], self.labels[i]
+        ids = self.ids[self.offsets[i] : self.offsets[i + 1]]
+        return (ids, self.labels[i]) if self.teacher_probs is None else (ids, self.labels[i], self.teacher_probs[i])
 
 
 def collate(items) -> dict[str, torch.Tensor]:
-    L = max(len(ids) for ids, _ in items)
+    L = max(len(item[0]) for item in items)
     input_ids = torch.full((len(items), L), PAD_ID, dtype=torch.long)
-    for row, (ids, _) in enumerate(items):
-        input_ids[row, : len(ids)] = ids
-    return {"input_ids": input_ids, "padding_mask": input_ids == PAD_ID, "labels": torch.stack([label for _, label in items])}
+    for row, item in enumerate(items):
+        input_ids[row, : len(item[0])] = item[0]
+    batch = {"input_ids": input_ids, "padding_mask": input_ids == PAD_ID, "labels": torch.stack([item[1] for item in items])}
+    if len(items[0]) == 3:  # the training split with data.teacher
+        batch["teacher_probs"] = torch.stack([item[2] for item in items])
+    return batch
 
 
 class BucketBatchSampler(Sampler[list[int]]):
@@ -119,6 +126,7 @@ class TextDataModule(L.LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
         cache_dir: str = ".cache",
+        teacher: str | None = None,
     ):
         """
         Args:
@@ -148,10 +156,15 @@ class TextDataModule(L.LightningDataModule):
             num_workers: DataLoader worker processes.
             seed: seeds the validation split and the batch order.
             cache_dir: where encoded splits are cached, so a second run starts fast.
+            teacher: "ngram" = give each training text the class probabilities of a TF-IDF n-gram + logistic
+                regression teacher (out of fold: data/teacher.py; needs scikit-learn), for model.distillation.
+                None = no teacher.
         """
         super().__init__()
         if not 0.0 < val_fraction < 1.0:
             raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+        if teacher not in (None, "ngram"):
+            raise DataError(f"teacher must be ngram or null, got {teacher!r}")
         if tokenizer not in KINDS:
             raise DataError(f"tokenizer must be one of {', '.join(KINDS)}, got {tokenizer!r}")
         if (max_length is not None and max_length < 1) or batch_size < 1 or (vocab_size is not None and vocab_size < 3):
@@ -279,8 +292,13 @@ class TextDataModule(L.LightningDataModule):
             choices.append(choice)
         # With the chosen sizes, exactly what a config that states them builds: a rerun from config.yaml is exact.
         tokenizer = self._train_tokenizer(splits, vocab_size, max_length)
-        return {**self._encode(tokenizer, splits, max_length), "max_length": max_length, "vocab_size": vocab_size,
-                "choices": choices}
+        state = self._encode(tokenizer, splits, max_length)
+        if hp.teacher == "ngram":
+            # From the whole texts, not the cut ones: the teacher reads what n-grams it can, the student its tokens.
+            state["splits"]["train"].teacher_probs = out_of_fold_probabilities(
+                splits.texts["train"], splits.labels["train"], len(splits.label_names), seed=hp.seed,
+                source=splits.sources.get("train", "train"))
+        return {**state, "max_length": max_length, "vocab_size": vocab_size, "choices": choices}
 
     def _train_tokenizer(self, splits: Splits, vocab_size: int, max_length: int):
         hp = self.hparams
@@ -369,7 +387,9 @@ class TextDataModule(L.LightningDataModule):
                      "encoding them with the checkpoint's")
             tokenizer = load_tokenizer(state["tokenizer"])
             sizes = {key: self._state[key] for key in ("max_length", "vocab_size")}
+            teacher_probs = self._state["splits"]["train"].teacher_probs  # same texts, same order
             self._state = {**self._encode(tokenizer, self._read_splits(), self.max_length), **sizes}
+            self._state["splits"]["train"].teacher_probs = teacher_probs
             self._tokenizer = tokenizer
 
 

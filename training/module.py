@@ -30,6 +30,7 @@ class ClassifierModule(L.LightningModule):
         label_smoothing: float = 0.0,
         token_dropout: float = 0.0,
         ema_decay: float = 0.0,
+        distillation: float = 0.0,
     ):
         """
         Args:
@@ -46,8 +47,12 @@ class ClassifierModule(L.LightningModule):
             ema_decay: above 0, `model` (validated, monitored, saved for prediction) is an exponential moving
                 average of the weights the optimizer moves (`online_model`), updated after every optimizer step;
                 it smooths out the noise of the last steps. 0 = no average: `model` is trained directly.
+            distillation: weight α of the teacher in the training loss, (1 - α)·CE(labels) + α·CE(teacher's
+                probabilities); needs data.teacher (data/teacher.py). 0 = labels only.
         """
         super().__init__()
+        if not 0.0 <= distillation <= 1.0:
+            raise ValueError(f"distillation must be between 0 and 1, got {distillation}")
         if isinstance(network, dict):  # load_from_checkpoint hands back the plain dict the checkpoint stores
             network = NetworkConfig.from_dict(network)
         self.label_names = list(label_names or [str(c) for c in range(network.num_classes)])
@@ -104,6 +109,12 @@ class ClassifierModule(L.LightningModule):
             input_ids = input_ids.masked_fill(dropped & ~batch["padding_mask"], UNK_ID)
         logits = self.online_model(input_ids, batch["padding_mask"]).logits
         loss = F.cross_entropy(logits, batch["labels"], label_smoothing=self.hparams.label_smoothing)
+        if self.hparams.distillation > 0:
+            if "teacher_probs" not in batch:
+                raise ValueError("model.distillation needs a teacher's probabilities in the training batches: "
+                                 "set data.teacher ngram")
+            alpha = self.hparams.distillation
+            loss = (1 - alpha) * loss + alpha * F.cross_entropy(logits, batch["teacher_probs"])
         if not torch.isfinite(loss):
             # Stop here: one more step would put NaN into the weights and the next checkpoint; those on disk stay.
             raise NonFiniteLossError(

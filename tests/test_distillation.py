@@ -1,0 +1,120 @@
+"""Distillation from an n-gram teacher: out-of-fold teacher probabilities (data/teacher.py), carried in the training
+batches, and the loss that mixes them with the labels (training/module.py)."""
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from data.datamodule import TextDataModule
+from data.teacher import is_cjk, out_of_fold_probabilities
+from model.config import NetworkConfig
+from training.module import ClassifierModule
+from test_data import rows, write
+from test_training import SMOKE, fit, run_script
+
+pytest.importorskip("sklearn")
+
+
+def test_teacher_learns_words_that_carry_the_label():
+    rng = random.Random(0)
+    texts, labels = [], []
+    for _ in range(300):
+        label = rng.randrange(3)
+        filler = " ".join(f"w{rng.randrange(50)}" for _ in range(6))
+        texts.append(f"{filler} {['red', 'green', 'blue'][label]} {filler}")
+        labels.append(label)
+    probabilities = out_of_fold_probabilities(texts, labels, num_classes=3)
+    assert probabilities.shape == (300, 3) and probabilities.dtype == torch.float32
+    assert torch.allclose(probabilities.sum(1), torch.ones(300), atol=1e-5)
+    # Columns are class ids: the column of each text's own colour holds the most probability.
+    assert (probabilities.argmax(1) == torch.tensor(labels)).float().mean() > 0.95
+
+
+def test_teacher_probabilities_are_out_of_fold():
+    # Each text is one word of its own and its label is a coin flip: a teacher that had seen a text would
+    # recall its label (in-sample agreement near 100%); one that had not can only guess (about 50%).
+    rng = random.Random(1)
+    texts = [f"word{i} word{i}x" for i in range(400)]
+    labels = [rng.randrange(2) for _ in texts]
+    probabilities = out_of_fold_probabilities(texts, labels, num_classes=2)
+    agreement = (probabilities.argmax(1) == torch.tensor(labels)).float().mean().item()
+    assert 0.35 < agreement < 0.65
+
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    x = TfidfVectorizer().fit_transform(texts)
+    in_sample = (LogisticRegression(C=4.0).fit(x, labels).predict(x) == labels).mean()
+    assert in_sample > 0.95  # the same teacher scoring its own training texts
+
+
+def test_cjk_texts_are_read_as_characters():
+    assert is_cjk(["房间很干净，服务也好", "早餐差"]) and not is_cjk(["a great film", "boring"])
+
+
+def test_training_batches_carry_the_teacher_and_the_cache_keeps_it(tmp_path):
+    path = write(tmp_path / "t.csv", rows(8))
+    kwargs = dict(train_file=str(path), vocab_size=100, batch_size=8, cache_dir=str(tmp_path / "cache"), teacher="ngram")
+    data = TextDataModule(**kwargs)
+    train = data.split("train")
+    assert train.teacher_probs.shape == (len(train), 2)
+    batch = next(iter(data.train_dataloader()))
+    assert batch["teacher_probs"].shape == (len(batch["labels"]), 2)
+    assert "teacher_probs" not in next(iter(data.val_dataloader()))  # validation is scored on labels only
+    again = TextDataModule(**kwargs)  # from the cache
+    assert torch.equal(again.split("train").teacher_probs, train.teacher_probs)
+    assert TextDataModule(**(kwargs | {"teacher": None})).split("train").teacher_probs is None
+
+
+def test_unknown_teacher_is_refused(tmp_path):
+    from data.sources import DataError
+
+    with pytest.raises(DataError, match="teacher must be ngram or null, got 'bert'"):
+        TextDataModule(train_file=str(tmp_path / "t.csv"), teacher="bert")
+
+
+def distillation_loss(alpha, teacher_probs):
+    torch.manual_seed(0)
+    module = ClassifierModule(NetworkConfig(vocab_size=20, num_classes=2, max_length=8, d_model=8, n_heads=2),
+                              distillation=alpha)
+    module.log = module.log_dict = lambda *a, **k: None  # no trainer attached
+    module.eval()  # no dropout: both computations below see the same network
+    batch = {"input_ids": torch.randint(2, 20, (4, 8)), "padding_mask": torch.zeros(4, 8, dtype=torch.bool),
+             "labels": torch.tensor([0, 1, 1, 0]), "teacher_probs": teacher_probs}
+    logits = module.model(batch["input_ids"], batch["padding_mask"]).logits
+    return module.training_step(batch, 0), logits, batch
+
+
+def test_distillation_loss_mixes_labels_and_teacher():
+    teacher = torch.tensor([[0.9, 0.1], [0.3, 0.7], [0.5, 0.5], [0.2, 0.8]])
+    loss, logits, batch = distillation_loss(0.25, teacher)
+    hard = F.cross_entropy(logits, batch["labels"])
+    soft = -(teacher * logits.log_softmax(-1)).sum(-1).mean()
+    assert torch.allclose(loss, 0.75 * hard + 0.25 * soft, atol=1e-6)
+    assert not torch.allclose(loss, hard, atol=1e-3)  # the teacher changed the loss
+
+
+def test_distillation_without_teacher_probabilities_is_an_error():
+    module = ClassifierModule(NetworkConfig(vocab_size=20, num_classes=2, max_length=8, d_model=8, n_heads=2),
+                              distillation=0.5)
+    batch = {"input_ids": torch.randint(2, 20, (2, 8)), "padding_mask": torch.zeros(2, 8, dtype=torch.bool),
+             "labels": torch.tensor([0, 1])}
+    with pytest.raises(ValueError, match="set data.teacher ngram"):
+        module.training_step(batch, 0)
+    with pytest.raises(ValueError, match="distillation must be between 0 and 1"):
+        ClassifierModule(distillation=1.5)
+
+
+def test_train_py_refuses_distillation_without_a_teacher(tmp_path):
+    result = run_script(tmp_path, "fit", "--config", SMOKE, "--model.distillation", "0.5")
+    assert result.returncode != 0
+    assert "model.distillation 0.5 needs a teacher: set data.teacher ngram" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_smoke_run_with_a_teacher_trains(tmp_path):
+    cli = fit(tmp_path, "--data.teacher", "ngram", "--model.distillation", "0.5", "--trainer.max_epochs", "2")
+    assert cli.trainer.global_step > 0
+    assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
