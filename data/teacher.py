@@ -46,12 +46,17 @@ def out_of_fold_probabilities(texts: list[str], labels: list[int], num_classes: 
     except ImportError:
         raise DataError("data.teacher ngram needs scikit-learn: pip install scikit-learn") from None
     start = time.perf_counter()
+    log.info("n-gram teacher: scoring %d training texts out of fold (%d folds)", len(texts), folds)
     y = np.asarray(labels)
     # Fewer folds when a class is rarer than the folds (StratifiedKFold needs a member of each class per fold).
     folds = max(2, min(folds, int(np.bincount(y, minlength=num_classes)[np.unique(y)].min())))
     probabilities = np.zeros((len(texts), num_classes), dtype=np.float32)
     texts = np.asarray(texts, dtype=object)
     for fitted, scored in StratifiedKFold(folds, shuffle=True, random_state=seed).split(texts, y):
+        classes = np.unique(y[fitted])
+        if len(classes) < 2:  # a class with a single text: this fold's teacher knows one class only
+            probabilities[np.ix_(scored, classes)] = 1.0
+            continue
         vectorizer = ngram_features(list(texts[fitted]))
         try:
             x = vectorizer.fit_transform(texts[fitted])

@@ -12,9 +12,7 @@ from data.teacher import is_cjk, out_of_fold_probabilities
 from model.config import NetworkConfig
 from training.module import ClassifierModule
 from test_data import rows, write
-from test_training import SMOKE, fit, run_script
-
-pytest.importorskip("sklearn")
+from test_training import ROOT, SMOKE, fit, run_script
 
 
 def test_teacher_learns_words_that_carry_the_label():
@@ -48,6 +46,12 @@ def test_teacher_probabilities_are_out_of_fold():
     x = TfidfVectorizer().fit_transform(texts)
     in_sample = (LogisticRegression(C=4.0).fit(x, labels).predict(x) == labels).mean()
     assert in_sample > 0.95  # the same teacher scoring its own training texts
+
+
+def test_a_class_with_one_text_still_gets_a_teacher():
+    texts = ["good film", "great film", "fine film", "bad film", "lovely film", "nice film"]
+    probabilities = out_of_fold_probabilities(texts, [1, 1, 1, 0, 1, 1], num_classes=2)
+    assert probabilities.shape == (6, 2) and torch.allclose(probabilities.sum(1), torch.ones(6))
 
 
 def test_cjk_texts_are_read_as_characters():
@@ -118,3 +122,14 @@ def test_smoke_run_with_a_teacher_trains(tmp_path):
     cli = fit(tmp_path, "--data.teacher", "ngram", "--model.distillation", "0.5", "--trainer.max_epochs", "2")
     assert cli.trainer.global_step > 0
     assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
+
+
+def test_the_generic_default_distills_on_a_users_own_file(tmp_path):
+    path = write(tmp_path / "reviews.csv", rows(6), text="review", label="stars")
+    result = run_script(tmp_path, "fit", "--config", str(ROOT / "configs" / "default.yaml"), "--data.train_file",
+                        str(path), "--data.text_column", "review", "--data.label_column", "stars",
+                        "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "n-gram teacher: out-of-fold probabilities for" in result.stderr
+    config = (next(tmp_path.glob("lightning_logs/version_*")) / "config.yaml").read_text()
+    assert "teacher: ngram" in config and "distillation: 0.5" in config
