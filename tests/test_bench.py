@@ -8,6 +8,7 @@ import csv
 import importlib.util
 import json
 import math
+import os
 import random
 import re
 import subprocess
@@ -212,3 +213,17 @@ def test_ensemble_missing_file_is_a_one_line_error(smoke_run, tmp_path, missing)
         result = ensemble("--config", tmp_path / "nope.yaml", best)
     assert result.returncode != 0 and "nope." in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_fit_and_test_script_reports_time_memory_and_the_best_checkpoint(tmp_path):
+    result = subprocess.run(["bash", str(ROOT / "bench" / "fit_and_test.sh"), str(tmp_path / "run"), "--config",
+                             str(ROOT / "configs" / "smoke.yaml"), "--trainer.max_epochs", "1",
+                             "--data.cache_dir", str(tmp_path / "cache")],
+                            capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable})
+    fit_seconds = int(re.search(r"FIT_SECONDS (\d+)", result.stdout).group(1))
+    peak = int(re.search(r"PEAK_RSS_MIB (\d+)", result.stdout).group(1))
+    best = Path(re.search(r"BEST (\S+)", result.stdout).group(1))
+    assert fit_seconds >= 1 and peak > 100  # a Python process with torch holds far more than 100 MiB
+    assert best.is_file() and best.parent.parent.parent.parent == tmp_path / "run"
+    # The synthetic task has no labelled test split: the scoring step says so in one line.
+    assert "error: no test split" in result.stdout
