@@ -116,6 +116,10 @@ def test_train_py_refuses_distillation_without_a_teacher(tmp_path):
     assert result.returncode != 0
     assert "model.distillation 0.5 needs a teacher: set data.teacher ngram" in result.stderr
     assert "Traceback" not in result.stderr
+    result = run_script(tmp_path, "fit", "--config", SMOKE, "--data.teacher", "ngram", "--model.distillation", "1.5")
+    assert result.returncode != 0
+    assert "error: model.distillation must be between 0 and 1, got 1.5" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_smoke_run_with_a_teacher_trains(tmp_path):

@@ -12,7 +12,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from data.tokenizer import UNK_ID
 from model.classifier import AttentionClassifier
-from model.config import NetworkConfig
+from model.config import ConfigError, NetworkConfig
 
 
 class NonFiniteLossError(RuntimeError):
@@ -52,7 +52,7 @@ class ClassifierModule(L.LightningModule):
         """
         super().__init__()
         if not 0.0 <= distillation <= 1.0:
-            raise ValueError(f"distillation must be between 0 and 1, got {distillation}")
+            raise ConfigError(f"model.distillation must be between 0 and 1, got {distillation}")
         if isinstance(network, dict):  # load_from_checkpoint hands back the plain dict the checkpoint stores
             network = NetworkConfig.from_dict(network)
         self.label_names = list(label_names or [str(c) for c in range(network.num_classes)])
