@@ -3,7 +3,7 @@ torch.nn.TransformerEncoder peer of the same shape.
 
 Both sides are built from one NetworkConfig (model/config.py): the `model: network:` section of configs/sst2.yaml
 with data.vocab_size, as train.py would build it. This project runs twice, with attention_kernel "manual" (the
-default: the written lines of MultiHeadSelfAttention.attend) and "fused" (the opt-in: torch's
+default: the written lines of model.attention.attention()) and "fused" (the opt-in: torch's
 scaled_dot_product_attention); the two share their weights.
 
 Every side gets the very same batches: SST-2-like sentence lengths (drawn from the SST-2 train length histogram,

@@ -1,14 +1,17 @@
 """Multi-head self-attention written out as matrices, the way the textbook formula reads.
 
     Q = X W_Q    K = X W_K    V = X W_V
-    A = softmax(Q Kᵀ / √d)          each row sums to 1; padded keys get exactly 0
+    A = softmax(Q Kᵀ / √d)          each row sums to 1; blocked keys get exactly 0
     out = concat_heads(A V) W_O
 
-`MultiHeadSelfAttention.attend` holds those lines once; every caller goes through it: training, validation, the
-attention monitor, heatmaps and prediction. `attention_kernel="fused"` is an opt-in that gives the same numbers
-through torch's scaled_dot_product_attention (tests/test_attention.py proves them equal).
+`attention()` below holds those lines once. Every kind calls it: `full` (here) on all L keys, and `local`,
+`sparse` and `linformer` (model/long_attention.py) on the keys and values they choose for each query, so an edit of
+`attention()` reaches training, validation, the monitor, heatmaps and prediction for every kind.
+`attention_kernel="fused"` is an opt-in for `full` only that gives the same numbers through torch's
+scaled_dot_product_attention (tests/test_attention.py proves them equal).
 
-Letters in the shape comments: B batch, L tokens, H heads, d head size, D model width, N real tokens of a batch.
+Letters in the shape comments: B batch, L tokens, H heads, d head size, D model width, N real tokens of a batch,
+K keys a query row is scored against (L for full attention; a long kind's own layout otherwise).
 """
 
 import math
@@ -25,6 +28,37 @@ class AttentionWeights(NamedTuple):
     weights: torch.Tensor  # (B, H, L, L) softmax rows: query × key; blocked keys hold exactly 0
     scores: torch.Tensor  # (B, H, L, L) the pre-softmax scores Q Kᵀ · scale (blocked places hold a huge negative)
     blocked: torch.Tensor | None  # broadcasts to (B, H, L, L); True where a query may not look at a key
+    # (attention() hands out the same three over any (…, L, K) layout; a long kind turns its own into
+    # LongAttentionWeights, model/long_attention.py)
+
+
+def attention(q, k, v, blocked=None, *, scale: float, dropout: nn.Module | None = None, need_weights: bool = False):
+    """The formula, written once: softmax(q kᵀ · scale) v, with blocked keys at exactly 0.
+
+    q (…, L, d) queries; k, v (…, K, d) the keys and values they see; blocked broadcasts to (…, L, K), True where a
+    query may not look at a key (None: none blocked). The leading dimensions (…) are (B, H) for full attention, or
+    (B, H, blocks) when a long kind scores block by block. Returns (out (…, L, d), AttentionWeights or None).
+    """
+    scores = (q @ k.transpose(-2, -1)) * scale  # (…, L, K)
+    if blocked is not None:
+        # Blocked keys get half the most negative finite number added rather than -inf: exp() of the sum is
+        # exactly 0 next to any allowed key, and a row with no allowed key at all stays finite (uniform; zeroed
+        # below). Half, so that adding a score can never overflow to -inf. Added as one float mask, in place:
+        # several times faster than a boolean masked_fill, and the scaled product is a fresh tensor that autograd
+        # does not keep.
+        lowest = torch.finfo(scores.dtype).min / 2
+        scores += torch.zeros(blocked.shape, dtype=scores.dtype, device=scores.device).masked_fill_(blocked, lowest)
+    weights = scores.softmax(dim=-1)  # (…, L, K), each row sums to 1
+    out = (weights if dropout is None else dropout(weights)) @ v  # (…, L, d)
+    if blocked is not None:
+        # A query with no key to look at (a text of padding only, a padded query whose window is all padding)
+        # gives 0, not an average. Always applied, never behind an `if empty.any()`: no data-dependent branch, so
+        # a traced export (ONNX) keeps it; it costs one pass over out, small next to the scores.
+        empty = blocked.all(dim=-1, keepdim=True)  # (…, L, 1)
+        out = out.masked_fill(empty, 0.0)
+        if need_weights:
+            weights = weights.masked_fill(empty, 0.0)
+    return out, AttentionWeights(weights, scores, blocked) if need_weights else None
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -61,28 +95,11 @@ class MultiHeadSelfAttention(nn.Module):
         self.head_gate: torch.Tensor | None = None
 
     def attend(self, q, k, v, blocked, need_weights: bool = False):
-        """The formula: q, k, v (B, H, L, d); blocked broadcasts to (B, H, L, L), True = may not look.
-        Returns (out (B, H, L, d), AttentionWeights or None)."""
-        if self.kernel == "fused" and not need_weights:
+        """Full attention: every query sees all L keys but the blocked ones. q, k, v (B, H, L, d); blocked
+        broadcasts to (B, H, L, L), True = may not look. Returns (out (B, H, L, d), AttentionWeights or None)."""
+        if self.kernel == "fused" and not need_weights:  # the opt-in; weights are only ever handed out by attention()
             return fused_attention(q, k, v, blocked, self.scale, self.dropout.p if self.training else 0.0), None
-        scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, L, L)
-        if blocked is not None:
-            # Blocked keys get half the most negative finite number added rather than -inf: exp() of the sum is
-            # exactly 0 next to any allowed key, and a row with no allowed key at all stays finite (uniform);
-            # empty_rows() zeroes those below. Half, so that adding a score can never overflow to -inf. Added as
-            # one (B or 1, 1, L or 1, L) float mask, in place: several times faster than a boolean masked_fill, and
-            # the scaled product is a fresh tensor that autograd does not keep.
-            lowest = torch.finfo(scores.dtype).min / 2
-            scores += torch.zeros(blocked.shape, dtype=scores.dtype, device=scores.device).masked_fill_(blocked, lowest)
-        weights = scores.softmax(dim=-1)  # (B, H, L, L), each row sums to 1
-        out = self.dropout(weights) @ v  # (B, H, L, d)
-        if blocked is not None:
-            empty = empty_rows(blocked)  # (B or 1, 1, L, 1): queries with no key to look at give 0, not an average
-            if empty.any():  # rare (a text of padding only, or left padding with the look-ahead mask): skip the pass
-                out = out.masked_fill(empty, 0.0)
-                if need_weights:
-                    weights = weights.masked_fill(empty, 0.0)
-        return out, AttentionWeights(weights, scores, blocked) if need_weights else None
+        return attention(q, k, v, blocked, scale=self.scale, dropout=self.dropout, need_weights=need_weights)
 
     def forward(
         self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, need_weights: bool = False
@@ -149,11 +166,6 @@ def attention_mask(
     return blocked
 
 
-def empty_rows(blocked: torch.Tensor) -> torch.Tensor:
-    """(B or 1, 1, L or 1, 1) bool: queries for which every key is blocked (a text of padding only)."""
-    return blocked.all(dim=-1, keepdim=True)
-
-
 def unpack(t: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     """(N, C) real tokens → (B, L, C) with zeros at padding; real (B, L) bool marks the N real places."""
     grid = t.new_zeros(*real.shape, t.shape[-1])
@@ -162,11 +174,11 @@ def unpack(t: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
 
 
 def fused_attention(q, k, v, blocked, scale: float, dropout_p: float) -> torch.Tensor:
-    """The opt-in kernel: softmax(q kᵀ · scale) v through F.scaled_dot_product_attention, with attend()'s
+    """The opt-in kernel: softmax(q kᵀ · scale) v through F.scaled_dot_product_attention, with attention()'s
     conventions (a blocked key gets exactly 0; a query with no key to look at gives 0)."""
     if blocked is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
-    # An additive float mask (not a boolean one) keeps all-padding rows finite, as in attend().
+    # An additive float mask (not a boolean one) keeps all-padding rows finite, as in attention().
     bias = torch.zeros(blocked.shape, dtype=q.dtype, device=q.device).masked_fill(blocked, torch.finfo(q.dtype).min)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
-    return out.masked_fill(empty_rows(blocked), 0.0)
+    return out.masked_fill(blocked.all(dim=-1, keepdim=True), 0.0)

@@ -8,10 +8,10 @@
     sparse     local, plus the first g tokens as global tokens: every token sees them, they see every token
                                                                                                           O(L·(w+g))
 
-Each kind is a MultiHeadSelfAttention: the same W_Q, W_K, W_V, W_O, the same 1/√d scale, the same conventions (a
-blocked key gets exactly 0 weight, a query with no key to look at gives 0), reached through the same forward() and
-forward_packed(). Only `attend` differs: which keys each query scores. `mask` hands attend the padding mask itself,
-and each kind builds its own `blocked` places in its own key layout.
+Each kind is a MultiHeadSelfAttention: the same W_Q, W_K, W_V, W_O, the same 1/√d scale, reached through the same
+forward() and forward_packed(), and the same formula: each kind's `attend` only chooses which keys and values a
+query sees and lays out their `blocked` places, then calls model/attention.py's `attention()` on them (looked up at
+call time as `core.attention`, so an edit there reaches every kind). `mask` hands attend the padding mask itself.
 
 Local attention is computed by blocks (lucidrains/local-attention): the sequence is cut into blocks of w tokens,
 and each block of queries scores its own block and the one before it (and after it): (B, H, n, w, 3w). Nothing of
@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import model.attention as core
 from model.attention import AttentionWeights, MultiHeadSelfAttention
 
 
@@ -49,23 +50,6 @@ class LongAttentionWeights(NamedTuple):
     blocked: torch.Tensor | None  # broadcasts to (B, H, L, K); True where a column is not a key the query may see
     key_positions: torch.Tensor  # (L, K) long: the token of column c in row i; −1 for a virtual (projected) key
     global_rows: AttentionWeights | None = None  # sparse: the g global queries over all L keys, (B, H, g, L)
-
-
-def masked_softmax(scores: torch.Tensor, blocked: torch.Tensor | None) -> torch.Tensor:
-    """softmax over the last axis with the blocked places at exactly 0, the way MultiHeadSelfAttention.attend does
-    it: half the lowest float added in place (a row with no allowed key stays finite; empty_rows() zeroes it)."""
-    if blocked is not None:
-        lowest = torch.finfo(scores.dtype).min / 2
-        scores += torch.zeros(blocked.shape, dtype=scores.dtype, device=scores.device).masked_fill_(blocked, lowest)
-    return scores.softmax(dim=-1)
-
-
-def empty_rows(blocked: torch.Tensor | None) -> torch.Tensor | None:
-    """Rows (keepdim) with no key to look at, or None when there are none."""
-    if blocked is None:
-        return None
-    empty = blocked.all(dim=-1, keepdim=True)
-    return empty if empty.any() else None
 
 
 class LongAttention(MultiHeadSelfAttention):
@@ -97,27 +81,19 @@ class LocalSelfAttention(LongAttention):
         return self.window + 1 if self.causal else 2 * self.window + 1
 
     def attend(self, q, k, v, padding, need_weights: bool = False):
-        """q, k, v (B, H, L, d); padding (B, L) bool or None. Returns (out (B, H, L, d), LongAttentionWeights or None)."""
+        """Each block of w queries sees its own block of keys and the one before it (and after it), minus what
+        lies outside a query's window. q, k, v (B, H, L, d); padding (B, L) bool or None.
+        Returns (out (B, H, L, d), LongAttentionWeights or None)."""
         L = q.shape[2]
         keys, values = self.neighbours(self.blocks(k)), self.neighbours(self.blocks(v))  # each (B, H, n, C·w, d)
         blocked = self.band_mask(L, padding, q.device)  # (B or 1, 1, n, w, C·w)
-        out, weights, scores = self.attend_blocks(q, keys, values, blocked)  # (B, H, n, w, d), 2 × (B, H, n, w, C·w)
+        out, block_weights = core.attention(self.blocks(q), keys, values, blocked, scale=self.scale,
+                                            dropout=self.dropout, need_weights=need_weights)  # (B, H, n, w, d)
         out = out.flatten(2, 3)[:, :, :L]  # (B, H, L, d)
         if not need_weights:
             return out, None
-        band = [self.to_band(t, L) for t in (weights, scores, blocked)]  # each (B or 1, H or 1, L, band_width)
+        band = [self.to_band(t, L) for t in block_weights]  # each (B or 1, H or 1, L, band_width)
         return out, LongAttentionWeights(*band, self.key_positions(L, q.device))
-
-    def attend_blocks(self, q, keys, values, blocked):
-        """The formula, block by block: each block of w queries against its own K keys. q (B, H, L, d); keys, values
-        (B, H, n, K, d); blocked (B or 1, 1, n, w, K). Returns out (B, H, n, w, d), weights and scores (B, H, n, w, K)."""
-        scores = (self.blocks(q) @ keys.transpose(-2, -1)) * self.scale  # (B, H, n, w, K)
-        weights = masked_softmax(scores, blocked)  # (B, H, n, w, K), each row sums to 1
-        out = self.dropout(weights) @ values  # (B, H, n, w, d)
-        empty = empty_rows(blocked)  # e.g. a padded query whose whole window is padding
-        if empty is not None:
-            out, weights = out.masked_fill(empty, 0.0), weights.masked_fill(empty, 0.0)
-        return out, weights, scores
 
     def band_mask(self, L: int, padding, device) -> torch.Tensor:
         """(B or 1, 1, n, w, C·w) bool: True where a block's key slot is outside a query's window, past the text's
@@ -172,7 +148,9 @@ class SparseSelfAttention(LocalSelfAttention):
         self.global_tokens = global_tokens
 
     def attend(self, q, k, v, padding, need_weights: bool = False):
-        """q, k, v (B, H, L, d); padding (B, L) bool or None. Returns (out (B, H, L, d), LongAttentionWeights or None)."""
+        """Each block of queries sees the g global keys and its window as in local attention; the g global queries
+        see all L keys. q, k, v (B, H, L, d); padding (B, L) bool or None.
+        Returns (out (B, H, L, d), LongAttentionWeights or None)."""
         L = q.shape[2]
         g = min(self.global_tokens, L)
         n, w = -(-L // self.window), self.window
@@ -186,26 +164,21 @@ class SparseSelfAttention(LocalSelfAttention):
         batch = max(global_blocked.shape[0], band_blocked.shape[0])
         blocked = torch.cat([global_blocked.expand(batch, -1, -1, -1, -1), band_blocked.expand(batch, -1, -1, -1, -1)],
                             dim=-1)  # (B or 1, 1, n, w, g + C·w)
-        out, weights, scores = self.attend_blocks(q, keys, values, blocked)  # (B, H, n, w, d), 2 × (B, H, n, w, g + C·w)
+        out, block_weights = core.attention(self.blocks(q), keys, values, blocked, scale=self.scale,
+                                            dropout=self.dropout, need_weights=need_weights)  # (B, H, n, w, d)
 
         # The global queries: g rows of full attention over all L keys, O(g·L).
-        rows_scores = (q[:, :, :g] @ k.transpose(-2, -1)) * self.scale  # (B, H, g, L)
         rows_blocked = self.global_mask(padding, g, L, q.device)  # (B or 1, 1, g, L)
-        rows_weights = masked_softmax(rows_scores, rows_blocked)  # (B, H, g, L)
-        rows_out = self.dropout(rows_weights) @ v  # (B, H, g, d)
-        empty = empty_rows(rows_blocked)
-        if empty is not None:
-            rows_out, rows_weights = rows_out.masked_fill(empty, 0.0), rows_weights.masked_fill(empty, 0.0)
+        rows_out, global_rows = core.attention(q[:, :, :g], k, v, rows_blocked, scale=self.scale,
+                                               dropout=self.dropout, need_weights=need_weights)  # (B, H, g, d)
         out = torch.cat([rows_out, out.flatten(2, 3)[:, :, g:L]], dim=2)  # (B, H, L, d)
         if not need_weights:
             return out, None
 
+        weights, scores, blocked = (self.to_band(t, L) for t in block_weights)  # each (…, L, g + band_width)
         is_global = (torch.arange(L, device=q.device) < g)[:, None]  # (L, 1): rows handed out in global_rows
-        weights = self.to_band(weights, L).masked_fill(is_global, 0.0)  # (B, H, L, g + band_width)
-        blocked = self.to_band(blocked, L) | is_global  # (B or 1, 1, L, g + band_width)
-        global_rows = AttentionWeights(rows_weights, rows_scores, rows_blocked)
-        return out, LongAttentionWeights(weights, self.to_band(scores, L), blocked, self.key_positions(L, q.device),
-                                         global_rows)
+        weights, blocked = weights.masked_fill(is_global, 0.0), blocked | is_global
+        return out, LongAttentionWeights(weights, scores, blocked, self.key_positions(L, q.device), global_rows)
 
     def global_mask(self, padding, queries: int, keys: int, device) -> torch.Tensor:
         """(B or 1, 1, queries, keys) bool, True where query p may not see key j: j is padding, or comes after p under
@@ -251,7 +224,8 @@ class LinformerSelfAttention(LongAttention):
         self.value_projection = nn.Parameter(torch.randn(projection_length, max_length) / math.sqrt(projection_length))
 
     def attend(self, q, k, v, padding, need_weights: bool = False):
-        """q, k, v (B, H, L, d); padding (B, L) bool or None. Returns (out (B, H, L, d), LongAttentionWeights or None)."""
+        """Every query sees the k projected keys and values. q, k, v (B, H, L, d); padding (B, L) bool or None.
+        Returns (out (B, H, L, d), LongAttentionWeights or None)."""
         L = q.shape[2]
         blocked = None
         if padding is not None:
@@ -261,16 +235,12 @@ class LinformerSelfAttention(LongAttention):
             blocked = padding.all(dim=-1)[:, None, None, None].expand(-1, -1, -1, self.key_projection.shape[0])
         k = self.key_projection[:, :L] @ k  # (k, L) @ (B, H, L, d) → (B, H, k, d)
         v = self.value_projection[:, :L] @ v  # (B, H, k, d)
-        scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, L, k)
-        weights = masked_softmax(scores, blocked)  # (B, H, L, k), each row sums to 1
-        out = self.dropout(weights) @ v  # (B, H, L, d)
-        empty = empty_rows(blocked)
-        if empty is not None:
-            out, weights = out.masked_fill(empty, 0.0), weights.masked_fill(empty, 0.0)
+        out, weights = core.attention(q, k, v, blocked, scale=self.scale, dropout=self.dropout,
+                                      need_weights=need_weights)  # (B, H, L, d), weights over the k virtual keys
         if not need_weights:
             return out, None
-        virtual = torch.full((L, weights.shape[-1]), -1, dtype=torch.long, device=q.device)  # (L, k): no token
-        return out, LongAttentionWeights(weights, scores, blocked, virtual)
+        virtual = torch.full((L, k.shape[2]), -1, dtype=torch.long, device=q.device)  # (L, k): no token
+        return out, LongAttentionWeights(*weights, virtual)
 
 
 # ---- views for heatmaps -----------------------------------------------------------------------------------------
