@@ -109,7 +109,7 @@ class LocalSelfAttention(LongAttention):
     def blocks(self, t: torch.Tensor, fill=0) -> torch.Tensor:
         """(B, H, L, d) → (B, H, n, w, d), the last block filled up with `fill` rows."""
         B, H, L, d = t.shape
-        n = -(-L // self.window)
+        n = (L + self.window - 1) // self.window  # not -(-L // w): ONNX divides negative integers toward 0
         t = F.pad(t, (0, 0, 0, n * self.window - L), value=fill)
         return t.view(B, H, n, self.window, d)
 
@@ -153,7 +153,7 @@ class SparseSelfAttention(LocalSelfAttention):
         Returns (out (B, H, L, d), LongAttentionWeights or None)."""
         L = q.shape[2]
         g = min(self.global_tokens, L)
-        n, w = -(-L // self.window), self.window
+        n, w = (L + self.window - 1) // self.window, self.window
         # Each block's keys: the g global keys, then its neighbouring blocks as in local attention.
         keys = torch.cat([k[:, :, None, :g].expand(-1, -1, n, -1, -1), self.neighbours(self.blocks(k))], dim=3)
         values = torch.cat([v[:, :, None, :g].expand(-1, -1, n, -1, -1), self.neighbours(self.blocks(v))], dim=3)
