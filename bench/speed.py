@@ -38,7 +38,7 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from data.tokenizer import PAD_ID, UNK_ID
+from data.tokenizer import PAD_ID, UNK_ID, padding_mask
 from model.attention import MultiHeadSelfAttention
 from model.classifier import AttentionClassifier, AttentionPooling, ClassifierOutput, position_embedding
 from model.config import KERNELS, POOLINGS, ConfigError, NetworkConfig
@@ -133,7 +133,7 @@ def make_batch(lengths, vocab_size: int, num_classes: int, generator, device, pa
     lengths = torch.as_tensor(lengths)
     L = int(lengths.max())
     token_ids = torch.randint(UNK_ID + 1, vocab_size, (len(lengths), L), generator=generator)
-    mask = torch.arange(L)[None, :] >= lengths[:, None]  # (B, L), True = padding
+    mask = padding_mask(lengths, L)  # (B, L), True = padding
     token_ids = token_ids.masked_fill(mask, PAD_ID)
     labels = torch.randint(0, num_classes, (len(lengths),), generator=generator)
     return token_ids.to(device), mask.to(device) if pad else None, labels.to(device)
@@ -224,7 +224,8 @@ def compare_classifiers(models, workload, train_batches, inference_batches, plan
         sentences = sum(len(labels) for _, _, labels in batches)
         row = dict(workload=workload, task=task, batch=len(batches[0][2]),
                    tokens=sum(ids.numel() for ids, _, _ in batches) // len(batches),
-                   real=sum(int((ids != PAD_ID).sum()) for ids, _, _ in batches) // len(batches))
+                   real=sum(int(mask.numel() - mask.sum()) if mask is not None else ids.numel()
+                            for ids, mask, _ in batches) // len(batches))
         for side in models:
             row[f"{side}_per_s"], row[f"{side}_mb"] = sentences / seconds[side], memory[side] / 2**20
         for kernel in KERNELS:
@@ -247,7 +248,7 @@ def compare_attention(config: NetworkConfig, L: int, plan, device, generator) ->
     layer = layers["manual"]
     lengths = torch.randint(L // 2 + 1, L + 1, (B,), generator=generator)
     lengths[0] = L
-    mask = (torch.arange(L)[None, :] >= lengths[:, None]).to(device)  # (B, L), True = padding
+    mask = padding_mask(lengths, L).to(device)  # (B, L), True = padding
     grid = torch.randn(B, L, config.d_model, device=device)
     x = grid[~mask].requires_grad_()  # (N, D): the real tokens, as the classifier hands them over
     grid.requires_grad_()

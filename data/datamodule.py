@@ -1,7 +1,8 @@
 """The DataModule: load splits → train the tokenizer on train → encode once (cached) → length-bucketed batches.
 
-A batch is a dict: input_ids (B, L) long, padding_mask (B, L) bool with True at padding, labels (B,) long,
-padded per batch to its longest text; with data.teacher, training batches also hold teacher_probs (B, C).
+A batch is a dict: input_ids (B, L) long, padding_mask (B, L) bool with True at padding (from the texts' lengths,
+data.tokenizer.pad), labels (B,) long, padded per batch to its longest text; with data.teacher, training batches
+also hold teacher_probs (B, C).
 """
 
 import fcntl
@@ -19,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from data.sources import DataError, Splits, load_splits, local_copy_dir
 from data.teacher import out_of_fold_probabilities
-from data.tokenizer import KINDS, PAD_ID, UNK_ID, cut, load_tokenizer, train_tokenizer, word_counts
+from data.tokenizer import KINDS, UNK_ID, cut, load_tokenizer, pad, train_tokenizer, word_counts
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 4  # bump when tokenization changes (4: adaptive max_length/vocab_size, ChnSentiCorp test split)
@@ -63,11 +64,10 @@ class EncodedSplit(Dataset):
 
 
 def collate(items) -> dict[str, torch.Tensor]:
-    L = max(len(item[0]) for item in items)
-    input_ids = torch.full((len(items), L), PAD_ID, dtype=torch.long)
-    for row, item in enumerate(items):
-        input_ids[row, : len(item[0])] = item[0]
-    batch = {"input_ids": input_ids, "padding_mask": input_ids == PAD_ID, "labels": torch.stack([item[1] for item in items])}
+    """(ids, label[, teacher_probs]) items → a batch padded to its longest text; padding_mask from the lengths
+    (data.tokenizer.pad), as prediction builds it."""
+    input_ids, padding_mask = pad([item[0] for item in items])
+    batch = {"input_ids": input_ids, "padding_mask": padding_mask, "labels": torch.stack([item[1] for item in items])}
     if len(items[0]) == 3:  # the training split with data.teacher
         batch["teacher_probs"] = torch.stack([item[2] for item in items])
     return batch

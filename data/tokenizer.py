@@ -10,6 +10,7 @@ import json
 import logging
 from collections import Counter
 
+import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from data.sources import DataError
@@ -17,6 +18,8 @@ from data.sources import DataError
 log = logging.getLogger(__name__)
 PAD, UNK = "[PAD]", "[UNK]"
 PAD_ID, UNK_ID = 0, 1  # the trainers put the special tokens first, in this order (tests/test_data.py checks)
+# A text may hold the ids PAD_ID and UNK_ID itself: "[PAD]" or "[UNK]" typed in it are matched as those tokens, in
+# training and prediction alike. So padding is never found by matching ids: padding_mask() builds it from lengths.
 KINDS = ("wordpiece", "word")
 PREFIX = "##"  # marks a word piece that continues a word
 
@@ -149,3 +152,21 @@ CHARS_PER_TOKEN_BOUND = 50
 def cut(texts: list[str], max_length: int) -> list[str]:
     """Texts cut to max_length * CHARS_PER_TOKEN_BOUND characters, for tokenizer training and encoding alike."""
     return [text[: max_length * CHARS_PER_TOKEN_BOUND] for text in texts]
+
+
+def padding_mask(lengths: torch.Tensor, L: int | None = None) -> torch.Tensor:
+    """The one padding rule: (B, L) bool, True at padding, for texts of `lengths` (B,) tokens padded to L (default
+    the longest). From lengths, never from token ids (a text may hold PAD_ID itself)."""
+    lengths = torch.as_tensor(lengths)
+    L = int(lengths.max()) if L is None else L
+    return torch.arange(L, device=lengths.device) >= lengths[:, None]  # (B, L)
+
+
+def pad(sequences) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id sequences (lists or 1-d tensors) → input_ids (B, L) long, PAD_ID after each text's end, and
+    padding_mask (B, L) bool, True at padding (padding_mask() of their lengths); L is the longest."""
+    lengths = torch.tensor([len(ids) for ids in sequences])
+    input_ids = torch.full((len(sequences), int(lengths.max())), PAD_ID, dtype=torch.long)  # (B, L)
+    for row, ids in enumerate(sequences):
+        input_ids[row, : len(ids)] = torch.as_tensor(ids)
+    return input_ids, padding_mask(lengths, input_ids.shape[1])

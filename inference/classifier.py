@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from data.tokenizer import PAD_ID, UNK_ID, cut
+from data.tokenizer import UNK_ID, cut, pad
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
 
@@ -233,12 +233,7 @@ class TextClassifier:
     def _forward(self, batch_ids: list[list[int]], attention: bool) -> tuple[torch.Tensor, tuple]:
         """Probabilities (B, num_classes) and, if asked, weights (B, n_layers, H, L, L) (a long kind: (B, n_layers,
         H, L, K), its key_positions (L, K) and sparse's global rows (B, n_layers, H, g, L)), all on the CPU."""
-        lengths = torch.tensor([len(ids) for ids in batch_ids])
-        L = int(lengths.max())
-        input_ids = torch.full((len(batch_ids), L), PAD_ID, dtype=torch.long)  # (B, L)
-        for row, ids in enumerate(batch_ids):
-            input_ids[row, : len(ids)] = torch.tensor(ids)
-        key_padding_mask = torch.arange(L) >= lengths[:, None]  # (B, L), True at padding
+        input_ids, key_padding_mask = pad(batch_ids)  # (B, L) each; the mask from lengths, as in training
         # Length-sorted batches often have no padding at all; then there is nothing to mask.
         mask = key_padding_mask.to(self.device) if key_padding_mask.any() else None
         output = self.model(input_ids.to(self.device), mask, need_weights=attention)

@@ -16,7 +16,7 @@ import re
 import torch
 import torch.nn.functional as F
 
-from data.tokenizer import PAD_ID
+from data.tokenizer import pad
 
 
 def batches(classifier, texts: list[str], labels: list[int], batch_size: int = 256):
@@ -26,11 +26,7 @@ def batches(classifier, texts: list[str], labels: list[int], batch_size: int = 2
     out = []
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        lengths = torch.tensor([len(ids[i]) for i in chunk])
-        token_ids = torch.full((len(chunk), int(lengths.max())), PAD_ID, dtype=torch.long)
-        for row, i in enumerate(chunk):
-            token_ids[row, : len(ids[i])] = torch.tensor(ids[i])
-        mask = torch.arange(token_ids.shape[1]) >= lengths[:, None]
+        token_ids, mask = pad([ids[i] for i in chunk])  # the mask from lengths, as in training
         out.append((token_ids.to(classifier.device), mask.to(classifier.device) if mask.any() else None,
                     torch.tensor([labels[i] for i in chunk], device=classifier.device)))
     return out

@@ -11,7 +11,7 @@ def classifier(**settings) -> AttentionClassifier:
 
 def tiny_batch():
     token_ids = torch.tensor([[5, 6, 7, 8, 9], [3, 4, 0, 0, 0], [7, 0, 0, 0, 0]])
-    return token_ids, token_ids == 0
+    return token_ids, torch.arange(5) >= torch.tensor([5, 2, 1])[:, None]  # padding from the lengths
 
 
 @pytest.mark.parametrize("pooling", POOLINGS)
@@ -29,8 +29,8 @@ def test_pooling_ignores_padding(pooling):
     model = classifier(vocab_size=20, num_classes=2, d_model=16, n_heads=2, pooling=pooling).eval()
     short = torch.tensor([[3, 4]])
     padded = torch.tensor([[3, 4, 0, 0]])
-    logits_short = model(short, short == 0).logits
-    logits_padded = model(padded, padded == 0).logits
+    logits_short = model(short, torch.tensor([[False, False]])).logits
+    logits_padded = model(padded, torch.tensor([[False, False, True, True]])).logits
     torch.testing.assert_close(logits_short, logits_padded, atol=1e-5, rtol=1e-5)
 
 
@@ -87,7 +87,7 @@ def test_padded_batch_equals_each_text_alone(pooling, causal, kernel):
 def test_packed_path_gives_finite_logits_for_an_all_padding_sequence():
     model = classifier(vocab_size=20, num_classes=2, d_model=16, n_heads=2, d_ff=32)
     token_ids = torch.tensor([[3, 4, 5], [0, 0, 0]])
-    logits = model(token_ids, token_ids == 0).logits
+    logits = model(token_ids, torch.tensor([[False] * 3, [True] * 3])).logits  # the second text: padding only
     assert torch.isfinite(logits).all()
 
 

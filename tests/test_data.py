@@ -258,7 +258,8 @@ def test_vocab_size_too_small_for_one_character_says_the_smallest_that_works():
 
 
 def test_collate_pads_with_pad_id_and_marks_exactly_the_padding():
-    batch = collate([(torch.tensor([5, 6, 7]), torch.tensor(1)), (torch.tensor([8]), torch.tensor(0))])
-    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, PAD_ID, PAD_ID]]
+    # The first text holds PAD_ID itself ("[PAD]" typed in it): a real token, marked from the lengths, not the ids.
+    batch = collate([(torch.tensor([5, PAD_ID, 7]), torch.tensor(1)), (torch.tensor([8]), torch.tensor(0))])
+    assert batch["input_ids"].tolist() == [[5, PAD_ID, 7], [8, PAD_ID, PAD_ID]]
     assert batch["padding_mask"].tolist() == [[False, False, False], [False, True, True]]
     assert batch["labels"].tolist() == [1, 0]

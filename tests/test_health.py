@@ -187,7 +187,7 @@ def test_health_of_a_real_layer_is_computed_from_what_it_handed_out(causal):
     torch.manual_seed(0)
     model = AttentionClassifier(NetworkConfig(vocab_size=20, num_classes=3, d_model=16, n_heads=2, causal=causal))
     token_ids = torch.tensor([[5, 6, 7, 8, 9], [3, 4, 0, 0, 0], [7, 0, 0, 0, 0]])
-    mask = token_ids == 0
+    mask = torch.arange(5) >= torch.tensor([5, 2, 1])[:, None]  # padding from the lengths
     (attention,) = model.eval()(token_ids, mask, need_weights=True).attention
     health = AttentionHealth()
     health.update([attention], mask)

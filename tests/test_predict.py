@@ -347,3 +347,45 @@ def test_a_checkpoint_of_the_first_layout_loads_with_the_same_predictions(ckpt, 
     loaded = TextClassifier.from_checkpoint(old, device="cpu")
     assert loaded.model.config == classifier.model.config
     assert [p.probabilities for p in loaded.predict(TEXTS)] == [p.probabilities for p in classifier.predict(TEXTS)]
+
+
+# --- one padding rule -----------------------------------------------------------------------------------------------
+
+SPECIAL = ["alpha [PAD] beta w1", "[PAD]", "[UNK] w2 [UNK] alpha", "beta [PAD][PAD] alpha w3 [UNK]", "w4 ##s [CLS] w5",
+           "[pad] w6 beta"]
+
+
+def test_special_token_strings_get_the_same_ids_and_prediction_in_validate_and_predict(run, tmp_path, capsys,
+                                                                                        monkeypatch):
+    """A text holding "[PAD]", "[UNK]" or another special-looking string: `train.py validate` (the DataModule's
+    encoding and batches) and predict.py see the same token ids and give the same probabilities. Padding comes from
+    the lengths in both, so a typed "[PAD]" (id 0) is a real token in both, never masked out in one of them."""
+    ckpt, cli = run
+    val_file = tmp_path / "special.csv"
+    with open(val_file, "w", newline="") as f:
+        csv.writer(f).writerows([("text", "label"), *[(text, LABELS[i % 3]) for i, text in enumerate(SPECIAL)]])
+    seen = []  # (ids of a real row, its probabilities) from every validation batch
+    evaluate = type(cli.model).evaluate
+
+    def recording(self, batch, stage, need_weights=False):
+        out = evaluate(self, batch, stage, need_weights)
+        for ids, padding, logits in zip(batch["input_ids"], batch["padding_mask"], out["logits"]):
+            seen.append((ids[~padding].tolist(), logits.softmax(-1).tolist()))
+        return out
+
+    monkeypatch.setattr(type(cli.model), "evaluate", recording)
+    train.main([
+        "validate", "--config", SMOKE, "--data.train_file", str(cli.datamodule.hparams.train_file),
+        "--data.val_file", str(val_file), "--data.cache_dir", str(tmp_path / "cache"), "--ckpt_path", str(ckpt),
+        "--trainer.default_root_dir", str(tmp_path), *QUIET,
+    ])
+    capsys.readouterr()  # validate's table of figures
+    classifier = TextClassifier.from_checkpoint(ckpt, device="cpu")
+    ids, _, _ = classifier.encode(SPECIAL)
+    assert 0 in ids[0] and 1 in ids[2]  # the typed strings are the special tokens' ids, in both paths alike
+    code, outputs, _ = predict_cli(capsys, "--ckpt", ckpt, *SPECIAL)
+    assert code == 0
+    assert sorted(row for row, _ in seen) == sorted(ids)  # the same ids, padding marked from the lengths
+    validated = {tuple(row): probabilities for row, probabilities in seen}
+    for text_ids, output in zip(ids, outputs):
+        assert list(output["probabilities"].values()) == pytest.approx(validated[tuple(text_ids)], abs=1e-5)
