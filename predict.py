@@ -17,6 +17,8 @@ log = logging.getLogger("predict")
 PROGRESS_BAR_ABOVE = 1000  # inputs; below this a bar shows only when stderr is a terminal
 TEXTS_PER_STEP = 16  # batches predicted (and written out) at a time, so output streams and memory stays flat
 NOTES_SHOWN = 10  # per kind of note; the rest are counted
+MAX_IG_STEPS = 1024  # inference/explain.py's bound, repeated so --help answers without importing torch
+MAX_BATCH_SIZE = 65536  # texts per forward pass; above this one batch of long texts is gigabytes
 NON_FINITE = "the model produced non-finite probabilities (NaN/inf): the checkpoint's weights are broken"
 
 DESCRIPTION = """\
@@ -61,7 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="add 'tokens' (what the model saw) and 'attention': per layer a tokens × tokens matrix "
                              "(query rows, key columns), averaged over heads, rounded to 6 decimals. Long-text kinds "
                              "give each row's own keys (tokens × K) and 'attention_keys' (tokens × K: the token of "
-                             "each column, -1 for a linformer projected key); sparse also 'global_attention' "
+                             "each column; linformer: -1, a projected key; local/sparse: a position below 0 or past "
+                             "the last token is a band slot outside the text, no key, weight 0); sparse also "
+                             "'global_attention' "
                              "(the global tokens' rows over all tokens); see README 'Long texts'")
     parser.add_argument("--all-heads", action="store_true",
                         help="with --attention, give every head: per layer, per head, a tokens × tokens matrix")
@@ -74,10 +78,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "with each method's faithfulness for that text (README 'Why did it predict that?')")
     parser.add_argument("--html", metavar="FILE",
                         help="with --explain, also write one self-contained HTML page for the texts to FILE")
-    parser.add_argument("--ig-steps", type=positive_int, default=32, metavar="N",
-                        help="with --explain, Integrated Gradients steps (default: 32)")
-    parser.add_argument("--batch-size", type=positive_int, default=256, metavar="N",
-                        help="texts per forward pass (default: 256); texts are batched by length internally")
+    parser.add_argument("--ig-steps", type=bounded_int(MAX_IG_STEPS), default=32, metavar="N",
+                        help=f"with --explain, Integrated Gradients steps, 1..{MAX_IG_STEPS} (default: 32)")
+    parser.add_argument("--batch-size", type=bounded_int(MAX_BATCH_SIZE), default=256, metavar="N",
+                        help=f"texts per forward pass, 1..{MAX_BATCH_SIZE} (default: 256); texts are batched by "
+                             "length internally")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="where the network runs; auto picks cuda when available (default: auto)")
     parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
@@ -98,6 +103,18 @@ def positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return number
+
+
+def bounded_int(most: int):
+    """An argparse type: an integer in 1..most (options that size memory are bounded before any work)."""
+    def parse(value: str) -> int:
+        number = int(value)
+        if not 1 <= number <= most:
+            raise argparse.ArgumentTypeError(f"must be in 1..{most}, got {value}")
+        return number
+
+    parse.__name__ = "integer"  # argparse names the type in its message: "invalid integer value: 'x'"
+    return parse
 
 
 def read_inputs(args) -> list[str]:
@@ -228,36 +245,52 @@ def run(args) -> int:
             sys.stdout.flush()
             bar.update(len(window))
     for number, length in truncated[:NOTES_SHOWN]:
-        log.info("%s %d: %d tokens, truncated to the model's max_length of %d", where, number, length,
-                 classifier.max_length)
+        log.info("%s %d: %s%d tokens, truncated to the model's max_length of %d", where, number,
+                 at_least(texts[number - 1]), length, classifier.max_length)
     if len(truncated) > NOTES_SHOWN:
         log.info("... %d texts truncated in all", len(truncated))
     if broken:
         shown = ", ".join(map(str, broken[:NOTES_SHOWN])) + (", ..." if len(broken) > NOTES_SHOWN else "")
         log.info("%d input(s) reported as errors: %s (%s %s)", len(broken), NON_FINITE, where, shown)
-    if empty:
-        shown = ", ".join(map(str, empty[:NOTES_SHOWN])) + (", ..." if len(empty) > NOTES_SHOWN else "")
-        log.info('%d empty input(s) reported as {"error": "empty text"} (%s %s)', len(empty), where, shown)
+    note_empty(empty, where)
     return 0
 
 
+def note_empty(empty: list[int], where: str) -> None:
+    if empty:
+        shown = ", ".join(map(str, empty[:NOTES_SHOWN])) + (", ..." if len(empty) > NOTES_SHOWN else "")
+        log.info('%d empty input(s) reported as {"error": "empty text"} (%s %s)', len(empty), where, shown)
+
+
+def at_least(text: str) -> str:
+    from inference.classifier import length_is_lower_bound
+
+    return "at least " if length_is_lower_bound(text) else ""
+
+
 def run_explain(args, classifier, texts: list[str]) -> int:
-    """--explain: one JSON object per input (an empty one gives {"text", "error"}), and the page with --html."""
+    """--explain: one JSON object per input (an empty one gives {"text", "error"}), and the page with --html.
+    The page's target is checked before any explanation is computed; with no non-empty input it is not written."""
     real = [i for i, text in enumerate(texts) if text.strip()]
+    where = "text" if args.texts else "line"
+    if args.html:
+        from data.files import check_target
+
+        if not real:
+            raise InputError(f"{args.html}: not written: every input is empty, there is nothing to explain")
+        check_target(args.html, "report", inputs=[args.file] if args.file not in (None, "-") else [])
     explanations = dict(zip(real, classifier.explain([texts[i] for i in real], ig_steps=args.ig_steps)))
     for i, text in enumerate(texts):
         out = explanations[i].to_dict() if i in explanations else {"text": text, "error": "empty text"}
         sys.stdout.write(json_line(out) or json_line({"text": text, "error": NON_FINITE}))
         if i in explanations and explanations[i].truncated_from is not None:
-            log.info("input %d: %d tokens; explained as the model saw it, its first %d", i + 1,
+            log.info("%s %d: %s%d tokens; explained as the model saw it, its first %d", where, i + 1, at_least(text),
                      explanations[i].truncated_from, classifier.max_length)
+    note_empty([i + 1 for i in range(len(texts)) if i not in explanations], where)
     if args.html:
         from inference.report import write_report
 
-        try:
-            write_report([explanations[i] for i in real], args.html)
-        except OSError as e:
-            raise InputError(f"{args.html}: cannot write the report: {e.strerror}") from e
+        write_report([explanations[i] for i in real], args.html)  # WriteError (a ValueError): one line
         log.info("report written to %s", args.html)
     return 0
 

@@ -11,19 +11,24 @@ Left unset, the sizes the data decide (data.max_length, data.vocab_size) and the
 that file is exact. Early stopping on val/acc and the attention monitor are on by default.
 """
 
+import errno
+import inspect
 import logging
 import math
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import torch
+import yaml
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from data import DataError, TextDataModule
+from data.files import WriteError, reason
 from inference.classifier import CheckpointError
-from model.config import ConfigError
+from model.config import ConfigError, NetworkConfig
 from training.checkpoints import check_checkpoint, check_readable
 from training.module import ClassifierModule, NonFiniteLossError
 
@@ -52,6 +57,7 @@ class CLI(LightningCLI):
         parser.set_defaults({"trainer.callbacks": [{"class_path": "monitor.AttentionMonitor"}]})
 
     def parse_arguments(self, parser, args):
+        check_flat_network_flags(sys.argv[1:] if args is None else args)
         super().parse_arguments(parser, args)
         # LightningCLI then reads the checkpoint's hyperparameters into the config (so `validate --ckpt_path X`
         # rebuilds X's network); make sure first that the file is a safe, readable checkpoint of this project.
@@ -77,6 +83,9 @@ class CLI(LightningCLI):
             resumable = sorted(runs.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
             if resumable:
                 logger_args["version"] = resumable[-1].parent.parent.name
+            elif self.subcommand in ("fit", None):
+                log.warning("--ckpt_path last: no run under %s has a last.ckpt yet (stopped before its first "
+                            "checkpoint?): starting a fresh run", runs)
 
     def instantiate_trainer(self, **kwargs):
         # The data are read by now (the links above built them). What was chosen from them goes into the config
@@ -103,7 +112,7 @@ class CLI(LightningCLI):
         # Before anything is written (config.yaml included): the checkpoint must be safe to read and fit this
         # config and data, else one line says what differs.
         checkpoint = check_checkpoint(self.config[self.subcommand].get("ckpt_path"), self.trainer, self.model,
-                                      self.datamodule)
+                                      self.datamodule, resume=self.subcommand == "fit")
         logger = self.trainer.logger
         if self.subcommand == "fit" and checkpoint is not None and isinstance(logger, TensorBoardLogger):
             # Resuming: hide what an interrupted run logged after this checkpoint, so no step appears twice.
@@ -118,11 +127,45 @@ def main(args=None):
     torch.set_float32_matmul_precision("high")
     try:
         return cli(args)
-    except (DataError, ConfigError, CheckpointError, NonFiniteLossError) as e:
+    except (DataError, ConfigError, CheckpointError, WriteError, NonFiniteLossError) as e:
         sys.exit(f"error: {e}")  # bad input: one line naming the file or setting, no traceback
-    except PermissionError as e:  # a read-only log, checkpoint or cache folder
-        sys.exit(f"error: {e.filename}: permission denied; choose a writable --trainer.default_root_dir "
-                 "(logs and checkpoints) or --data.cache_dir")
+    except torch.cuda.OutOfMemoryError:
+        sys.exit("error: out of memory on the GPU; lower data.batch_size or data.max_length")
+    except OSError as e:  # a log, checkpoint or cache folder that cannot be written: read-only (EROFS), no access, full
+        what = (e.strerror or reason(e)).lower()
+        hint = ("choose a writable --trainer.default_root_dir (logs and checkpoints) or --data.cache_dir"
+                if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else "nothing was saved past the last checkpoint")
+        sys.exit(f"error: {e.filename or 'a file'}: {what}; {hint}")
+
+
+def check_flat_network_flags(args: list[str]) -> None:
+    """A network setting given at the old flat place (--model.d_model, or `model: d_model:` in a --config file)
+    is refused with where it lives now, before jsonargparse's longer "unrecognized arguments" message."""
+    moved = {f.name for f in fields(NetworkConfig)} - set(inspect.signature(ClassifierModule.__init__).parameters)
+    for i, arg in enumerate(args):
+        name = arg.split("=", 1)[0]
+        if name.startswith("--model.") and name.removeprefix("--model.") in moved:
+            setting = name.removeprefix("--model.")
+            raise ConfigError(f"{name}: the network settings moved under model.network: use "
+                              f"--model.network.{setting} (in a config file: model: network: {setting}:)")
+        config = arg.removeprefix("--config=") if name == "--config" and "=" in arg else (
+            args[i + 1] if arg == "--config" and i + 1 < len(args) else None)
+        model = _yaml_section(config, "model")
+        flat = sorted(set(model) & moved) if isinstance(model, dict) else []
+        if flat:
+            raise ConfigError(f"{config}: model: {flat[0]}: the network settings moved under model.network: write "
+                              f"model: network: {flat[0]}: (or --model.network.{flat[0]})")
+
+
+def _yaml_section(path: str | None, key: str):
+    """`key` of the YAML mapping in file `path`, or None (no file, unreadable, not a mapping: jsonargparse says)."""
+    if not path:
+        return None
+    try:
+        content = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return content.get(key) if isinstance(content, dict) else None
 
 
 def cli(args=None, run=True):

@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from bench.faithfulness import checkpoint_split  # noqa: E402
+from data.files import WriteError, check_target, write_atomically  # noqa: E402
 from inference import CheckpointError, TextClassifier  # noqa: E402
 from inference.classifier import read_checkpoint  # noqa: E402
 from inference.explain import spearman  # noqa: E402
@@ -63,10 +64,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if (args.prune is None) != (args.out is None):
         parser.error("--prune and --out go together")
+    # Every input checked before the computation (minutes on a real split): the target, the checkpoint's layout.
     try:
+        if args.out is not None:
+            check_target(args.out, "pruned checkpoint", inputs=[args.ckpt])
         checkpoint = read_checkpoint(args.ckpt)
+        if "network" not in checkpoint["hyper_parameters"]:
+            raise CheckpointError(f"{args.ckpt}: written before the network settings moved under 'network'; upgrade "
+                                  f"it first: python -m training.checkpoints upgrade {args.ckpt} <new.ckpt>")
         classifier = TextClassifier.from_checkpoint(args.ckpt, device="cpu")
-    except (CheckpointError, ValueError) as e:
+    except (CheckpointError, ValueError) as e:  # WriteError is a ValueError
         raise SystemExit(f"error: {e}") from None
     model = classifier.model
     importance_data = labelled(classifier, args.ckpt, args.importance_split, args.importance_limit, seed=0)
@@ -113,9 +120,9 @@ def main(argv=None) -> int:
         except ValueError as e:
             raise SystemExit(f"error: {args.ckpt}: {e}") from None
         try:
-            torch.save(pruned, args.out)
-        except OSError as e:
-            raise SystemExit(f"error: {args.out}: cannot write the checkpoint: {e.strerror}") from None
+            write_atomically(args.out, lambda path: torch.save(pruned, path), "pruned checkpoint", inputs=[args.ckpt])
+        except WriteError as e:
+            raise SystemExit(f"error: {e}") from None
         result["pruned"] = {"out": args.out, "removed": [list(p) for p in removed],
                             "layer_heads": pruned["hyper_parameters"]["network"]["layer_heads"],
                             "accuracy": round(accuracy(pruned_classifier(classifier, pruned).model, data), 4)}

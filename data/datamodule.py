@@ -18,9 +18,11 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from data.files import WriteError, describe, write_atomically
 from data.sources import DataError, Splits, load_splits, local_copy_dir
 from data.teacher import out_of_fold_probabilities
 from data.tokenizer import KINDS, UNK_ID, cut, load_tokenizer, pad, train_tokenizer, word_counts
+from model.config import MAX_LENGTH
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 4  # bump when tokenization changes (4: adaptive max_length/vocab_size, ChnSentiCorp test split)
@@ -31,6 +33,9 @@ MAX_LENGTH_CAP = 256     # text, so the tail is cheap; SST-2's validation senten
                          # phrases), but full attention costs L², so longer texts are cut here
 MIN_WORD_COUNT = 2      # vocabulary: the words seen at least this often (a word seen once teaches its embedding little)
 VOCAB_SIZE_CAP = 32000
+# Upper bounds on the settings that size memory (model/config.py bounds the network the same way):
+MAX_BATCH_SIZE = 65536
+MAX_VOCAB_SIZE = 1_048_576
 
 
 class EncodedSplit(Dataset):
@@ -169,6 +174,10 @@ class TextDataModule(L.LightningDataModule):
             raise DataError(f"tokenizer must be one of {', '.join(KINDS)}, got {tokenizer!r}")
         if (max_length is not None and max_length < 1) or batch_size < 1 or (vocab_size is not None and vocab_size < 3):
             raise DataError(f"max_length, batch_size must be >= 1 and vocab_size >= 3, got {max_length}, {batch_size}, {vocab_size}")
+        for name, value, most in (("max_length", max_length, MAX_LENGTH), ("batch_size", batch_size, MAX_BATCH_SIZE),
+                                  ("vocab_size", vocab_size, MAX_VOCAB_SIZE)):
+            if value is not None and value > most:  # sizes memory: refused before anything is read
+                raise DataError(f"data.{name} {value} is larger than {most}")
         self.save_hyperparameters()
         self._state = None  # {"tokenizer": json, "label_names": [...], "splits": {name: EncodedSplit}}
         self._tokenizer = None
@@ -247,19 +256,17 @@ class TextDataModule(L.LightningDataModule):
             cached = torch.load(path, weights_only=True)
             splits = {name: EncodedSplit(**s) for name, s in cached["splits"].items()}
         except Exception as e:
-            log.warning("%s: unreadable cache (%s); encoding again", path, e)
+            log.warning("%s: unreadable cache (%s); encoding again", path, describe(e))
             return None
         log.info("loaded encoded data from %s", path)
         return {**cached, "splits": splits}
 
     def _save(self, state: dict, path: Path) -> None:
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        cached = {**state, "splits": {name: s.state() for name, s in state["splits"].items()}}
         try:
-            torch.save({**state, "splits": {name: s.state() for name, s in state["splits"].items()}}, tmp)
-            os.replace(tmp, path)
-        except (OSError, RuntimeError) as e:  # a full disk or a read-only folder (torch raises RuntimeError)
-            tmp.unlink(missing_ok=True)
-            log.warning("%s: could not write the cache (%s); the data stay in memory only", path, getattr(e, "strerror", e))
+            write_atomically(path, lambda temporary: torch.save(cached, temporary), "cache")
+        except WriteError as e:  # a full disk or a read-only folder
+            log.warning("%s; the data stay in memory only", e)
 
     def _read_splits(self) -> Splits:
         hp = self.hparams

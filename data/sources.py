@@ -158,7 +158,8 @@ def has_rows(path: Path, builder: str) -> bool:
 def drop_unusable(texts: list, labels: list, where: str) -> tuple[list[str], list]:
     """Rows without a text (empty, whitespace-only or missing) or without a label (an empty cell or a missing
     value) give nothing to learn from or score against: they are skipped, with a warning that counts each kind.
-    Numbers in a text column (JSON, parquet) are texts too: 42 becomes "42"."""
+    Numbers in a text column (JSON, parquet) are texts too: 42 becomes "42". Text labels lose surrounding
+    whitespace (strip_labels)."""
     texts = [text if isinstance(text, str) or text is None else str(text) for text in texts]
     has_text = [text is not None and text.strip() != "" for text in texts]
     keep = [i for i, label in enumerate(labels) if has_text[i] and not is_missing(label)]
@@ -171,7 +172,18 @@ def drop_unusable(texts: list, labels: list, where: str) -> tuple[list[str], lis
         raise DataError(f"{where}: no non-empty texts")
     if not keep:
         raise DataError(f"{where}: no row has a label")
-    return [texts[i] for i in keep], [labels[i] for i in keep]
+    return [texts[i] for i in keep], strip_labels([labels[i] for i in keep], where)
+
+
+def strip_labels(labels: list, where: str) -> list:
+    """Text labels without surrounding whitespace: "pos", " pos " and "pos " are one class, not three (a CSV
+    written with spaces after the commas). How many were changed goes to a warning."""
+    stripped = [label.strip() if isinstance(label, str) else label for label in labels]
+    changed = [(a, b) for a, b in zip(labels, stripped) if a != b]
+    if changed:
+        log.warning("%s: removed the spaces around %d of %d labels (e.g. %r → %r)", where, len(changed), len(labels),
+                    *changed[0])
+    return stripped
 
 
 def is_missing(label) -> bool:

@@ -62,7 +62,7 @@ def out_of_fold_probabilities(texts: list[str], labels: list[int], num_classes: 
             x = vectorizer.fit_transform(texts[fitted])
         except ValueError:  # sklearn: "empty vocabulary"
             raise DataError(f"{source}: the n-gram teacher found no words in the training texts; check text_column "
-                            "or leave data.teacher unset") from None
+                            "or train without the teacher: --data.teacher null --model.distillation 0") from None
         teacher = LogisticRegression(C=C, max_iter=2000).fit(x, y[fitted])
         # Columns in class-id order; a class absent from this fold's texts keeps probability 0.
         probabilities[np.ix_(scored, teacher.classes_)] = teacher.predict_proba(vectorizer.transform(texts[scored]))

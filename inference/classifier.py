@@ -18,9 +18,19 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from data.tokenizer import UNK_ID, cut, pad
+from data.tokenizer import CHARS_PER_TOKEN_BOUND, UNK_ID, cut, pad
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
+
+
+# A text cut before tokenizing has its own length in tokens counted on at most this many characters (a fraction of
+# a second); a longer one reports the length of those, a lower bound.
+COUNT_CHARACTERS = 1_000_000
+
+
+def length_is_lower_bound(text: str) -> bool:
+    """True when a truncated text's reported length in tokens is a lower bound (see TextClassifier.encode)."""
+    return len(text) > COUNT_CHARACTERS
 
 
 class CheckpointError(ValueError):
@@ -35,7 +45,8 @@ class Prediction:
     tokens: list[str] | None = None  # the tokens the model saw, when attention was asked for
     attention: torch.Tensor | None = None  # (n_layers, H, n, n) over those n tokens, when asked for; (n_layers, H, n, K)
     # in a long kind's key layout (README "Long texts"), whose columns attention_keys names
-    truncated_from: int | None = None  # the text's length in tokens when it was cut to max_length, else None
+    truncated_from: int | None = None  # the text's own length in tokens when it was cut to max_length, else None
+    # (counted on its first COUNT_CHARACTERS characters: a lower bound past those, see length_is_lower_bound)
     attention_keys: torch.Tensor | None = None  # long kinds: (n, K) the token of each column; -1 a projected key
     global_attention: torch.Tensor | None = None  # sparse: (n_layers, H, g, n) the global tokens' rows
 
@@ -122,7 +133,7 @@ def network_config(hparams: dict, label_names: list[str]) -> NetworkConfig:
         config = NetworkConfig.from_dict(hparams["network"])
     elif "vocab_size" in hparams:  # the flat layout of the first version
         names = {f.name for f in fields(NetworkConfig)}
-        config = NetworkConfig(**{k: v for k, v in hparams.items() if k in names}, num_classes=len(label_names))
+        config = NetworkConfig(**{k: v for k, v in hparams.items() if k in names} | {"num_classes": len(label_names)})
     else:
         raise ValueError("hyper_parameters has no 'network' settings")
     if config.num_classes != len(label_names):
@@ -169,15 +180,23 @@ class TextClassifier:
         return cls(model, tokenizer, label_names, device=device)
 
     def encode(self, texts: list[str]) -> tuple[list[list[int]], list[list[str]], list[int]]:
-        """Token ids and tokens cut to max_length, and each text's full length in tokens (of its first
-        max_length × CHARS_PER_TOKEN_BOUND characters: as in training, a huge line is never tokenized whole)."""
+        """Token ids and tokens cut to max_length, and each text's own length in tokens. As in training, the ids
+        come from the text's first max_length × CHARS_PER_TOKEN_BOUND characters (a huge line is never tokenized
+        whole); a text longer than that is counted once more, on its first COUNT_CHARACTERS characters, so its
+        length is the text's own (a lower bound only past COUNT_CHARACTERS: see length_is_lower_bound)."""
+        texts = list(texts)
         ids, tokens, full_lengths = [], [], []
-        for encoding in self.tokenizer.encode_batch(cut(list(texts), self.max_length)):
+        for encoding in self.tokenizer.encode_batch(cut(texts, self.max_length)):
             # As in training (data/datamodule.py): a text of only unknown symbols becomes one [UNK].
             text_ids, text_tokens = (encoding.ids, encoding.tokens) if encoding.ids else ([UNK_ID], ["[UNK]"])
             ids.append(text_ids[: self.max_length])
             tokens.append(text_tokens[: self.max_length])
             full_lengths.append(len(text_ids))
+        cut_short = [i for i, text in enumerate(texts) if len(text) > self.max_length * CHARS_PER_TOKEN_BOUND]
+        if cut_short:
+            counted = self.tokenizer.encode_batch([texts[i][:COUNT_CHARACTERS] for i in cut_short])
+            for i, encoding in zip(cut_short, counted):
+                full_lengths[i] = max(full_lengths[i], len(encoding.ids))
         return ids, tokens, full_lengths
 
     @torch.inference_mode()

@@ -35,8 +35,11 @@ import torch
 from captum.attr import FeatureAblation, InputXGradient, IntegratedGradients
 
 from data.tokenizer import UNK_ID
+from inference.classifier import length_is_lower_bound
 from model.long_attention import has_virtual_keys, token_window
 
+MAX_IG_STEPS = 1024  # Integrated Gradients converges within tens to a few hundred steps; more only costs time
+TOKENS_PER_PASS = 16384  # tokens of one text's copies per forward pass (see texts_per_pass)
 METHODS = ("attention", "rollout", "grad_x_input", "integrated_gradients", "occlusion")
 DELETION_KS = (1, 2, 3, 4, 5)
 RANDOM_ORDERS = 8  # random permutations averaged for the deletion floor
@@ -106,10 +109,14 @@ def probabilities_of(model, token_ids: torch.Tensor) -> torch.Tensor:
     return model(token_ids).logits.softmax(dim=-1)
 
 
+def check_ig_steps(ig_steps: int) -> None:
+    if not 1 <= ig_steps <= MAX_IG_STEPS:
+        raise ValueError(f"ig_steps (Integrated Gradients steps) must be in 1..{MAX_IG_STEPS}, got {ig_steps}")
+
+
 def explain_ids(model, ids: list[int], ig_steps: int = 32, seed: int = 0) -> dict:
     """Scores per method, faithfulness figures and per-layer attention for one text's token ids (no padding)."""
-    if ig_steps < 1:
-        raise ValueError(f"ig_steps (Integrated Gradients steps) must be >= 1, got {ig_steps}")
+    check_ig_steps(ig_steps)
     device = next(model.parameters()).device
     token_ids = torch.tensor([ids], device=device)  # (1, n)
     n = len(ids)
@@ -142,17 +149,23 @@ def explain_ids(model, ids: list[int], ig_steps: int = 32, seed: int = 0) -> dic
     scores["grad_x_input"] = gxi.sum(dim=-1)[0].detach().cpu().numpy()
     ig, delta = IntegratedGradients(forward).attribute(
         embeddings, baselines=baseline, target=target, additional_forward_args=(token_ids,), n_steps=ig_steps,
-        return_convergence_delta=True)
+        internal_batch_size=texts_per_pass(n), return_convergence_delta=True)
     scores["integrated_gradients"] = ig.sum(dim=-1)[0].detach().cpu().numpy()
     with torch.no_grad():
         occlusion = FeatureAblation(lambda t: probabilities_of(model, t)).attribute(
             token_ids, baselines=UNK_ID, target=target, feature_mask=torch.arange(n, device=device)[None],
-            perturbations_per_eval=n)
+            perturbations_per_eval=min(n, texts_per_pass(n)))
         scores["occlusion"] = occlusion[0].cpu().numpy()
         faithfulness = faithfulness_of(model, token_ids, target, scores, seed=seed)
     return {"target": target, "probabilities": probabilities.tolist(), "scores": scores,
             "faithfulness": faithfulness, "integrated_gradients_delta": float(delta.abs().max()),
             "attention": None if layers is None else [layer.detach().cpu() for layer in layers]}
+
+
+def texts_per_pass(n: int) -> int:
+    """Copies of an n-token text one forward pass takes (Integrated Gradients' steps, occlusion's perturbations):
+    TOKENS_PER_PASS tokens in all, so memory stays flat whatever ig_steps and the text's length."""
+    return max(1, TOKENS_PER_PASS // n)
 
 
 def pooling_read(model, x: torch.Tensor) -> torch.Tensor:
@@ -192,7 +205,9 @@ def faithfulness_of(model, token_ids: torch.Tensor, target: int, scores: dict, s
     deleted = token_ids.repeat(len(rows) + 1, 1)  # (rows + 1, n): row 0 the text itself
     for row, (_, order, k) in enumerate(rows, start=1):
         deleted[row, torch.as_tensor(order[:k].copy(), device=token_ids.device)] = UNK_ID
-    p = probabilities_of(model, deleted)[:, target].cpu().numpy()
+    step = texts_per_pass(n)
+    p = torch.cat([probabilities_of(model, deleted[i : i + step])[:, target] for i in range(0, len(deleted), step)])
+    p = p.cpu().numpy()
     drops: dict[str, list[float]] = {}
     for (name, _, _), drop in zip(rows, p[0] - p[1:]):
         drops.setdefault(name, []).append(float(drop))
@@ -240,8 +255,7 @@ def explain(classifier, texts: list[str], ig_steps: int = 32) -> list[Explanatio
     empty = [i for i, text in enumerate(texts) if not text.strip()]
     if empty:
         raise ValueError(f"empty or whitespace-only text at position(s) {', '.join(map(str, empty[:10]))}")
-    if ig_steps < 1:
-        raise ValueError(f"ig_steps (Integrated Gradients steps) must be >= 1, got {ig_steps}")
+    check_ig_steps(ig_steps)
     model = classifier.model
     notes = method_notes(model)
     ids, tokens, full_lengths = classifier.encode(texts)
@@ -252,8 +266,9 @@ def explain(classifier, texts: list[str], ig_steps: int = 32) -> list[Explanatio
         truncated = full_lengths[i] if full_lengths[i] > len(ids[i]) else None
         text_notes = dict(notes)
         if truncated:
-            text_notes["truncated"] = (f"the text has {truncated} tokens; the model saw and these scores explain "
-                                       f"the first {len(ids[i])} (max_length)")
+            at_least = "at least " if length_is_lower_bound(text) else ""
+            text_notes["truncated"] = (f"the text has {at_least}{truncated} tokens; the model saw and these scores "
+                                       f"explain the first {len(ids[i])} (max_length)")
         explanations.append(Explanation(
             text=text, label=classifier.label_names[target],
             probabilities=dict(zip(classifier.label_names, result["probabilities"])),

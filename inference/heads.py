@@ -99,7 +99,7 @@ def prune_checkpoint(checkpoint: dict, remove: list[tuple[int, int]]) -> dict:
     network's layer_heads set. Training state (optimizer, loops, callbacks) is left out: it no longer fits."""
     if "network" not in checkpoint["hyper_parameters"]:
         raise ValueError("the checkpoint keeps its network settings in the flat layout of the first version; "
-                         "load and save it with this version of train.py first")
+                         "upgrade it first: python -m training.checkpoints upgrade OLD.ckpt NEW.ckpt")
     network = dict(checkpoint["hyper_parameters"]["network"])
     n_layers, n_heads = network["n_layers"], network["n_heads"]
     d_head = network.get("d_head") or network["d_model"] // n_heads

@@ -11,6 +11,7 @@ outlines that query's row in every map of the text. Texts are HTML-escaped and t
 import html
 import json
 
+from data.files import write_text
 from inference.explain import METHODS
 
 TITLES = {"attention": "attention (last layer)", "rollout": "attention rollout", "grad_x_input": "gradient × input",
@@ -159,5 +160,5 @@ def render(explanations, title: str = "Why did it predict that?") -> str:
 
 
 def write_report(explanations, path) -> None:
-    with open(path, "w", encoding="utf-8") as file:
-        file.write(render(explanations))
+    """The page, written atomically (data/files.py): WriteError (one line) leaves an existing page as it was."""
+    write_text(path, render(explanations), "report")

@@ -14,6 +14,11 @@ KERNELS = ("manual", "fused")
 ATTENTIONS = ("full", "local", "linformer", "sparse")
 
 
+# Upper bounds on what sizes memory, checked before anything is built (a typo must not allocate 240 GB):
+MAX_LENGTH = 65536  # tokens per text (position table rows; attention costs grow with it)
+MAX_PARAMETERS = 1_000_000_000  # weights of the whole network (4 GB in float32), from vocab_size, d_model, d_ff, ...
+
+
 class ConfigError(ValueError):
     """A setting that cannot work; the message is one line naming the setting and its value."""
 
@@ -50,7 +55,7 @@ class NetworkConfig:
             `projection_length` rows, O(L·k), no causal; "sparse" local plus the first `global_tokens` tokens,
             which every token sees and which see every token, O(L·(w+g)).
         window: local and sparse: how many tokens on each side a token sees (also the block size they are
-            computed in).
+            computed in); at most max_length (a block costs w × 3w scores whatever the text's length).
         projection_length: linformer: k, the rows keys and values are projected to (at most max_length).
         global_tokens: sparse: the first this many tokens are global (at most max_length; 0 is plain local).
         layer_heads: heads kept in each layer after pruning (bench/prune_heads.py), one count per layer, each
@@ -115,6 +120,16 @@ class NetworkConfig:
                               "every token, future ones included (use local or sparse)")
         if self.attention == "sparse" and self.global_tokens > self.max_length:
             raise ConfigError(f"global_tokens {self.global_tokens} is larger than max_length {self.max_length}")
+        if self.attention in ("local", "sparse") and self.window > self.max_length:
+            raise ConfigError(f"window {self.window} is larger than max_length {self.max_length}: a block of w "
+                              f"queries scores 3w keys whatever the text's length (use window <= {self.max_length})")
+        if self.max_length > MAX_LENGTH:
+            raise ConfigError(f"max_length {self.max_length} is larger than {MAX_LENGTH} tokens")
+        parameters = self.parameter_count()
+        if parameters > MAX_PARAMETERS:
+            raise ConfigError(f"the network would have {parameters:,} weights (vocab_size {self.vocab_size}, "
+                              f"d_model {self.d_model}, n_heads {self.n_heads}, n_layers {self.n_layers}, d_ff "
+                              f"{self.d_ff}), more than {MAX_PARAMETERS:,}: lower them")
         if self.layer_heads is not None:
             object.__setattr__(self, "layer_heads", list(self.layer_heads))  # a list: plain data in the checkpoint
             if len(self.layer_heads) != self.n_layers:
@@ -133,6 +148,13 @@ class NetworkConfig:
     @property
     def head_size(self) -> int:
         return self.d_head or self.d_model // self.n_heads
+
+    def parameter_count(self) -> int:
+        """About how many weights the network has (biases and LayerNorms left out), for the upper bound."""
+        inner = self.n_heads * self.head_size
+        layer = 4 * self.d_model * inner + 2 * self.d_model * self.d_ff
+        projections = 2 * self.projection_length * self.max_length if self.attention == "linformer" else 0
+        return (self.vocab_size + self.max_length + self.num_classes) * self.d_model + self.n_layers * (layer + projections)
 
     def heads_in_layer(self, layer: int) -> int:
         """How many heads layer `layer` has: n_heads, or its count in layer_heads after pruning."""

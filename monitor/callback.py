@@ -21,12 +21,14 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from data.datamodule import collate
 from data.tokenizer import UNK_ID
+from model.config import ConfigError
 from monitor.health import AttentionHealth, HealthThresholds, verdict_table_markdown, warning_line
 from monitor.heatmap import attention_figure, figure_to_array, shown_weights
 
 log = logging.getLogger(__name__)
 
 FIGURES = ("entropy", "max_weight", "score_std")
+MAX_PROBES, MAX_TOKENS = 64, 256  # probe heatmaps drawn per validation, tokens across one (bounds on figure memory)
 TITLE_CHARACTERS = 70
 
 
@@ -85,6 +87,10 @@ class AttentionMonitor(Callback):
                 no optimizer step at all never warns: freshly initialised attention is over-uniform by design.
         """
         super().__init__()
+        for name, value, least, most in (("num_probes", num_probes, 0, MAX_PROBES),
+                                         ("max_tokens", max_tokens, 1, MAX_TOKENS)):
+            if not least <= value <= most:  # each probe is a figure of max_tokens × max_tokens cells per head
+                raise ConfigError(f"AttentionMonitor {name} must be in {least}..{most}, got {value}")
         self.num_probes, self.probe_texts = num_probes, list(probe_texts or [])
         self.every_n_train_steps, self.max_tokens, self.health_batches = every_n_train_steps, max_tokens, health_batches
         self.thresholds = HealthThresholds(uniform_entropy, collapsed_entropy, saturated_score_std, saturated_max_weight)
@@ -223,7 +229,8 @@ class AttentionMonitor(Callback):
         writer = self.tensorboard(trainer)
         if writer is not None:
             for layer in range(len(verdicts)):
-                writer.add_histogram(f"attention_health/weights/layer{layer}", figures.weight_sample[layer], step)
+                if figures.weight_sample[layer].numel():  # none when no query had two keys (max_length 1)
+                    writer.add_histogram(f"attention_health/weights/layer{layer}", figures.weight_sample[layer], step)
             writer.add_text("attention_health/verdicts", verdict_table_markdown(figures, self.thresholds), step)
             if trainer.state.fn != "fit" or step != self.last_probe_step:
                 self.log_probes(trainer, pl_module, writer)

@@ -25,6 +25,7 @@ from matplotlib import font_manager, rc_context
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from data.files import write_atomically
 from model.long_attention import dense_window
 
 log = logging.getLogger(__name__)
@@ -195,6 +196,5 @@ def figure_to_array(fig: Figure) -> np.ndarray:
 
 
 def save_png(fig: Figure, path, dpi: int = 150) -> Path:
-    path = Path(path)
-    fig.savefig(path, format="png", dpi=dpi)
-    return path
+    """The figure as a PNG file, written atomically (data/files.py: WriteError, one line, on failure)."""
+    return write_atomically(path, lambda temporary: fig.savefig(temporary, format="png", dpi=dpi), "heatmap")

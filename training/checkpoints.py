@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from data.files import WriteError, check_target, write_atomically
 from inference.classifier import CheckpointError, network_config, read_checkpoint
 
 SPECIAL_NAMES = ("last", "best", "hpc", "registry")  # Lightning resolves these itself
@@ -27,7 +28,9 @@ def check_readable(ckpt_path: str | None) -> None:
 
 
 def upgrade(source: str, target: str) -> None:
-    """Write `target`: `source` with its flat network settings moved under hyper_parameters["network"]."""
+    """Write `target`: `source` with its flat network settings moved under hyper_parameters["network"]. The target
+    is checked before anything is read (not a directory, not the source, writable) and written atomically."""
+    check_target(target, "upgraded checkpoint", inputs=[source])
     checkpoint = read_checkpoint(source)
     hparams = checkpoint["hyper_parameters"]
     if "network" in hparams:
@@ -35,7 +38,7 @@ def upgrade(source: str, target: str) -> None:
     labels = list(checkpoint["TextDataModule"]["label_names"])
     network = network_config(hparams, labels).to_dict()
     checkpoint["hyper_parameters"] = {k: v for k, v in hparams.items() if k not in network} | {"network": network}
-    torch.save(checkpoint, target)
+    write_atomically(target, lambda path: torch.save(checkpoint, path), "upgraded checkpoint", inputs=[source])
 
 
 def resolve(ckpt_path: str | None, trainer) -> Path | None:
@@ -50,14 +53,21 @@ def resolve(ckpt_path: str | None, trainer) -> Path | None:
     return Path(ckpt_path)
 
 
-def check_checkpoint(ckpt_path: str | None, trainer, module, datamodule) -> dict | None:
+def check_checkpoint(ckpt_path: str | None, trainer, module, datamodule, resume: bool = False) -> dict | None:
     """The checkpoint (None if there is none to load); CheckpointError (one line, naming the file) unless it is
-    safe to load (weights_only) and was trained with this network and these label names."""
+    safe to load (weights_only), was trained with this network and these label names, and (resume: fit) holds the
+    training state to resume from."""
     path = resolve(ckpt_path, trainer)
     if path is None:
         return None
     check_readable(str(path))
     checkpoint = read_checkpoint(path)
+    if resume and not checkpoint.get("optimizer_states"):
+        raise CheckpointError(
+            f"{path}: holds the weights only, no optimizer state (e.g. written by bench/prune_heads.py), so training "
+            "cannot resume from it; use it with predict.py or train.py validate/test --ckpt_path, or resume from the "
+            "checkpoint it was made from"
+        )
     labels = list(checkpoint["TextDataModule"]["label_names"])
     try:
         trained = network_config(checkpoint["hyper_parameters"], labels)
@@ -77,11 +87,16 @@ def check_checkpoint(ckpt_path: str | None, trainer, module, datamodule) -> dict
     return checkpoint
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 4 or sys.argv[1] != "upgrade":
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 3 or argv[0] != "upgrade":
         sys.exit("usage: python -m training.checkpoints upgrade OLD.ckpt NEW.ckpt")
     try:
-        upgrade(sys.argv[2], sys.argv[3])
-    except CheckpointError as e:
+        upgrade(argv[1], argv[2])
+    except (CheckpointError, WriteError) as e:
         sys.exit(f"error: {e}")
-    print(f"wrote {sys.argv[3]}")
+    print(f"wrote {argv[2]}")
+
+
+if __name__ == "__main__":
+    main()
