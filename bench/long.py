@@ -39,6 +39,7 @@ from matplotlib.figure import Figure
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere, as bench/ensemble.py
 
 from bench.speed import TransformerEncoderClassifier, alternate, peak_memory  # noqa: E402
+from data.files import write_atomically  # noqa: E402
 from model.classifier import AttentionClassifier  # noqa: E402
 from model.config import NetworkConfig  # noqa: E402
 
@@ -182,8 +183,7 @@ def plot(results: dict, path: Path, title: str) -> Path:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=110)
-    return path
+    return write_atomically(path, lambda temporary: fig.savefig(temporary, format="png", dpi=110), "plot")
 
 
 def parse_args(argv=None):
