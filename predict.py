@@ -19,6 +19,7 @@ TEXTS_PER_STEP = 16  # batches predicted (and written out) at a time, so output 
 NOTES_SHOWN = 10  # per kind of note; the rest are counted
 MAX_IG_STEPS = 1024  # inference/explain.py's bound, repeated so --help answers without importing torch
 MAX_BATCH_SIZE = 65536  # texts per forward pass; above this one batch of long texts is gigabytes
+EMPTY = "empty text"  # the error of an empty or whitespace-only input
 NON_FINITE = "the model produced non-finite probabilities (NaN/inf): the checkpoint's weights are broken"
 
 DESCRIPTION = """\
@@ -75,7 +76,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--explain", action="store_true",
                         help="instead of attention, say why: per token, for the predicted class, scores from raw "
                              "attention, attention rollout, gradient × input, Integrated Gradients and exact occlusion, "
-                             "with each method's faithfulness for that text (README 'Why did it predict that?')")
+                             "with each method's faithfulness for that text (README 'Why did it predict that?'); "
+                             "with --attention also 'attention': per layer, per head, the tokens × tokens weights the "
+                             "page draws (null for linformer)")
     parser.add_argument("--html", metavar="FILE",
                         help="with --explain, also write one self-contained HTML page for the texts to FILE")
     parser.add_argument("--ig-steps", type=bounded_int(MAX_IG_STEPS), default=32, metavar="N",
@@ -162,6 +165,43 @@ def json_line(output: dict) -> str | None:
         return None
 
 
+def prediction_outputs(classifier, texts: list[str], *, attention: bool = False, all_heads: bool = False,
+                       top_k: int | None = None, batch_size: int = 256, weights: bool = False) -> list[tuple]:
+    """The JSON object predict.py prints for each text, in input order, with the Prediction it came from (None for
+    an empty text, whose object is {"text", "error": "empty text"}). serve.py answers with the same objects.
+    weights: compute the attention for the Prediction (heatmaps) without putting it in the object."""
+    real = [i for i, text in enumerate(texts) if text.strip()]
+    predictions = classifier.predict([texts[i] for i in real], attention=attention or weights, top_k=top_k,
+                                     batch_size=batch_size)
+    by_index = dict(zip(real, predictions))
+    pairs = []
+    for i, text in enumerate(texts):
+        prediction = by_index.get(i)
+        if prediction is None:
+            pairs.append(({"text": text, "error": EMPTY}, None))
+            continue
+        out = prediction.to_dict(all_heads=all_heads)
+        if not attention:  # computed for the heatmap only
+            for key in ("tokens", "attention"):
+                out.pop(key, None)
+        pairs.append((out, prediction))
+    return pairs
+
+
+def explanation_outputs(classifier, texts: list[str], *, attention: bool = False, ig_steps: int = 32) -> list[tuple]:
+    """--explain: the object for each text with its Explanation (None for an empty text); attention adds each
+    layer's per-head weights (the explanation page draws them)."""
+    real = [i for i, text in enumerate(texts) if text.strip()]
+    explanations = dict(zip(real, classifier.explain([texts[i] for i in real], ig_steps=ig_steps)))
+    return [(explanations[i].to_dict(attention=attention), explanations[i]) if i in explanations
+            else ({"text": text, "error": EMPTY}, None) for i, text in enumerate(texts)]
+
+
+def finite(out: dict) -> dict:
+    """out, or {"text", "error"} when a number in it is NaN or infinite (not JSON, and a broken model)."""
+    return out if json_line(out) is not None else {"text": out["text"], "error": NON_FINITE}
+
+
 class InputError(ValueError):
     pass
 
@@ -212,31 +252,20 @@ def run(args) -> int:
     with tqdm(total=len(texts), unit="text", file=sys.stderr, disable=not show_bar) as bar:
         for start in range(0, len(texts), step):
             window = range(start, min(start + step, len(texts)))
-            real = [i for i in window if texts[i].strip()]
-            predictions = classifier.predict(
-                [texts[i] for i in real], attention=args.attention or png_dir is not None,
-                top_k=args.top_k, batch_size=args.batch_size,
+            pairs = prediction_outputs(
+                classifier, [texts[i] for i in window], attention=args.attention, all_heads=args.all_heads,
+                top_k=args.top_k, batch_size=args.batch_size, weights=png_dir is not None,
             )
-            by_index = dict(zip(real, predictions))
-            lines = []
-            for i in window:
-                if i not in by_index:
-                    empty.append(i + 1)
-                    lines.append({"text": texts[i], "error": "empty text"})
-                    continue
-                prediction = by_index[i]
-                out = prediction.to_dict(all_heads=args.all_heads)
-                if not args.attention:  # computed for the heatmap only
-                    for key in ("tokens", "attention"):
-                        out.pop(key, None)
-                if png_dir is not None:
-                    out["attention_png"] = str(write_png(prediction, png_dir / f"{i:0{digits}d}.png"))
-                if prediction.truncated_from is not None:
-                    truncated.append((i + 1, prediction.truncated_from))
-                lines.append(out)
             encoded = []
-            for i, line in zip(window, lines):
-                text = json_line(line)
+            for i, (out, prediction) in zip(window, pairs):
+                if prediction is None:
+                    empty.append(i + 1)
+                else:
+                    if png_dir is not None:
+                        out["attention_png"] = str(write_png(prediction, png_dir / f"{i:0{digits}d}.png"))
+                    if prediction.truncated_from is not None:
+                        truncated.append((i + 1, prediction.truncated_from))
+                text = json_line(out)
                 if text is None:
                     broken.append(i + 1)
                     text = json_line({"text": texts[i], "error": NON_FINITE})
@@ -271,26 +300,24 @@ def at_least(text: str) -> str:
 def run_explain(args, classifier, texts: list[str]) -> int:
     """--explain: one JSON object per input (an empty one gives {"text", "error"}), and the page with --html.
     The page's target is checked before any explanation is computed; with no non-empty input it is not written."""
-    real = [i for i, text in enumerate(texts) if text.strip()]
     where = "text" if args.texts else "line"
     if args.html:
         from data.files import check_target
 
-        if not real:
+        if not any(text.strip() for text in texts):
             raise InputError(f"{args.html}: not written: every input is empty, there is nothing to explain")
         check_target(args.html, "report", inputs=[args.file] if args.file not in (None, "-") else [])
-    explanations = dict(zip(real, classifier.explain([texts[i] for i in real], ig_steps=args.ig_steps)))
-    for i, text in enumerate(texts):
-        out = explanations[i].to_dict() if i in explanations else {"text": text, "error": "empty text"}
-        sys.stdout.write(json_line(out) or json_line({"text": text, "error": NON_FINITE}))
-        if i in explanations and explanations[i].truncated_from is not None:
-            log.info("%s %d: %s%d tokens; explained as the model saw it, its first %d", where, i + 1, at_least(text),
-                     explanations[i].truncated_from, classifier.max_length)
-    note_empty([i + 1 for i in range(len(texts)) if i not in explanations], where)
+    pairs = explanation_outputs(classifier, texts, attention=args.attention, ig_steps=args.ig_steps)
+    for i, (out, explanation) in enumerate(pairs):
+        sys.stdout.write(json_line(out) or json_line({"text": texts[i], "error": NON_FINITE}))
+        if explanation is not None and explanation.truncated_from is not None:
+            log.info("%s %d: %s%d tokens; explained as the model saw it, its first %d", where, i + 1,
+                     at_least(texts[i]), explanation.truncated_from, classifier.max_length)
+    note_empty([i + 1 for i, (_, explanation) in enumerate(pairs) if explanation is None], where)
     if args.html:
         from inference.report import write_report
 
-        write_report([explanations[i] for i in real], args.html)  # WriteError (a ValueError): one line
+        write_report([explanation for _, explanation in pairs if explanation is not None], args.html)
         log.info("report written to %s", args.html)
     return 0
 

@@ -58,13 +58,18 @@ class Explanation:
     truncated_from: int | None = None  # the text's length in tokens when it was cut to max_length
     attention: list[torch.Tensor] | None = field(default=None, repr=False)  # per layer (H, n, n), for the report
 
-    def to_dict(self) -> dict:
+    def to_dict(self, attention: bool = False, decimals: int = 6) -> dict:
+        """JSON-ready; attention: add each layer's per-head weights (H, n, n), rounded to `decimals` (None for
+        linformer, whose keys are not tokens), as the explanation page draws them."""
         out = {"text": self.text, "label": self.label, "probabilities": self.probabilities, "tokens": self.tokens,
                "scores": {m: None if s is None else [round(v, 6) for v in s] for m, s in self.scores.items()},
                "faithfulness": self.faithfulness, "notes": self.notes,
                "integrated_gradients_delta": self.integrated_gradients_delta}
         if self.truncated_from is not None:
             out["truncated_from"] = self.truncated_from
+        if attention:
+            out["attention"] = None if self.attention is None else [
+                layer.double().round(decimals=decimals).tolist() for layer in self.attention]  # double: no noise
         return out
 
 

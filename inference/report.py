@@ -6,6 +6,9 @@ the predicted class, blue speaks against it; each method scaled to its own large
 text's faithfulness figures (Spearman with occlusion, deletion drops), and the attention heatmap of every layer and
 head (query rows × key columns, each map scaled to its own largest weight); hovering a token, or a heatmap row,
 outlines that query's row in every map of the text. Texts are HTML-escaped and tokens set as textContent: never markup.
+
+One design, two pages: the cards are drawn in the browser from the JSON objects `predict.py --explain --attention`
+prints, embedded in the file (render), or fetched from serve.py's POST /predict by its page at GET / (live_page).
 """
 
 import html
@@ -32,23 +35,31 @@ h1 { font-size: 1.3em; } .card { border: 1px solid #ccc; border-radius: 6px; pad
 table.faith td, table.faith th { border: 1px solid #ddd; padding: .15em .5em; text-align: right; }
 .maps { display: flex; flex-wrap: wrap; gap: .8em; } .map { font-size: .8em; text-align: center; }
 canvas { border: 1px solid #999; image-rendering: pixelated; } .hover { min-height: 1.3em; font-size: .9em; }
+.error { color: #b00; }
 """
 
 SCRIPT = """
-const DATA = JSON.parse(document.getElementById('data').textContent);
-let method = DATA.methods.find(m => DATA.texts.some(t => t.scores[m])) || DATA.methods[0];
+const STATE = {methods: [], titles: {}, texts: []};
+let method = null;
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
 function shade(v, top) {
   const a = top > 0 ? Math.min(1, Math.abs(v) / top) : 0;
   return v >= 0 ? `rgba(255,140,0,${a.toFixed(3)})` : `rgba(30,110,255,${a.toFixed(3)})`;
 }
 function paintTokens() {
   document.querySelectorAll('#switch button').forEach(b => b.classList.toggle('active', b.dataset.method === method));
-  DATA.texts.forEach((t, i) => {
+  STATE.texts.forEach((t, i) => {
+    if (!t.scores) return;
     const s = t.scores[method];
     const top = s ? Math.max(...s.map(Math.abs)) : 0;
-    document.querySelectorAll(`#text${i} .tok`).forEach((el, j) => {
-      el.style.backgroundColor = s ? shade(s[j], top) : 'transparent';
-      el.title = s ? `${method}: ${s[j].toFixed(4)}` : `${method}: not applicable`;
+    document.querySelectorAll(`#text${i} .tok`).forEach((e, j) => {
+      e.style.backgroundColor = s ? shade(s[j], top) : 'transparent';
+      e.title = s ? `${method}: ${s[j].toFixed(4)}` : `${method}: not applicable`;
     });
     document.querySelector(`#text${i} .method-note`).textContent = t.notes[method] || '';
   });
@@ -65,98 +76,133 @@ function drawMap(canvas, m, cell, row) {
   }
 }
 function highlight(i, row) {
-  const t = DATA.texts[i];
-  document.querySelectorAll(`#text${i} .tok`).forEach((el, j) => el.classList.toggle('hl', j === row));
+  const t = STATE.texts[i];
+  document.querySelectorAll(`#text${i} .tok`).forEach((e, j) => e.classList.toggle('hl', j === row));
   document.querySelectorAll(`#text${i} canvas`).forEach(c => {
     drawMap(c, t.attention[+c.dataset.layer][+c.dataset.head], +c.dataset.cell, row);
     c.dataset.row = row === null ? '' : row;
   });
   const info = document.querySelector(`#text${i} .hover`);
-  if (row === null) { info.textContent = ''; return; }
+  if (row === null || !t.attention) { info.textContent = ''; return; }
   const parts = t.attention.map((layer, l) => {
-    const avg = layer[0].map((_, j) => layer.reduce((s, h) => s + h[row][j], 0) / layer.length);
+    const avg = layer[0][0].map((_, j) => layer.reduce((s, h) => s + h[row][j], 0) / layer.length);
     const best = avg.map((v, j) => [v, j]).sort((a, b) => b[0] - a[0]).slice(0, 3);
     return `layer ${l}: ` + best.map(([v, j]) => `${t.tokens[j]} ${v.toFixed(2)}`).join(', ');
   });
   info.textContent = `query "${t.tokens[row]}" looks at (mean of heads) — ` + parts.join(' | ');
 }
-function build() {
+function faithfulnessTable(f) {
+  const table = el('table', 'faith'), head = el('tr');
+  const names = ['method', 'Spearman with occlusion', ...f.ks.map(k => `drop k=${k}`)];
+  names.forEach(h => head.appendChild(el('th', '', h)));
+  table.appendChild(head);
+  Object.entries(f.deletion).forEach(([m, drops]) => {
+    const tr = el('tr'), name = el('th', '', STATE.titles[m] || m), r = f.spearman[m];
+    name.style.textAlign = 'left'; tr.appendChild(name);
+    tr.appendChild(el('td', '', r === null || r === undefined ? '—' : r.toFixed(2)));
+    drops.forEach(d => tr.appendChild(el('td', '', d === null ? '—' : d.toFixed(3))));
+    table.appendChild(tr);
+  });
+  return table;
+}
+// One card per text, drawn from the JSON object `predict.py --explain --attention` prints (serve.py answers the same).
+function card(t, i) {
+  const box = el('div', 'card'); box.id = `text${i}`;
+  box.appendChild(el('div', 'note', `text ${i}`)); box.appendChild(el('p', '', t.text));
+  if (t.error) { box.appendChild(el('p', 'error', t.error)); return box; }
+  if (t.notes.truncated) box.appendChild(el('p', 'note', t.notes.truncated));
+  const probs = el('p', 'probs'); probs.appendChild(el('span', 'label', `predicted: ${t.label}`));
+  Object.entries(t.probabilities).forEach(([name, p]) => probs.appendChild(el('span', '', `${name}: ${p.toFixed(3)}`)));
+  box.appendChild(probs);
+  const toks = el('div', 'tokens'); box.appendChild(toks); box.appendChild(el('p', 'note method-note'));
+  const details = el('details'); details.open = true;
+  details.appendChild(el('summary', '', 'faithfulness for this text (occlusion is the truth)'));
+  details.appendChild(faithfulnessTable(t.faithfulness)); box.appendChild(details);
+  box.appendChild(el('h3', '', 'attention per layer and head'));
+  box.appendChild(el('div', 'hover note')); const maps = el('div', 'maps'); box.appendChild(maps);
+  t.tokens.forEach((tok, j) => {
+    const e = el('span', 'tok', tok);
+    e.onmouseenter = () => highlight(i, j); e.onmouseleave = () => highlight(i, null); toks.appendChild(e);
+  });
+  if (!t.attention) {
+    maps.textContent = t.notes.attention || 'no token × token attention for this model';
+    return box;
+  }
+  const n = t.tokens.length, cell = Math.max(3, Math.min(24, Math.floor(260 / n)));
+  t.attention.forEach((layer, l) => layer.forEach((m, h) => {
+    const map = el('div', 'map'), c = el('canvas');
+    c.width = m[0].length * cell; c.height = m.length * cell;
+    Object.assign(c.dataset, {layer: l, head: h, cell: cell, row: ''});
+    c.onmousemove = e => highlight(i, Math.min(n - 1, Math.floor(e.offsetY / cell)));
+    c.onmouseleave = () => highlight(i, null);
+    map.appendChild(c); map.appendChild(el('br')); map.appendChild(document.createTextNode(`layer ${l} head ${h}`));
+    maps.appendChild(map); drawMap(c, m, cell, null);
+  }));
+  return box;
+}
+function show(data) {
+  Object.assign(STATE, data);
   const sw = document.getElementById('switch');
-  DATA.methods.forEach(m => {
-    const b = document.createElement('button'); b.dataset.method = m; b.textContent = DATA.titles[m];
+  if (!sw.childElementCount) STATE.methods.forEach(m => {
+    const b = el('button', '', STATE.titles[m]); b.dataset.method = m; b.type = 'button';
     b.onclick = () => { method = m; paintTokens(); }; sw.appendChild(b);
   });
-  DATA.texts.forEach((t, i) => {
-    const card = document.getElementById(`text${i}`);
-    const toks = card.querySelector('.tokens');
-    t.tokens.forEach((tok, j) => {
-      const el = document.createElement('span'); el.className = 'tok'; el.textContent = tok;
-      el.onmouseenter = () => highlight(i, j); el.onmouseleave = () => highlight(i, null); toks.appendChild(el);
-    });
-    const maps = card.querySelector('.maps');
-    if (!t.attention) { maps.textContent = t.notes.attention || 'no token × token attention for this model'; return; }
-    const n = t.tokens.length, cell = Math.max(3, Math.min(24, Math.floor(260 / n)));
-    t.attention.forEach((layer, l) => layer.forEach((m, h) => {
-      const box = document.createElement('div'); box.className = 'map';
-      const c = document.createElement('canvas'); c.width = m[0].length * cell; c.height = m.length * cell;
-      Object.assign(c.dataset, {layer: l, head: h, cell: cell, row: ''});
-      c.onmousemove = e => highlight(i, Math.min(n - 1, Math.floor(e.offsetY / cell)));
-      c.onmouseleave = () => highlight(i, null);
-      box.appendChild(c); box.appendChild(document.createElement('br'));
-      box.appendChild(document.createTextNode(`layer ${l} head ${h}`)); maps.appendChild(box);
-      drawMap(c, m, cell, null);
-    }));
-  });
+  if (!method) method = STATE.methods.find(m => STATE.texts.some(t => t.scores && t.scores[m])) || STATE.methods[0];
+  document.getElementById('cards').replaceChildren(...STATE.texts.map(card));
   paintTokens();
 }
-build();
+const PAGE = JSON.parse(document.getElementById('data').textContent);
+show(PAGE);
 """
 
+# serve.py's page: the same cards, filled from POST /predict {"explain": true, "attention": true}.
+LIVE_SCRIPT = """
+document.getElementById('ask').onsubmit = async event => {
+  event.preventDefault();
+  const status = document.getElementById('status'), text = document.getElementById('input').value;
+  status.textContent = 'explaining…';
+  try {
+    const answer = await fetch('predict', {method: 'POST', headers: {'Content-Type': 'application/json'},
+      body: JSON.stringify({texts: [text], explain: true, attention: true})});
+    const body = await answer.json();
+    if (!answer.ok) { status.textContent = `error ${answer.status}: ${body.error}`; return; }
+    status.textContent = body.notes.join(' ');
+    show({texts: body.predictions});
+  } catch (e) { status.textContent = `no answer from the server: ${e}`; }
+};
+"""
 
-def faithfulness_table(faithfulness: dict) -> str:
-    ks = faithfulness["ks"]
-    head = "".join(f"<th>drop k={k}</th>" for k in ks)
-    rows = []
-    for method, drops in faithfulness["deletion"].items():
-        r = faithfulness["spearman"].get(method)
-        r = "—" if r is None else f"{r:.2f}"
-        cells = "".join(f"<td>{d:.3f}</td>" for d in drops)
-        name = html.escape(TITLES.get(method, method))
-        rows.append(f"<tr><th style='text-align:left'>{name}</th><td>{r}</td>{cells}</tr>")
-    return (f"<table class='faith'><tr><th>method</th><th>Spearman with occlusion</th>{head}</tr>{''.join(rows)}"
-            "</table>")
+INTRO = ("<p class='note'>Token shading: orange supports the predicted class, blue speaks against it; each method is "
+         "scaled to its own largest |score| in the text. Hover a token (or a heatmap row) to outline its row.</p>")
 
 
-def render(explanations, title: str = "Why did it predict that?") -> str:
-    """The page for a list of inference.explain.Explanation, as a string."""
-    texts, cards = [], []
-    for i, e in enumerate(explanations):
-        attention = None
-        if e.attention is not None:  # per layer (H, n, n), 3 decimals: enough for a colour, a sixth of the bytes
-            attention = [layer.double().round(decimals=3).tolist() for layer in e.attention]
-        texts.append({"tokens": e.tokens, "scores": e.scores, "notes": e.notes, "attention": attention})
-        probabilities = "".join(f"<span>{html.escape(name)}: {p:.3f}</span>" for name, p in e.probabilities.items())
-        truncated = (f"<p class='note'>{html.escape(e.notes['truncated'])}</p>" if e.truncated_from else "")
-        cards.append(
-            f"<div class='card' id='text{i}'><div class='note'>text {i}</div>"
-            f"<p>{html.escape(e.text)}</p>{truncated}"
-            f"<p class='probs'><span class='label'>predicted: {html.escape(e.label)}</span>{probabilities}</p>"
-            f"<div class='tokens'></div><p class='note method-note'></p>"
-            f"<details open><summary>faithfulness for this text (occlusion is the truth)</summary>"
-            f"{faithfulness_table(e.faithfulness)}</details>"
-            f"<h3>attention per layer and head</h3><div class='hover note'></div><div class='maps'></div></div>"
-        )
+def page(title: str, texts: list[dict], top: str = "", script: str = "") -> str:
+    """The one page design: the method switch and a card per text (`texts`: the objects `predict.py --explain
+    --attention` prints), with `top` above them and `script` run after the page is drawn."""
     data = {"methods": list(METHODS), "titles": TITLES, "texts": texts}
     payload = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
-        f"<h1>{html.escape(title)}</h1>"
-        "<p class='note'>Token shading: orange supports the predicted class, blue speaks against it; each method is "
-        "scaled to its own largest |score| in the text. Hover a token (or a heatmap row) to outline its row.</p>"
-        f"<div id='switch'></div>{''.join(cards)}"
-        f"<script type='application/json' id='data'>{payload}</script><script>{SCRIPT}</script></body></html>\n"
+        f"<h1>{html.escape(title)}</h1>{top}{INTRO}<div id='switch'></div><div id='cards'></div>"
+        f"<script type='application/json' id='data'>{payload}</script><script>{SCRIPT}{script}</script></body></html>\n"
     )
+
+
+def render(explanations, title: str = "Why did it predict that?") -> str:
+    """The page for a list of inference.explain.Explanation, as a string. Attention at 3 decimals: enough for a
+    colour, a sixth of the bytes."""
+    return page(title, [e.to_dict(attention=True, decimals=3) for e in explanations])
+
+
+def live_page(metadata: dict) -> str:
+    """serve.py's page: a text box above the same cards; submitting asks POST /predict for an explanation."""
+    labels = ", ".join(metadata["labels"])
+    top = ("<form id='ask'><textarea id='input' rows='3' cols='80' placeholder='a text to classify'></textarea><br>"
+           "<button id='submit' type='submit'>explain</button> <span id='status' class='note'></span></form>"
+           f"<p class='note'>model: {html.escape(str(metadata['attention']))} attention, max_length "
+           f"{metadata['max_length']} tokens, labels: {html.escape(labels)}</p>")
+    return page("Why did it predict that? (live)", [], top, LIVE_SCRIPT)
 
 
 def write_report(explanations, path) -> None:
