@@ -313,7 +313,7 @@ def answer(classifier, pairs: list[tuple]) -> dict:
 
 
 def build_server(args, metadata: dict):
-    from fastapi.responses import HTMLResponse, JSONResponse
+    from fastapi.responses import HTMLResponse, JSONResponse, Response
     from starlette.exceptions import HTTPException
 
     from inference.report import live_page
@@ -330,6 +330,7 @@ def build_server(args, metadata: dict):
     app.router.routes = [route for route in app.router.routes if getattr(route, "path", None) != "/"]
     page = live_page(metadata)
     app.add_api_route("/", lambda: HTMLResponse(page), methods=["GET"])
+    app.add_api_route("/favicon.ico", lambda: Response(status_code=204), methods=["GET"])  # browsers ask for it
 
     async def error_as_json(request, exc: HTTPException):  # LitServe's 500/504: {"error"} like the 4xx answers
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
