@@ -18,7 +18,7 @@ from pathlib import Path
 
 import litserve as ls
 
-from predict import explanation_outputs, finite, prediction_outputs
+from predict import at_least, explanation_outputs, finite, prediction_outputs
 
 log = logging.getLogger("serve")
 
@@ -303,8 +303,8 @@ def answer_batch(classifier, requests: list[dict], ig_steps: int = 32) -> list[d
 
 def answer(classifier, pairs: list[tuple]) -> dict:
     """{"predictions": the objects (NaN/inf ones as errors), "notes": a line per truncated text}."""
-    notes = [f"text {i}: {result.truncated_from} tokens, truncated to the model's max_length of "
-             f"{classifier.max_length}" for i, (_, result) in enumerate(pairs)
+    notes = [f"text {i}: {at_least(out['text'])}{result.truncated_from} tokens, truncated to the model's max_length "
+             f"of {classifier.max_length}" for i, (out, result) in enumerate(pairs)
              if result is not None and result.truncated_from is not None]
     return {"predictions": [finite(out) for out, _ in pairs], "notes": notes}
 
