@@ -77,6 +77,9 @@ class CLI(LightningCLI):
         root = config["trainer"].get("default_root_dir")
         if root and logger_args is not None and logger_args.get("save_dir") in (None, "."):
             logger_args["save_dir"] = root
+        if config.get("ckpt_path") == "best":  # Lightning's name for the best checkpoint of a fit in this process
+            raise CheckpointError("--ckpt_path best: there is no fit in this process to take the best checkpoint of; "
+                                  "give its file (lightning_logs/version_N/checkpoints/best-*.ckpt) or last")
         # `--ckpt_path last` resumes the newest run: log into that run's version so its last.ckpt is found.
         if config.get("ckpt_path") == "last" and logger_args is not None and logger_args.get("version") is None:
             runs = Path(logger_args.get("save_dir") or ".") / (logger_args.get("name") or "lightning_logs")
@@ -86,6 +89,9 @@ class CLI(LightningCLI):
             elif self.subcommand in ("fit", None):
                 log.warning("--ckpt_path last: no run under %s has a last.ckpt yet (stopped before its first "
                             "checkpoint?): starting a fresh run", runs)
+            else:  # validating, testing or predicting with random weights would look like a result
+                raise CheckpointError(f"--ckpt_path last: no run under {runs} has a last.ckpt, so there is nothing to "
+                                      f"{self.subcommand}; train first, or give a checkpoint file")
 
     def instantiate_trainer(self, **kwargs):
         # The data are read by now (the links above built them). What was chosen from them goes into the config
@@ -133,8 +139,9 @@ def main(args=None):
         sys.exit("error: out of memory on the GPU; lower data.batch_size or data.max_length")
     except OSError as e:  # a log, checkpoint or cache folder that cannot be written: read-only (EROFS), no access, full
         what = (e.strerror or reason(e)).lower()
-        hint = ("choose a writable --trainer.default_root_dir (logs and checkpoints) or --data.cache_dir"
-                if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else "nothing was saved past the last checkpoint")
+        unwritable = e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+        hint = ("choose a writable --trainer.default_root_dir (logs and checkpoints) or --data.cache_dir" if unwritable
+                else "nothing was saved past the last checkpoint")
         sys.exit(f"error: {e.filename or 'a file'}: {what}; {hint}")
 
 

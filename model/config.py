@@ -154,7 +154,8 @@ class NetworkConfig:
         inner = self.n_heads * self.head_size
         layer = 4 * self.d_model * inner + 2 * self.d_model * self.d_ff
         projections = 2 * self.projection_length * self.max_length if self.attention == "linformer" else 0
-        return (self.vocab_size + self.max_length + self.num_classes) * self.d_model + self.n_layers * (layer + projections)
+        embeddings = (self.vocab_size + self.max_length + self.num_classes) * self.d_model  # tokens, positions, head
+        return embeddings + self.n_layers * (layer + projections)
 
     def heads_in_layer(self, layer: int) -> int:
         """How many heads layer `layer` has: n_heads, or its count in layer_heads after pruning."""

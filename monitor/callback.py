@@ -14,8 +14,10 @@ recomputation). No work at all on training batches unless `every_n_train_steps` 
 """
 
 import logging
+import math
 
 import torch
+import torch.nn.functional as F
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -143,12 +145,17 @@ class AttentionMonitor(Callback):
         finally:
             model.train(was_training)
         layers = weights
-        weights = torch.stack([layer.weights for layer in layers], dim=1).float().cpu()  # (B, n_layers, H, L, K)
+        # (B, n_layers, H, L, K); a pruned layer's missing heads (layers with fewer heads) are NaN: blank panels
+        most = max(layer.weights.shape[1] for layer in layers)
+        weights = torch.stack([F.pad(layer.weights.float(), (0, 0, 0, 0, 0, most - layer.weights.shape[1]),
+                                     value=math.nan) for layer in layers], dim=1).cpu()
         # A long kind's layout (model/long_attention.py): which token each column is, and sparse's global rows.
         key_positions = getattr(layers[0], "key_positions", None)
         global_rows = getattr(layers[0], "global_rows", None)
         if global_rows is not None:
-            global_rows = torch.stack([layer.global_rows.weights for layer in layers], dim=1).float().cpu()
+            global_rows = torch.stack([F.pad(layer.global_rows.weights.float(),
+                                             (0, 0, 0, 0, 0, most - layer.global_rows.weights.shape[1]),
+                                             value=math.nan) for layer in layers], dim=1).cpu()
         probabilities = logits.float().softmax(-1).cpu()
         label_names = getattr(pl_module, "label_names", None) or [str(c) for c in range(probabilities.shape[-1])]
         for i, (text, origin) in enumerate(titles):
@@ -229,8 +236,10 @@ class AttentionMonitor(Callback):
         writer = self.tensorboard(trainer)
         if writer is not None:
             for layer in range(len(verdicts)):
-                if figures.weight_sample[layer].numel():  # none when no query had two keys (max_length 1)
-                    writer.add_histogram(f"attention_health/weights/layer{layer}", figures.weight_sample[layer], step)
+                sample = figures.weight_sample[layer]
+                sample = sample[~sample.isnan()]  # a pruned layer's missing heads are NaN rows
+                if sample.numel():  # none when no query had two keys (max_length 1)
+                    writer.add_histogram(f"attention_health/weights/layer{layer}", sample, step)
             writer.add_text("attention_health/verdicts", verdict_table_markdown(figures, self.thresholds), step)
             if trainer.state.fn != "fit" or step != self.last_probe_step:
                 self.log_probes(trainer, pl_module, writer)

@@ -116,14 +116,16 @@ class HealthFigures:
     score_std: torch.Tensor  # (n_layers, H) within-row spread of the pre-softmax scores
     rows: int  # counted query rows behind each figure
     weight_sample: torch.Tensor  # (n_layers, H, ≤ sample_size) weights drawn uniformly from counted pairs
+    heads: list[int] | None = None  # heads of each layer when a pruned network's layers differ (the rest is NaN)
 
     def verdicts(self, thresholds: HealthThresholds | None = None) -> list[list[str]]:
-        """verdicts[layer][head]."""
+        """verdicts[layer][head], over the heads each layer has."""
+        heads = self.heads or [self.entropy.shape[1]] * self.entropy.shape[0]
         return [
             [
                 verdict(float(e), float(m), float(s), thresholds)
                 for e, m, s in zip(self.entropy[layer], self.max_weight[layer], self.score_std[layer])
-            ]
+            ][: heads[layer]]
             for layer in range(self.entropy.shape[0])
         ]
 
@@ -144,6 +146,7 @@ class AttentionHealth:
 
     def reset(self) -> None:
         self.sums = None  # dict of (n_layers, H) float64: entropy, max_weight, squared_deviation
+        self.heads = None  # heads of each layer
         self.rows, self.pairs = 0, 0.0  # counted rows; (estimated) allowed pairs of counted rows
         self.rows_read = 0
         self.sample = self.sample_keys = None  # (n_layers, H, ≤ sample_size)
@@ -155,7 +158,9 @@ class AttentionHealth:
         this batch (`model(ids, key_padding_mask, need_weights=True).attention`); all layers share one mask."""
         weights = attention[0].weights
         if self.sums is None:
-            zeros = torch.zeros(len(attention), weights.shape[1], dtype=torch.float64, device=weights.device)
+            # A pruned network's layers may have different head counts: figures are (n_layers, most heads).
+            self.heads = [layer.weights.shape[1] for layer in attention]
+            zeros = torch.zeros(len(attention), max(self.heads), dtype=torch.float64, device=weights.device)
             self.sums = {name: zeros.clone() for name in ("entropy", "max_weight", "squared_deviation")}
             self.generator = torch.Generator(device=weights.device).manual_seed(self.seed)
         self.update_rows(attention, key_padding_mask)
@@ -184,15 +189,18 @@ class AttentionHealth:
             # Rows first: (B, H, L, K)[b, :, i] with R pairs (b, i) → (R, H, K); only these are read.
             w = part.weights[batch_index, :, query_index].double()  # (R, H, K)
             s = part.scores[batch_index, :, query_index].double()  # (R, H, K)
-            self.sums["entropy"][layer] += share * row_normalized_entropy(w, row_allowed[:, None]).sum(dim=0)
-            self.sums["max_weight"][layer] += share * w.amax(dim=-1).sum(dim=0)
+            h = w.shape[1]
+            self.sums["entropy"][layer, :h] += share * row_normalized_entropy(w, row_allowed[:, None]).sum(dim=0)
+            self.sums["max_weight"][layer, :h] += share * w.amax(dim=-1).sum(dim=0)
             pairs = row_allowed[:, None].to(s.dtype)  # (R, 1, K)
             row_mean = (s * pairs).sum(dim=-1, keepdim=True) / n_keys[:, None]  # (R, H, 1)
-            self.sums["squared_deviation"][layer] += share * ((s - row_mean).square() * pairs).sum(dim=(0, 2))
+            self.sums["squared_deviation"][layer, :h] += share * ((s - row_mean).square() * pairs).sum(dim=(0, 2))
         self.rows += total
         self.rows_read += len(batch_index)
         self.pairs += share * int(row_allowed.sum())
         read = [part.weights[batch_index, :, query_index].transpose(0, 1)[:, row_allowed] for part in attention]
+        most = max(self.heads)  # a pruned layer's missing heads: NaN rows
+        read = [torch.cat([r, r.new_full((most - r.shape[0], r.shape[1]), math.nan)]) for r in read]
         self.add_to_sample(torch.stack(read))  # (n_layers, H, pairs read)
 
     def add_to_sample(self, values: torch.Tensor) -> None:
@@ -209,12 +217,17 @@ class AttentionHealth:
         nan = torch.tensor(math.nan, dtype=torch.float64)
         rows = self.rows or nan
         nothing = torch.zeros(*self.sums["entropy"].shape, 0)  # no counted row at all: an empty sample
+        missing = torch.arange(max(self.heads)) >= torch.tensor(self.heads)[:, None]  # (n_layers, H) pruned heads
+        figures = {
+            "entropy": self.sums["entropy"].cpu() / rows,
+            "max_weight": self.sums["max_weight"].cpu() / rows,
+            "score_std": (self.sums["squared_deviation"].cpu() / (self.pairs or nan)).sqrt(),
+        }
         return HealthFigures(
-            entropy=(self.sums["entropy"] / rows).float().cpu(),
-            max_weight=(self.sums["max_weight"] / rows).float().cpu(),
-            score_std=(self.sums["squared_deviation"] / (self.pairs or nan)).sqrt().float().cpu(),
+            **{name: value.masked_fill(missing, math.nan).float() for name, value in figures.items()},
             rows=self.rows,
             weight_sample=(self.sample if self.sample is not None else nothing).cpu(),
+            heads=self.heads if len(set(self.heads)) > 1 else None,
         )
 
 

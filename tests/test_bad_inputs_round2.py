@@ -46,9 +46,13 @@ def digest(path: Path) -> str:
 @pytest.fixture
 def checkpoint(tmp_path):
     """A checkpoint in train.py's layout over the synthetic task's labels, written without training."""
+    import lightning
+
     classifier = tiny_classifier()
     classifier.label_names = ["0", "1"]
-    return save_checkpoint(classifier, tmp_path / "full.ckpt", data=SYNTHETIC)
+    path = save_checkpoint(classifier, tmp_path / "full.ckpt", data=SYNTHETIC)
+    torch.save(read_checkpoint(path) | {"pytorch-lightning_version": lightning.__version__}, path)
+    return path
 
 
 # --- one writer for every file: data/files.py ------------------------------------------------------------------------
@@ -341,4 +345,53 @@ def test_the_emoji_only_teacher_hint_names_both_settings():
     from data.teacher import out_of_fold_probabilities
 
     with pytest.raises(DataError, match=r"--data.teacher null --model.distillation 0"):
-        out_of_fold_probabilities(["🙂🙂", "🙁", "🙂", "🙁🙁"] * 5, [1, 0, 1, 0] * 5, 2, seed=0, source="emoji.csv")
+        out_of_fold_probabilities(["🙂🙂", "🙁", "🙂", "🙁🙁"] * 5, [1, 0, 1, 0] * 5, 2, seed=0,
+                                  source="emoji.csv")
+
+
+# --- special checkpoint names and pruned networks in train.py --------------------------------------------------------
+
+
+@pytest.mark.parametrize("subcommand, name", [("validate", "last"), ("test", "last"), ("validate", "best")])
+def test_a_special_checkpoint_name_with_nothing_behind_it_is_one_line(tmp_path, subcommand, name):
+    with pytest.raises(SystemExit) as stop:
+        train.main([subcommand, "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
+                    "--trainer.default_root_dir", str(tmp_path), "--ckpt_path", name, *QUIET, *SHORT])
+    assert error_line(stop).startswith(f"error: --ckpt_path {name}: ")
+    assert not (tmp_path / "lightning_logs").exists()
+
+
+def test_a_checkpoint_train_py_did_not_write_is_one_line_in_train_py(tmp_path):
+    path = save_checkpoint(tiny_classifier(), tmp_path / "by_hand.ckpt")
+    with pytest.raises(SystemExit) as stop:
+        train.main(["validate", "--config", SMOKE, "--ckpt_path", str(path), *QUIET])
+    assert error_line(stop).startswith(f"error: {path}: not written by train.py")
+
+
+def test_a_pruned_network_with_other_head_counts_per_layer_is_validated_with_the_monitor(checkpoint, tmp_path):
+    pruned = tmp_path / "pruned.ckpt"
+    assert prune_heads.main(["--ckpt", str(checkpoint), "--importance-limit", "20", "--limit", "20", "--no-table",
+                             "--prune", "1", "--out", str(pruned)]) == 0
+    assert sorted(read_checkpoint(pruned)["hyper_parameters"]["network"]["layer_heads"]) == [1, 2]
+    cli = train.main(["validate", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
+                      "--data.max_length", "12", "--trainer.default_root_dir", str(tmp_path), "--ckpt_path",
+                      str(pruned), *QUIET, *SHORT])
+    assert "val/acc" in cli.trainer.callback_metrics
+    (monitor,) = [c for c in cli.trainer.callbacks if type(c).__name__ == "AttentionMonitor"]
+    assert sorted(len(heads) for heads in monitor.figures.verdicts()) == [1, 2]
+
+
+def test_health_figures_cover_the_heads_each_layer_has():
+    from model.attention import AttentionWeights
+    from monitor.health import AttentionHealth
+
+    def layer(heads):
+        scores = torch.randn(2, heads, 5, 5)
+        return AttentionWeights(scores.softmax(-1), scores, None)
+
+    health = AttentionHealth()
+    health.update([layer(1), layer(2)])
+    figures = health.compute()
+    assert [len(v) for v in figures.verdicts()] == [1, 2] and figures.heads == [1, 2]
+    assert figures.entropy[0, 1].isnan() and not figures.entropy[1].isnan().any()
+    assert figures.weight_sample[0, 1].isnan().all() and not figures.weight_sample[1].isnan().any()

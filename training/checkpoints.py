@@ -20,6 +20,9 @@ def check_readable(ckpt_path: str | None) -> None:
     if not ckpt_path or ckpt_path in SPECIAL_NAMES:
         return
     checkpoint = read_checkpoint(ckpt_path)
+    if "pytorch-lightning_version" not in checkpoint:  # Lightning needs it to restore anything
+        raise CheckpointError(f"{ckpt_path}: not written by train.py (no 'pytorch-lightning_version'), so train.py "
+                              "cannot restore it; predict.py and TextClassifier.from_checkpoint read it")
     if "network" not in checkpoint["hyper_parameters"]:
         raise CheckpointError(
             f"{ckpt_path}: written before the network settings moved under 'network'; predict.py reads it as it is, "
@@ -65,8 +68,8 @@ def check_checkpoint(ckpt_path: str | None, trainer, module, datamodule, resume:
     if resume and not checkpoint.get("optimizer_states"):
         raise CheckpointError(
             f"{path}: holds the weights only, no optimizer state (e.g. written by bench/prune_heads.py), so training "
-            "cannot resume from it; use it with predict.py or train.py validate/test --ckpt_path, or resume from the "
-            "checkpoint it was made from"
+            f"cannot resume from it; use it with predict.py or train.py validate/test --ckpt_path {path}, "
+            "or resume from the checkpoint it was made from"
         )
     labels = list(checkpoint["TextDataModule"]["label_names"])
     try:
