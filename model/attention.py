@@ -130,11 +130,14 @@ class MultiHeadSelfAttention(nn.Module):
         qkv = F.linear(x, w_qkv, b_qkv).view(-1, 3, self.n_heads, self.d_head)  # (N, 3, H, d)
         # The grid is laid out (3, B, H, L, d) and written through a (B, L, 3, H, d) view, so that q, k and v come
         # out contiguous: the matrix products in attend() then read them as they are instead of copying them.
+        # Real places as (row, position) index pairs, not a boolean mask: an exported graph (export.py) then copies
+        # whole rows (ONNX ScatterND/GatherND over N pairs) instead of expanding the mask to every element.
+        rows, positions = real.nonzero(as_tuple=True)  # (N,) each
         grid = x.new_zeros(3, B, self.n_heads, L, self.d_head)
-        grid.permute(1, 3, 0, 2, 4)[real] = qkv
+        grid.permute(1, 3, 0, 2, 4)[rows, positions] = qkv
         q, k, v = grid  # each (B, H, L, d), zeros at padded places
         out, weights = self.attend(q, k, v, self.mask(key_padding_mask, L, x.device), need_weights)
-        return self.w_o(self.gated(out).transpose(1, 2)[real].flatten(1)), weights  # (N, H·d) → (N, D)
+        return self.w_o(self.gated(out).transpose(1, 2)[rows, positions].flatten(1)), weights  # (N, H·d) → (N, D)
 
     def gated(self, out: torch.Tensor) -> torch.Tensor:
         """Each head's output (B, H, L, d) times its gate, when one is set."""
@@ -169,7 +172,7 @@ def attention_mask(
 def unpack(t: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     """(N, C) real tokens → (B, L, C) with zeros at padding; real (B, L) bool marks the N real places."""
     grid = t.new_zeros(*real.shape, t.shape[-1])
-    grid[real] = t
+    grid[real.nonzero(as_tuple=True)] = t  # index pairs, not the mask: see forward_packed
     return grid
 
 

@@ -123,8 +123,8 @@ class AttentionClassifier(nn.Module):
         if key_padding_mask is None:
             key_padding_mask = torch.zeros(B, L, dtype=torch.bool, device=token_ids.device)
         real = ~key_padding_mask.bool()  # (B, L)
-        positions = torch.arange(L, device=token_ids.device).expand(B, L)  # (B, L)
-        x = self.token_embedding(token_ids[real]) + self.position_embedding(positions[real])  # (N, D)
+        rows, positions = real.nonzero(as_tuple=True)  # (N,) each: the real places, row-major (see forward_packed)
+        x = self.token_embedding(token_ids[rows, positions]) + self.position_embedding(positions)  # (N, D)
         x = self.embedding_dropout(x)
         attention = []
         for block in self.blocks:

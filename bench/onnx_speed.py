@@ -1,0 +1,162 @@
+"""onnxruntime against PyTorch: throughput on a checkpoint, and the largest differences of an export.
+
+    python bench/onnx_speed.py --ckpt lightning_logs/version_0     # SST-2 validation texts, 1 thread each
+    python bench/onnx_speed.py --kinds                             # tiny random model of every attention kind
+
+--ckpt exports the checkpoint (export.py, without and with --attention) to a temporary folder, then classifies the
+dataset's validation texts (default SST-2) both ways with the same batching (sorted by length, batches of
+--batch-size) and the same thread count: PyTorch through TextClassifier.predict, onnxruntime through tokenizer.json
+and model.onnx, tokenization included in both. Prints texts/s for each, the largest |Δ probability| and whether every
+label agrees. --kinds exports a tiny random network of each kind (full, local, sparse, linformer) with --attention and
+prints the largest |Δ| of probabilities and of attention weights against PyTorch on a padded batch. The last line of
+stdout is one JSON object with every figure.
+"""
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+log = logging.getLogger("bench.onnx_speed")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--ckpt", help="checkpoint (or run folder) to export and time")
+    what.add_argument("--kinds", action="store_true", help="largest differences for a tiny model of every kind")
+    parser.add_argument("--dataset", default="sst2", help="validation texts of this registered dataset")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=1, help="threads for torch and onnxruntime (default: 1)")
+    parser.add_argument("--repeats", type=int, default=3, help="passes over the texts; the best is kept")
+    return parser.parse_args(argv)
+
+
+def session(path: Path, threads: int):
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = threads
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def onnx_probabilities(folder: Path, texts: list[str], batch_size: int, threads: int) -> tuple[np.ndarray, dict]:
+    """Probabilities (N, C) in text order through tokenizer.json and model.onnx, length-sorted batches; and any
+    attention outputs of the last batch."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    run = session(folder / "model.onnx", threads)
+    tokenizer.no_padding()
+    lengths = [len(e.ids) for e in tokenizer.encode_batch(texts)]
+    tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+    order = sorted(range(len(texts)), key=lengths.__getitem__)
+    probabilities = np.zeros((len(texts), 0), dtype=np.float32)
+    for start in range(0, len(order), batch_size):
+        batch = order[start:start + batch_size]
+        encodings = tokenizer.encode_batch([texts[i] for i in batch])
+        feed = {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+                "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64)}
+        logits = run.run(["logits"], feed)[0]
+        if probabilities.shape[1] == 0:
+            probabilities = np.zeros((len(texts), logits.shape[1]), dtype=np.float32)
+        probabilities[batch] = torch.tensor(logits).softmax(-1).numpy()
+    return probabilities
+
+
+def best_of(repeats: int, work) -> tuple[float, object]:
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        result = work()
+        best = min(best, time.perf_counter() - started)
+    return best, result
+
+
+def throughput(args) -> dict:
+    import export
+    from data.sources import load_splits
+    from inference import TextClassifier
+    from inference.ensemble import resolve_checkpoint
+
+    torch.set_num_threads(args.threads)
+    splits = load_splits(dataset=args.dataset, data_dir=None, train_file=None, val_file=None, test_file=None,
+                         text_column=None, label_column=None, val_fraction=0.1, seed=0)
+    texts = [text for text in splits.texts["validation"] if text.strip()]
+    classifier = TextClassifier.from_checkpoint(resolve_checkpoint(args.ckpt), device="cpu")
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        started = time.perf_counter()
+        assert export.main(["--ckpt", args.ckpt, "--out", str(folder)]) == 0
+        export_s = time.perf_counter() - started
+        torch_s, predictions = best_of(args.repeats, lambda: classifier.predict(texts, batch_size=args.batch_size))
+        onnx_s, probabilities = best_of(args.repeats, lambda: onnx_probabilities(folder, texts, args.batch_size,
+                                                                                 args.threads))
+    expected = np.array([[p.probabilities[name] for name in classifier.label_names] for p in predictions])
+    return {"texts": len(texts), "dataset": args.dataset, "threads": args.threads, "batch_size": args.batch_size,
+            "export_s": round(export_s, 1), "pytorch_texts_per_s": round(len(texts) / torch_s, 1),
+            "onnxruntime_texts_per_s": round(len(texts) / onnx_s, 1),
+            "max_abs_probability_difference": float(np.abs(probabilities - expected).max()),
+            "labels_agree": bool((probabilities.argmax(1) == expected.argmax(1)).all()),
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+def kinds() -> dict:
+    sys.path.insert(0, str(ROOT / "tests"))
+    import export
+    from test_explain import KINDS, save_checkpoint, tiny_classifier
+    from test_export import TEXTS, run_onnx
+
+    figures = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for kind in KINDS:
+            classifier = tiny_classifier(kind)
+            out = Path(folder) / kind
+            ckpt = save_checkpoint(classifier, Path(folder) / f"{kind}.ckpt")
+            assert export.main(["--ckpt", str(ckpt), "--out", str(out), "--attention"]) == 0
+            config, _, _, outputs = run_onnx(out, TEXTS)
+            predictions = classifier.predict(TEXTS, attention=True)
+            ids, _, _ = classifier.encode(TEXTS)
+            probabilities = torch.tensor(outputs["logits"]).softmax(-1).numpy()
+            probability, weight = 0.0, 0.0
+            for row, prediction in enumerate(predictions):
+                n = len(ids[row])
+                expected = [prediction.probabilities[name] for name in config["labels"]]
+                probability = max(probability, float(np.abs(probabilities[row] - expected).max()))
+                for layer in range(classifier.model.config.n_layers):
+                    got = outputs[f"attention.{layer}"][row, :, :n]
+                    got = got[..., :n] if kind == "full" else got
+                    weight = max(weight, float(np.abs(got - prediction.attention[layer].numpy()).max()))
+            figures[kind] = {"max_abs_probability_difference": probability, "max_abs_weight_difference": weight}
+    return figures
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    if args.kinds:
+        figures = kinds()
+        for kind, f in figures.items():
+            print(f"{kind:10s} max |Δ probability| {f['max_abs_probability_difference']:.2e}   "
+                  f"max |Δ attention weight| {f['max_abs_weight_difference']:.2e}")
+    else:
+        figures = throughput(args)
+        print(f"{figures['texts']} {figures['dataset']} validation texts, batches of {figures['batch_size']}, "
+              f"{figures['threads']} thread(s): PyTorch {figures['pytorch_texts_per_s']} texts/s, onnxruntime "
+              f"{figures['onnxruntime_texts_per_s']} texts/s; max |Δ probability| "
+              f"{figures['max_abs_probability_difference']:.2e}, labels agree: {figures['labels_agree']} "
+              f"(load average {figures['load_average']})")
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
