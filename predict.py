@@ -1,7 +1,7 @@
 """Classify new texts with a trained checkpoint: one JSON object per input on stdout.
 
 For a whole dataset split with its labels, use `python train.py predict --config ... --ckpt_path ...` instead.
-The Python API behind this script is `model.TextClassifier` (model/inference.py).
+The Python API behind this script is `inference.TextClassifier` (inference/classifier.py).
 """
 
 import argparse
