@@ -217,3 +217,30 @@ def test_screenshot_of_the_served_page(tab, tmp_path):
     image = Image.open(path).convert("L")
     low, high = image.getextrema()
     assert high - low > 100 and len(set(image.resize((64, 64)).getdata())) > 20 and errors == []
+
+
+def test_an_ensemble_answers_averaged_probabilities_and_refuses_attention(tmp_path):
+    import serve
+    from inference.ensemble import Ensemble
+
+    members = [tiny_classifier(seed=seed) for seed in (0, 1)]
+    answers = serve.answer_batch(Ensemble(members), [{"texts": ["w1 alpha", " "], "attention": False,
+                                                      "explain": False}])
+    first, second = (m.predict(["w1 alpha"])[0].probabilities for m in members)
+    served = answers[0]["predictions"]
+    assert served[0]["probabilities"]["pos"] == pytest.approx((first["pos"] + second["pos"]) / 2, abs=1e-6)
+    assert served[1] == {"text": " ", "error": "empty text"}
+    with pytest.raises(serve.BadRequest, match="attention belongs to one network"):
+        serve.check_request(b'{"texts": ["a"], "attention": true}', max_texts=4, ensemble=True)
+
+
+def test_bad_command_lines_are_one_line_errors(tmp_path, capsys):
+    import serve
+
+    assert serve.main(["--ckpt", str(tmp_path / "missing.ckpt")]) == 2
+    (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
+    assert serve.main(["--ckpt", str(tmp_path / "junk.ckpt")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "file not found" in lines[0] and "not a checkpoint written by train.py" in lines[1]
+    with pytest.raises(SystemExit):
+        serve.main(["--ckpt", "x", "--request-timeout", "0"])
