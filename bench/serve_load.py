@@ -4,6 +4,7 @@
     python bench/serve_load.py --url http://127.0.0.1:8000 --requests 500    # a server that is already running
     python bench/serve_load.py --ckpt ... --kill worker --kill-after 500      # SIGKILL the worker mid-load
     python bench/serve_load.py --ckpt ... --kill server --kill-after 500      # SIGKILL the server, start it again
+                                                                              # (no request is sent until it is up)
 
 Each client thread sends its requests one after another on one keep-alive connection (a new one after an error):
 {"texts": [one validation text]} (--texts-per-request). Prints throughput, latency percentiles (p50/p95/p99), the
@@ -154,6 +155,8 @@ class Load:
         self.next = 0
         self.results = []  # (index, started, seconds, status or None, detail)
         self.answered = threading.Event()
+        self.gate = threading.Event()  # cleared while a killed server starts again: no new request is sent
+        self.gate.set()
         self.answers_for_event = None
 
     def take(self) -> int | None:
@@ -165,7 +168,7 @@ class Load:
 
     def client(self):
         connection = None
-        while (index := self.take()) is not None:
+        while self.gate.wait() and (index := self.take()) is not None:
             if connection is None:
                 connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
             started = time.perf_counter()
@@ -269,8 +272,10 @@ def kill_midway(load: Load, server: Server, what: str, figures: dict):
             os.kill(pid, signal.SIGKILL)
     else:
         figures["killed"] = f"server (process group {server.process.pid})"
+        load.gate.clear()  # the requests in flight fail; the rest wait for the new server (a client would retry)
         server.kill()
         figures["restart_s"] = round(server.start(), 2)  # same port: the clients reconnect to it
+        load.gate.set()
 
 
 def summary(results, wall: float, k: int) -> dict:
