@@ -264,6 +264,7 @@ class ClassifierAPI(ls.LitAPI):
 
         torch.set_num_threads(self.threads)
         self.classifier = load_classifier(self.checkpoints, self.device)
+        self.classifier.predict(["warm up"] * 8)  # first-call costs paid before /health says ready
 
     def decode_request(self, request):
         return request  # already checked by RequestLimits

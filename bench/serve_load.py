@@ -280,6 +280,7 @@ def kill_midway(load: Load, server: Server, what: str, figures: dict):
 
 def summary(results, wall: float, k: int) -> dict:
     ok = [seconds for _, _, seconds, status, _ in results if status == 200]
+    first = min(started for _, started, _, _, _ in results)
     errors = [(status, detail) for _, _, _, status, detail in results if status not in (200, None)]
     lost = [detail for _, _, _, status, detail in results if status is None]
     seen = {}
@@ -293,6 +294,9 @@ def summary(results, wall: float, k: int) -> dict:
         "p95_ms": round(1000 * percentile(ok, 95), 1) if ok else None,
         "p99_ms": round(1000 * percentile(ok, 99), 1) if ok else None,
         "max_ms": round(1000 * max(ok), 1) if ok else None,
+        # the five slowest: when each started (seconds after the first request) and how long it took
+        "slowest": [[round(started - first, 2), round(seconds, 3)]
+                    for _, started, seconds, _, _ in sorted(results, key=lambda r: -r[2])[:5]],
         "failures_seen": seen,
     }
 
