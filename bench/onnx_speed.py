@@ -48,9 +48,8 @@ def session(path: Path, threads: int):
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def onnx_probabilities(folder: Path, texts: list[str], batch_size: int, threads: int) -> tuple[np.ndarray, dict]:
-    """Probabilities (N, C) in text order through tokenizer.json and model.onnx, length-sorted batches; and any
-    attention outputs of the last batch."""
+def onnx_probabilities(folder: Path, texts: list[str], batch_size: int, threads: int) -> np.ndarray:
+    """Probabilities (N, C) in text order through tokenizer.json and model.onnx, in length-sorted batches."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))

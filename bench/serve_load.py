@@ -289,7 +289,8 @@ def summary(results, wall: float, k: int) -> dict:
         seen[key] = seen.get(key, 0) + 1
     return {
         "answered": len(results), "ok": len(ok), "errors": len(errors), "lost": len(lost),
-        "wall_s": round(wall, 2), "requests_per_s": round(len(ok) / wall, 1), "texts_per_s": round(len(ok) * k / wall, 1),
+        "wall_s": round(wall, 2), "requests_per_s": round(len(ok) / wall, 1),
+        "texts_per_s": round(len(ok) * k / wall, 1),
         "p50_ms": round(1000 * percentile(ok, 50), 1) if ok else None,
         "p95_ms": round(1000 * percentile(ok, 95), 1) if ok else None,
         "p99_ms": round(1000 * percentile(ok, 99), 1) if ok else None,
