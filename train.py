@@ -1,10 +1,21 @@
 """Train, validate, test or predict with a YAML config:
 
     python train.py fit --config configs/sst2.yaml
+    python train.py fit                                                  # no config: configs/default.yaml, SST-2
     python train.py fit --config configs/sst2.yaml --ckpt_path last      # resume an interrupted run
     python train.py validate --config configs/sst2.yaml --ckpt_path lightning_logs/version_0/checkpoints/last.ckpt
 
-`python train.py fit --help` lists every option (data.*, model.*, trainer.*, early_stopping.*).
+`python train.py fit --help` lists every option (data.*, model.*, trainer.*, early_stopping.*). Without --config,
+`fit` reads configs/default.yaml (the generic default) as its defaults.
+
+Pretraining on unlabeled text (README "Pretraining on unlabeled text"), then fine-tuning from it:
+
+    python train.py pretrain --config configs/pretrain.yaml --data.dataset chnsenticorp_htl \
+        --data.unlabeled_files '[more.parquet]'
+    python train.py fit --data.dataset chnsenticorp_htl --model.init_from <run>/checkpoints/last.ckpt
+
+`pretrain` is `fit` of the pretraining system (training/pretraining.py, data/pretraining.py): the same options,
+logs, checkpoints and `--ckpt_path last`; `python train.py pretrain --help` lists them.
 
 Left unset, the sizes the data decide (data.max_length, data.vocab_size) and the training length
 (trainer.max_epochs) are chosen at start, logged once, and written into the run's config.yaml, so a rerun from
@@ -27,10 +38,12 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from data import DataError, TextDataModule
 from data.files import WriteError, reason
-from inference.classifier import CheckpointError
+from data.pretraining import PretrainDataModule
+from inference.classifier import CheckpointError, read_pretraining_checkpoint
 from model.config import ConfigError, NetworkConfig
-from training.checkpoints import check_checkpoint, check_readable
+from training.checkpoints import check_checkpoint, check_readable, resolve
 from training.module import ClassifierModule, NonFiniteLossError
+from training.pretraining import PretrainModule, check_pretrained
 
 log = logging.getLogger("train")
 
@@ -38,6 +51,9 @@ log = logging.getLogger("train")
 # and at least MIN_STEPS optimizer steps (a small dataset gets more epochs: 10k news texts need ~20 epochs, not 5),
 # at most MAX_EPOCHS. Early stopping ends it sooner once validation accuracy stops improving.
 MIN_EPOCHS, MIN_STEPS, MAX_EPOCHS = 5, 2000, 40
+ROOT = Path(__file__).resolve().parent
+DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"  # what `fit` reads first when no --config is given
+PRETRAIN_CONFIG = ROOT / "configs" / "pretrain.yaml"  # and `pretrain`
 
 
 class CLI(LightningCLI):
@@ -46,6 +62,8 @@ class CLI(LightningCLI):
         # once it exists, since left unset they are chosen from the training texts.
         parser.link_arguments("data.max_length", "model.network.max_length", apply_on="instantiate")
         parser.link_arguments("data.vocab_size", "model.network.vocab_size", apply_on="instantiate")  # tokenizer ≤ it
+        # Fine-tuning from a pretraining checkpoint reads text with that checkpoint's tokenizer.
+        parser.link_arguments("model.init_from", "data.tokenizer_from")
         parser.link_arguments("data.label_names", "model.label_names", apply_on="instantiate")
         parser.link_arguments("data.label_names", "model.network.num_classes", compute_fn=len, apply_on="instantiate")
         # Stop when validation accuracy has not improved for `patience` epochs; the best checkpoint is kept.
@@ -67,7 +85,8 @@ class CLI(LightningCLI):
 
     def before_instantiate_classes(self):
         config = self.config[self.subcommand] if self.subcommand else self.config
-        if self.subcommand in ("fit", None) and config["model"]["distillation"] > 0 and not config["data"]["teacher"]:
+        if self.subcommand in ("fit", None) and config["model"].get("distillation", 0) > 0 \
+                and not config["data"]["teacher"]:
             raise ConfigError(f"model.distillation {config['model']['distillation']} needs a teacher: "
                               "set data.teacher ngram (or model.distillation 0)")
         logger = config["trainer"]["logger"]
@@ -109,9 +128,10 @@ class CLI(LightningCLI):
         batches = math.ceil(len(data.split("train")) / data.hparams.batch_size)
         steps = max(1, batches // (config["trainer"].get("accumulate_grad_batches") or 1))  # per epoch, one process
         epochs = min(MAX_EPOCHS, max(MIN_EPOCHS, math.ceil(MIN_STEPS / steps)))
-        log.info("max_epochs %d: at least %d epochs and %d optimizer steps (%d per epoch), at most %d epochs; early "
-                 "stopping after %d epochs without a better val/acc", epochs, MIN_EPOCHS, MIN_STEPS, steps, MAX_EPOCHS,
-                 config["early_stopping"]["patience"])
+        stopping = config.get("early_stopping")
+        log.info("max_epochs %d: at least %d epochs and %d optimizer steps (%d per epoch), at most %d epochs%s", epochs,
+                 MIN_EPOCHS, MIN_STEPS, steps, MAX_EPOCHS,
+                 f"; early stopping after {stopping['patience']} epochs without a better val/acc" if stopping else "")
         return epochs
 
     def before_fit(self):
@@ -119,6 +139,8 @@ class CLI(LightningCLI):
         # config and data, else one line says what differs.
         checkpoint = check_checkpoint(self.config[self.subcommand].get("ckpt_path"), self.trainer, self.model,
                                       self.datamodule, resume=self.subcommand == "fit")
+        if self.subcommand == "fit" and self.model.hparams.init_from:
+            check_pretrained(self.model.hparams.init_from, self.model.network)
         logger = self.trainer.logger
         if self.subcommand == "fit" and checkpoint is not None and isinstance(logger, TensorBoardLogger):
             # Resuming: hide what an interrupted run logged after this checkpoint, so no step appears twice.
@@ -126,6 +148,35 @@ class CLI(LightningCLI):
             logger._kwargs.setdefault("purge_step", checkpoint["global_step"])
 
     before_validate = before_test = before_predict = before_fit
+
+
+class PretrainCLI(CLI):
+    """`train.py pretrain`: `fit` of PretrainModule on PretrainDataModule, with the conventions of CLI."""
+
+    def add_arguments_to_parser(self, parser):
+        parser.link_arguments("data.max_length", "model.network.max_length", apply_on="instantiate")
+        parser.link_arguments("data.vocab_size", "model.network.vocab_size", apply_on="instantiate")
+        parser.set_defaults({"trainer.callbacks": [{"class_path": "monitor.AttentionMonitor"}]})
+
+    def parse_arguments(self, parser, args):
+        LightningCLI.parse_arguments(self, parser, args)
+        ckpt_path = self.config["fit"].get("ckpt_path")
+        if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry"):
+            read_pretraining_checkpoint(ckpt_path)
+
+    def before_fit(self):
+        path = resolve(self.config["fit"].get("ckpt_path"), self.trainer)
+        if path is None:
+            return
+        checkpoint = read_pretraining_checkpoint(path)
+        trained = NetworkConfig.from_dict(checkpoint["hyper_parameters"]["network"])
+        if trained != self.model.network:
+            differences = [f"{name} {value!r} (this config: {getattr(self.model.network, name)!r})"
+                           for name, value in trained.to_dict().items() if getattr(self.model.network, name) != value]
+            raise CheckpointError(f"{path}: pretrained with {', '.join(differences)}; use the config it was trained "
+                                  "with (its run's config.yaml: --config <run>/config.yaml)")
+        if isinstance(self.trainer.logger, TensorBoardLogger):
+            self.trainer.logger._kwargs.setdefault("purge_step", checkpoint["global_step"])
 
 
 def main(args=None):
@@ -176,9 +227,23 @@ def _yaml_section(path: str | None, key: str):
 
 
 def cli(args=None, run=True):
-    return CLI(
-        ClassifierModule,
-        TextDataModule,
+    from_command_line = args is None
+    args = list(sys.argv[1:] if from_command_line else args)
+    pretrain = args[:1] == ["pretrain"]
+    if pretrain:
+        args = ["fit", *args[1:]]
+        if from_command_line:  # LightningCLI reads sys.argv itself (and warns when handed args beside it)
+            sys.argv[1] = "fit"
+    monitor, mode = ("val/loss", "min") if pretrain else ("val/acc", "max")
+    parser_kwargs = {}
+    if args[:1] == ["fit"] and not any(arg == "--config" or arg.startswith("--config=") for arg in args):
+        # No config: the generic default (configs/default.yaml; configs/pretrain.yaml for pretrain), so a run
+        # without one gets its regularisation and distillation. `--print_config` shows what was read.
+        parser_kwargs = {"fit": {"default_config_files": [str(PRETRAIN_CONFIG if pretrain else DEFAULT_CONFIG)]}}
+    return (PretrainCLI if pretrain else CLI)(
+        PretrainModule if pretrain else ClassifierModule,
+        PretrainDataModule if pretrain else TextDataModule,
+        parser_kwargs=parser_kwargs,
         seed_everything_default=0,
         save_config_kwargs={"overwrite": True},
         trainer_defaults={
@@ -191,14 +256,14 @@ def cli(args=None, run=True):
                 # Best by validation accuracy, and last.ckpt for resuming: its own callback, since Lightning's
                 # save_last rewrites last.ckpt only in epochs that also saved a new best.
                 ModelCheckpoint(
-                    monitor="val/acc", mode="max", auto_insert_metric_name=False,
+                    monitor=monitor, mode=mode, auto_insert_metric_name=False,
                     filename="best-epoch{epoch}-step{step}-acc{val/acc:.4f}",
                 ),
                 ModelCheckpoint(filename="last", enable_version_counter=False),  # no monitor: the newest epoch
                 LearningRateMonitor(logging_interval="step"),
             ],
         },
-        args=args,
+        args=None if from_command_line else args,
         run=run,
     )
 

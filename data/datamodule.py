@@ -132,6 +132,7 @@ class TextDataModule(L.LightningDataModule):
         seed: int = 0,
         cache_dir: str = ".cache",
         teacher: str | None = None,
+        tokenizer_from: str | None = None,
     ):
         """
         Args:
@@ -164,6 +165,8 @@ class TextDataModule(L.LightningDataModule):
             teacher: "ngram" = give each training text the class probabilities of a TF-IDF n-gram + logistic
                 regression teacher (out of fold: data/teacher.py; needs scikit-learn), for model.distillation.
                 None = no teacher.
+            tokenizer_from: a pretraining checkpoint (`train.py pretrain`) whose tokenizer, vocab_size and
+                max_length are used instead of training a tokenizer here; train.py sets it from model.init_from.
         """
         super().__init__()
         if not 0.0 < val_fraction < 1.0:
@@ -219,15 +222,20 @@ class TextDataModule(L.LightningDataModule):
         for key in ("batch_size", "num_workers", "cache_dir", "bucket_pool"):  # do not change what is encoded
             hp.pop(key)
         files = [hp[k] for k in ("train_file", "val_file", "test_file") if hp[k]]
+
         folder = local_copy_dir(hp["dataset"], hp["data_dir"]) if not files and hp["dataset"] != "synthetic" else None
         if folder is not None:
             files = sorted(str(p) for p in folder.iterdir())
         # Files are identified by path, size and modification time: an edited file is encoded again.
-        hp["files"] = [(str(Path(f).resolve()), *_stat(f)) for f in files]
+        hp["files"] = [(str(Path(f).resolve()), *_stat(f)) for f in files + self._extra_files()]
         hp["version"] = CACHE_VERSION
         key = hashlib.sha256(json.dumps(hp, sort_keys=True).encode()).hexdigest()[:16]
         name = Path(hp["train_file"]).stem if hp["train_file"] else hp["dataset"]
         return Path(self.hparams.cache_dir) / f"{name}-{key}.pt"
+
+    def _extra_files(self) -> list[str]:
+        """Files besides the data's own whose change must encode the data again."""
+        return [self.hparams.tokenizer_from] if self.hparams.get("tokenizer_from") else []
 
     def _load_or_build(self) -> dict:
         """The encoded data from the cache, or built and cached. One lock file per cache folder (`.lock`, left in
@@ -290,15 +298,18 @@ class TextDataModule(L.LightningDataModule):
     def _build(self) -> dict:
         hp = self.hparams
         splits = self._read_splits()
-        vocab_size, max_length, choices = hp.vocab_size, hp.max_length, []
-        if vocab_size is None:
-            vocab_size, choice = self._choose_vocab_size(splits)
-            choices.append(choice)
-        if max_length is None:
-            max_length, choice = self._choose_max_length(splits, vocab_size)
-            choices.append(choice)
-        # With the chosen sizes, exactly what a config that states them builds: a rerun from config.yaml is exact.
-        tokenizer = self._train_tokenizer(splits, vocab_size, max_length)
+        if hp.tokenizer_from:
+            tokenizer, vocab_size, max_length, choices = self._pretrained_tokenizer()
+        else:
+            vocab_size, max_length, choices = hp.vocab_size, hp.max_length, []
+            if vocab_size is None:
+                vocab_size, choice = self._choose_vocab_size(splits)
+                choices.append(choice)
+            if max_length is None:
+                max_length, choice = self._choose_max_length(splits, vocab_size)
+                choices.append(choice)
+            # With the chosen sizes, exactly what a config that states them builds: a rerun from config.yaml is exact.
+            tokenizer = self._train_tokenizer(splits, vocab_size, max_length)
         state = self._encode(tokenizer, splits, max_length)
         if hp.teacher == "ngram":
             # From the whole texts, not the cut ones: the teacher reads what n-grams it can, the student its tokens.
@@ -306,6 +317,22 @@ class TextDataModule(L.LightningDataModule):
                 splits.texts["train"], splits.labels["train"], len(splits.label_names), seed=hp.seed,
                 source=splits.sources.get("train", "train"))
         return {**state, "max_length": max_length, "vocab_size": vocab_size, "choices": choices}
+
+    def _pretrained_tokenizer(self):
+        """The tokenizer, vocab_size and max_length of the pretraining checkpoint `tokenizer_from`: fine-tuning reads
+        text exactly as pretraining did. data.vocab_size / data.max_length, when set, must be the same."""
+        from inference.classifier import read_pretraining_checkpoint  # here: inference imports data.tokenizer
+
+        path, hp = self.hparams.tokenizer_from, self.hparams
+        checkpoint = read_pretraining_checkpoint(path)
+        saved = checkpoint["PretrainDataModule"]
+        vocab_size, max_length = checkpoint["hyper_parameters"]["network"]["vocab_size"], saved["max_length"]
+        for name, mine, theirs in (("vocab_size", hp.vocab_size, vocab_size), ("max_length", hp.max_length, max_length)):
+            if mine is not None and mine != theirs:
+                raise DataError(f"data.{name} {mine} differs from the pretraining checkpoint {path}'s {theirs}: "
+                                f"leave data.{name} unset (fine-tuning uses the checkpoint's tokenizer and sizes)")
+        choice = f"tokenizer, vocab_size {vocab_size} and max_length {max_length} from the pretraining checkpoint {path}"
+        return load_tokenizer(saved["tokenizer"]), vocab_size, max_length, [choice]
 
     def _train_tokenizer(self, splits: Splits, vocab_size: int, max_length: int):
         hp = self.hparams

@@ -100,8 +100,9 @@ def check_utf8(path: Path) -> None:
         raise DataError(f"{path}: not valid UTF-8 (truncated character at the end); save it as UTF-8") from None
 
 
-def read_table(path: Path, text_column: str, label_column: str) -> tuple[list[str], list]:
-    """Texts and raw labels of one CSV/TSV/JSON/JSONL/parquet file, read with `datasets`.
+def read_table(path: Path, text_column: str, label_column: str | None) -> tuple[list[str], list | None]:
+    """Texts and raw labels (None when label_column is None) of one CSV/TSV/JSON/JSONL/parquet file, read with
+    `datasets`.
 
     CSV/TSV cells of the two columns are read as the file's own text: pandas would otherwise read a column of
     numbers as numbers ("007" → 7, a text "42" → 42) and the labels "01", "10" as 1 and 10. JSON and parquet keep
@@ -122,7 +123,8 @@ def read_table(path: Path, text_column: str, label_column: str) -> tuple[list[st
     kwargs = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
     if builder == "csv":
         kwargs["keep_default_na"] = False  # a text "NA" or "null" stays text
-        kwargs["converters"] = {text_column: str, label_column: str}  # cells as written, never parsed as numbers
+        columns = [text_column] + ([label_column] if label_column else [])
+        kwargs["converters"] = {column: str for column in columns}  # cells as written, never parsed as numbers
     try:
         table = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
     except Exception as e:  # datasets wraps parser errors several layers deep; report the innermost
@@ -130,11 +132,33 @@ def read_table(path: Path, text_column: str, label_column: str) -> tuple[list[st
             e = e.__cause__ or e.__context__
         raise DataError(f"{path}: could not be read as {path.suffix} ({type(e).__name__}: {str(e).splitlines()[0]})") from None
     for column in (text_column, label_column):
-        if column not in table.column_names:
+        if column and column not in table.column_names:
             raise DataError(f"{path}: no column {column!r}; columns found: {', '.join(table.column_names)}")
     if table.num_rows == 0:
         raise DataError(f"{path}: no rows")
-    return table[text_column], table[label_column]
+    return table[text_column], table[label_column] if label_column else None
+
+
+def read_unlabeled(path, text_column: str = "text") -> list[str]:
+    """The non-empty texts of an unlabeled file, for pretraining: one text per line of a plain text file (any other
+    suffix than the table formats), or per row of a CSV/TSV/JSON/JSONL/parquet file's `text_column`."""
+    path = Path(path)
+    if path.suffix.lower() in SUFFIXES:
+        texts, _ = read_table(path, text_column, None)
+    else:
+        if path.is_dir():
+            raise DataError(f"{path}: is a directory, not a file")
+        if not path.is_file():
+            raise DataError(f"{path}: file not found")
+        check_utf8(path)
+        texts = path.read_text(encoding="utf-8").splitlines()
+    texts = [text if isinstance(text, str) or text is None else str(text) for text in texts]
+    kept = [text for text in texts if text is not None and text.strip()]
+    if not kept:
+        raise DataError(f"{path}: no non-empty texts" + (f" in column {text_column!r}" if path.suffix.lower() in SUFFIXES else ""))
+    if len(kept) < len(texts):
+        log.warning("%s: skipped %d empty or whitespace-only texts of %d", path, len(texts) - len(kept), len(texts))
+    return kept
 
 
 def has_rows(path: Path, builder: str) -> bool:

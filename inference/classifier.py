@@ -78,7 +78,41 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 def read_checkpoint(path) -> dict:
-    """The checkpoint dict, read safely; CheckpointError (one line, naming the file) on anything else."""
+    """The checkpoint dict of a classifier, read safely; CheckpointError (one line, naming the file) on anything
+    else."""
+    checkpoint = load_safely(path)
+    data = checkpoint.get("TextDataModule")
+    if not isinstance(data, dict) and isinstance(checkpoint.get(PRETRAINING_DATA), dict):
+        raise CheckpointError(f"{path}: a pretraining checkpoint (train.py pretrain), not a classifier: fine-tune a "
+                              f"classifier from it with `train.py fit --model.init_from {path}`")
+    if not isinstance(data, dict) or not isinstance(data.get("tokenizer"), str) or not data.get("label_names"):
+        raise CheckpointError(
+            f"{path}: no tokenizer and label names (the 'TextDataModule' entry train.py saves is missing or incomplete)"
+        )
+    return checkpoint
+
+
+PRETRAINING_DATA = "PretrainDataModule"  # where Lightning saves the pretraining DataModule's state (its class name)
+
+
+def read_pretraining_checkpoint(path) -> dict:
+    """A checkpoint written by `train.py pretrain`, read safely: hyper_parameters (network, objective), the
+    encoder's weights, and the tokenizer under PRETRAINING_DATA; CheckpointError (one line) on anything else."""
+    checkpoint = load_safely(path)
+    if isinstance(checkpoint.get("TextDataModule"), dict):
+        raise CheckpointError(f"{path}: a classifier checkpoint, not a pretraining one: --model.init_from takes a "
+                              "checkpoint written by `train.py pretrain` (to continue this classifier's training, "
+                              "give it as --ckpt_path)")
+    data, hparams = checkpoint.get(PRETRAINING_DATA), checkpoint["hyper_parameters"]
+    if not isinstance(data, dict) or not isinstance(data.get("tokenizer"), str) or "objective" not in hparams \
+            or not isinstance(hparams.get("network"), dict):
+        raise CheckpointError(f"{path}: not a pretraining checkpoint of this project (no tokenizer, network and "
+                              "objective as `train.py pretrain` writes them)")
+    return checkpoint
+
+
+def load_safely(path) -> dict:
+    """A checkpoint file of this project's layout (state_dict, hyper_parameters), read with weights_only."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: file not found")
@@ -118,11 +152,6 @@ def read_checkpoint(path) -> dict:
     missing = [key for key in ("state_dict", "hyper_parameters") if not isinstance(checkpoint.get(key), dict)]
     if missing:
         raise CheckpointError(f"{path}: not a checkpoint of this project: missing {', '.join(map(repr, missing))}")
-    data = checkpoint.get("TextDataModule")
-    if not isinstance(data, dict) or not isinstance(data.get("tokenizer"), str) or not data.get("label_names"):
-        raise CheckpointError(
-            f"{path}: no tokenizer and label names (the 'TextDataModule' entry train.py saves is missing or incomplete)"
-        )
     return checkpoint
 
 

@@ -91,27 +91,29 @@ def position_embedding(kind: str, max_length: int, d_model: int) -> nn.Embedding
     return nn.Embedding.from_pretrained(table, freeze=True)
 
 
-class AttentionClassifier(nn.Module):
+class AttentionEncoder(nn.Module):
+    """Token + position embeddings → N × attention block: a vector per real token. The classifier and the
+    pretraining network (model/pretraining.py) are this with different heads, under the same parameter names, so
+    a pretrained encoder's weights load into the classifier as they are."""
+
     def __init__(self, config: NetworkConfig):
         super().__init__()
         self.config = config
-        # No padding_idx: padding never reaches the embedding (forward() embeds real tokens only).
+        # No padding_idx: padding never reaches the embedding (encode() embeds real tokens only).
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.position_embedding = position_embedding(config.positions, config.max_length, config.d_model)
         self.embedding_dropout = nn.Dropout(config.embedding_dropout)
         self.blocks = nn.ModuleList(Block(config, config.heads_in_layer(i)) for i in range(config.n_layers))
-        self.attention_pool = AttentionPooling(config.d_model) if config.pooling == "attention" else None
-        self.head_dropout = nn.Dropout(config.head_dropout)
-        self.head = nn.Linear(config.d_model, config.num_classes)
 
     @property
     def max_length(self) -> int:
         return self.config.max_length
 
-    def forward(
+    def encode(
         self, token_ids: torch.Tensor, key_padding_mask: torch.Tensor | None = None, need_weights: bool = False
-    ) -> ClassifierOutput:
+    ) -> tuple[torch.Tensor, torch.Tensor, list]:
         """token_ids (B, L) int; key_padding_mask (B, L) bool, True marks padding (None: no padding).
+        Returns (x (N, D) the real tokens' vectors in row-major order, real (B, L) bool, one attention per layer).
 
         One path whether or not weights are asked for: padding is left out of every per-token step (embedding,
         projections, feed-forward, LayerNorm, dropout): only the N real tokens travel, and attention alone sees
@@ -130,6 +132,23 @@ class AttentionClassifier(nn.Module):
         for block in self.blocks:
             x, weights = block(x, key_padding_mask, need_weights)
             attention.append(weights)
+        return x, real, attention
+
+
+class AttentionClassifier(AttentionEncoder):
+    def __init__(self, config: NetworkConfig):
+        super().__init__(config)
+        self.attention_pool = AttentionPooling(config.d_model) if config.pooling == "attention" else None
+        self.head_dropout = nn.Dropout(config.head_dropout)
+        self.head = nn.Linear(config.d_model, config.num_classes)
+
+    def forward(
+        self, token_ids: torch.Tensor, key_padding_mask: torch.Tensor | None = None, need_weights: bool = False
+    ) -> ClassifierOutput:
+        """token_ids (B, L) int; key_padding_mask (B, L) bool, True marks padding (None: no padding)."""
+        if key_padding_mask is None:
+            key_padding_mask = torch.zeros(token_ids.shape, dtype=torch.bool, device=token_ids.device)
+        x, real, attention = self.encode(token_ids, key_padding_mask, need_weights)
         x = unpack(x, real)  # (B, L, D), zeros at padding, which pooling ignores
         sentence = self.head_dropout(self.pool(x, key_padding_mask))  # (B, D)
         return ClassifierOutput(self.head(sentence), tuple(attention) if need_weights else None)

@@ -2,7 +2,8 @@
 
 At the end of every validation epoch (never during the sanity check, whose model has not trained):
     attention/probe_<i>                         a layers × heads heatmap of fixed probe texts (image)
-    attention_health/<figure>/layer<l>_head<h>  entropy, max_weight, score_std over the validation set (scalars),
+    attention_health/<figure>/layer<l>_head<h>  entropy, max_weight, score_std, distance (mean attention distance
+                                                in tokens) over the validation set (scalars),
                                                 read from a fixed sample of up to `health_rows` rows per batch
     attention_health/weights/layer<l>           a uniform sample of the attention weights (histogram)
     attention_health/verdicts                   the verdict table, markdown (text)
@@ -29,7 +30,7 @@ from monitor.heatmap import attention_figure, figure_to_array, shown_weights
 
 log = logging.getLogger(__name__)
 
-FIGURES = ("entropy", "max_weight", "score_std")
+FIGURES = ("entropy", "max_weight", "score_std", "distance")
 MAX_PROBES, MAX_TOKENS = 64, 256  # probe heatmaps drawn per validation, tokens across one (bounds on figure memory)
 TITLE_CHARACTERS = 70
 
@@ -112,14 +113,16 @@ class AttentionMonitor(Callback):
             log.info("AttentionMonitor: no TextDataModule, so no probe heatmaps (health figures still logged)")
             return None
         tokenizer, max_length = datamodule.tokenizer, pl_module.model.max_length
-        label_names = getattr(pl_module, "label_names", None)
+        label_names = getattr(pl_module, "label_names", [])
+        classes = label_names is not None  # a pretraining module has none: its validation texts are unlabeled
         validation = datamodule.split("validation")
         items, titles = [], []
         for i in pick_probes(validation.lengths, self.num_probes, self.max_tokens):
             ids, label = validation[i]
             items.append((ids.long()[:max_length], label))
             label_name = label_names[int(label)] if label_names else int(label)
-            titles.append((tokenizer.decode(ids.tolist()), f"validation #{i}, label {label_name}"))
+            origin = f"validation #{i}, label {label_name}" if classes else f"held-out text #{i}"
+            titles.append((tokenizer.decode(ids.tolist()), origin))
         for text in self.probe_texts:
             ids = tokenizer.encode(text).ids[:max_length] or [UNK_ID]  # a text of only unknown symbols → [UNK]
             items.append((torch.tensor(ids), torch.tensor(-1)))
@@ -156,15 +159,16 @@ class AttentionMonitor(Callback):
             global_rows = torch.stack([F.pad(layer.global_rows.weights.float(),
                                              (0, 0, 0, 0, 0, most - layer.global_rows.weights.shape[1]),
                                              value=math.nan) for layer in layers], dim=1).cpu()
-        probabilities = logits.float().softmax(-1).cpu()
-        label_names = getattr(pl_module, "label_names", None) or [str(c) for c in range(probabilities.shape[-1])]
+        label_names = getattr(pl_module, "label_names", [])
+        probabilities = logits.float().softmax(-1).cpu() if label_names is not None else None
         for i, (text, origin) in enumerate(titles):
             text = text if len(text) <= TITLE_CHARACTERS else text[: TITLE_CHARACTERS - 1] + "…"
-            predicted = int(probabilities[i].argmax())
-            title = (
-                f'"{text}"\n{origin}; predicted {label_names[predicted]} ({probabilities[i, predicted]:.2f}), '
-                f"step {trainer.global_step}"
-            )
+            predicted = ""
+            if probabilities is not None:
+                names = label_names or [str(c) for c in range(probabilities.shape[-1])]
+                best = int(probabilities[i].argmax())
+                predicted = f"; predicted {names[best]} ({probabilities[i, best]:.2f})"
+            title = f'"{text}"\n{origin}{predicted}, step {trainer.global_step}'
             figure = self.probe_figure(
                 i, weights[i], tokens[i], title, batch["padding_mask"][i],
                 None if key_positions is None else key_positions.cpu(), None if global_rows is None else global_rows[i],
@@ -231,6 +235,7 @@ class AttentionMonitor(Callback):
             for layer in range(len(verdicts))
             for head in range(len(verdicts[layer]))
         }
+        scalars = {name: value for name, value in scalars.items() if not math.isnan(value)}  # linformer's distance
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step)
         writer = self.tensorboard(trainer)

@@ -27,6 +27,8 @@ Figures per (layer, head); layers are numbered from 0 like `model.blocks[i]`:
     max_weight   mean of the largest weight of a row     1/n for uniform, 1 for one-hot
     score_std    √(Σ (s - row mean)² / Σ pairs) of the pre-softmax scores s = q·k · scale, within each row
                  (softmax ignores a constant added to a row, so only the spread inside a row matters)
+    distance     mean attention distance Σ_j w_ij |i − j| in tokens: how far a head looks (a locality figure; low
+                 = local patterns). NaN for linformer, whose projected keys are no single token
 
 Letters in the shape comments: B batch, L tokens (query rows), K keys of a row, H heads, R sampled rows,
 N counted pairs.
@@ -117,6 +119,7 @@ class HealthFigures:
     rows: int  # counted query rows behind each figure
     weight_sample: torch.Tensor  # (n_layers, H, ≤ sample_size) weights drawn uniformly from counted pairs
     heads: list[int] | None = None  # heads of each layer when a pruned network's layers differ (the rest is NaN)
+    distance: torch.Tensor | None = None  # (n_layers, H) mean attention distance in tokens (NaN: virtual keys)
 
     def verdicts(self, thresholds: HealthThresholds | None = None) -> list[list[str]]:
         """verdicts[layer][head], over the heads each layer has."""
@@ -161,7 +164,7 @@ class AttentionHealth:
             # A pruned network's layers may have different head counts: figures are (n_layers, most heads).
             self.heads = [layer.weights.shape[1] for layer in attention]
             zeros = torch.zeros(len(attention), max(self.heads), dtype=torch.float64, device=weights.device)
-            self.sums = {name: zeros.clone() for name in ("entropy", "max_weight", "squared_deviation")}
+            self.sums = {name: zeros.clone() for name in ("entropy", "max_weight", "squared_deviation", "distance")}
             self.generator = torch.Generator(device=weights.device).manual_seed(self.seed)
         self.update_rows(attention, key_padding_mask)
         global_rows = [getattr(layer, "global_rows", None) for layer in attention]
@@ -185,6 +188,7 @@ class AttentionHealth:
         share = total / len(batch_index)  # counted rows each row read stands for
         row_allowed = allowed.expand(B, 1, L, K)[batch_index, 0, query_index]  # (R, K)
         n_keys = row_allowed.sum(dim=-1, keepdim=True)  # (R, 1)
+        distance = key_distance(attention[0], query_index, K).to(device)  # (R, K)
         for layer, part in enumerate(attention):
             # Rows first: (B, H, L, K)[b, :, i] with R pairs (b, i) → (R, H, K); only these are read.
             w = part.weights[batch_index, :, query_index].double()  # (R, H, K)
@@ -195,6 +199,7 @@ class AttentionHealth:
             pairs = row_allowed[:, None].to(s.dtype)  # (R, 1, K)
             row_mean = (s * pairs).sum(dim=-1, keepdim=True) / n_keys[:, None]  # (R, H, 1)
             self.sums["squared_deviation"][layer, :h] += share * ((s - row_mean).square() * pairs).sum(dim=(0, 2))
+            self.sums["distance"][layer, :h] += share * (w * distance[:, None]).sum(dim=(0, 2))
         self.rows += total
         self.rows_read += len(batch_index)
         self.pairs += share * int(row_allowed.sum())
@@ -222,6 +227,7 @@ class AttentionHealth:
             "entropy": self.sums["entropy"].cpu() / rows,
             "max_weight": self.sums["max_weight"].cpu() / rows,
             "score_std": (self.sums["squared_deviation"].cpu() / (self.pairs or nan)).sqrt(),
+            "distance": self.sums["distance"].cpu() / rows,
         }
         return HealthFigures(
             **{name: value.masked_fill(missing, math.nan).float() for name, value in figures.items()},
@@ -229,6 +235,18 @@ class AttentionHealth:
             weight_sample=(self.sample if self.sample is not None else nothing).cpu(),
             heads=self.heads if len(set(self.heads)) > 1 else None,
         )
+
+
+def key_distance(attention, query_index: torch.Tensor, n_keys: int) -> torch.Tensor:
+    """(R, K) float64: |query − key| in tokens for each read row's K columns, in the layer's key layout
+    (`key_positions` for the long kinds, column = token otherwise); NaN for a virtual (projected) key."""
+    positions = getattr(attention, "key_positions", None)
+    if positions is None:
+        keys = torch.arange(n_keys, device=query_index.device).expand(len(query_index), n_keys)  # (R, K)
+    else:
+        keys = positions.to(query_index.device)[query_index]  # (R, K)
+    distance = (keys - query_index[:, None]).abs().double()
+    return distance.masked_fill(keys < 0, math.nan)
 
 
 def verdict(entropy: float, max_weight: float, score_std: float, thresholds: HealthThresholds | None = None) -> str:
@@ -261,16 +279,22 @@ def warning_line(layer: int, head: int, verdict_name: str, figures: HealthFigure
     return f"attention layer {layer} head {head} is {verdict_name} ({numbers}): {advice(verdict_name)}"
 
 
+def distance_cell(figures: HealthFigures, layer: int, head: int) -> str:
+    """The head's mean attention distance for the verdict table: tokens, one decimal; "n/a" for projected keys."""
+    value = math.nan if figures.distance is None else float(figures.distance[layer, head])
+    return "n/a" if math.isnan(value) else f"{value:.1f}"
+
+
 def verdict_table_markdown(figures: HealthFigures, thresholds: HealthThresholds | None = None) -> str:
     """A markdown table, one row per (layer, head), for TensorBoard's text tab."""
     lines = [
-        "| layer | head | entropy | max weight | score std | verdict |",
-        "|---:|---:|---:|---:|---:|:---|",
+        "| layer | head | entropy | max weight | score std | distance | verdict |",
+        "|---:|---:|---:|---:|---:|---:|:---|",
     ]
     for layer, heads in enumerate(figures.verdicts(thresholds)):
         for head, name in enumerate(heads):
             lines.append(
                 f"| {layer} | {head} | {figures.entropy[layer, head]:.3f} | {figures.max_weight[layer, head]:.3f} "
-                f"| {figures.score_std[layer, head]:.3f} | {name} |"
+                f"| {figures.score_std[layer, head]:.3f} | {distance_cell(figures, layer, head)} | {name} |"
             )
     return "\n".join(lines)

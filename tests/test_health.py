@@ -220,7 +220,7 @@ def test_warning_line_names_layer_head_figure_and_advice():
     assert "padding mask" in advice("collapsed")
 
     table = verdict_table_markdown(figures).splitlines()
-    assert table[0] == "| layer | head | entropy | max weight | score std | verdict |"
+    assert table[0] == "| layer | head | entropy | max weight | score std | distance | verdict |"
     assert len(table) == 2 + 2 * H
     assert table[2].startswith("| 0 | 0 | 1.000 |") and table[2].endswith("| over-uniform |")
     assert table[-1].startswith(f"| 1 | {H - 1} |") and table[-1].endswith("| saturated |")

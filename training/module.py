@@ -31,6 +31,7 @@ class ClassifierModule(L.LightningModule):
         token_dropout: float = 0.0,
         ema_decay: float = 0.0,
         distillation: float = 0.0,
+        init_from: str | None = None,
     ):
         """
         Args:
@@ -49,6 +50,9 @@ class ClassifierModule(L.LightningModule):
                 it smooths out the noise of the last steps. 0 = no average: `model` is trained directly.
             distillation: weight α of the teacher in the training loss, (1 - α)·CE(labels) + α·CE(teacher's
                 probabilities); needs data.teacher (data/teacher.py). 0 = labels only.
+            init_from: a pretraining checkpoint (`train.py pretrain`): a fresh fit starts from its embedding and
+                attention blocks (training/pretraining.py), and the data use its tokenizer. Resuming, validating and
+                testing read the weights from --ckpt_path instead.
         """
         super().__init__()
         if not 0.0 <= distillation <= 1.0:
@@ -147,22 +151,37 @@ class ClassifierModule(L.LightningModule):
         probabilities = self(batch["input_ids"], batch["padding_mask"]).logits.softmax(-1)
         return {"probabilities": probabilities, "labels": probabilities.argmax(-1)}
 
+    def setup(self, stage):
+        # Before Lightning restores a --ckpt_path (which then overwrites these weights when resuming).
+        if stage == "fit" and self.hparams.init_from:
+            from training.pretraining import load_encoder
+
+            for network in {id(m): m for m in (self.model, self.online_model)}.values():
+                load_encoder(network, self.hparams.init_from)
+
     def configure_optimizers(self):
-        # Weight decay on matrices only: decaying embeddings, biases and LayerNorm gains only hurts.
-        parameters = list(self.online_model.named_parameters())
-        decay = [p for name, p in parameters if p.ndim >= 2 and "embedding" not in name]
-        no_decay = [p for name, p in parameters if not (p.ndim >= 2 and "embedding" not in name)]
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.hparams.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=self.hparams.lr,
-        )
-        total = max(1, self.trainer.estimated_stepping_batches)
-        warmup = max(1, int(self.hparams.warmup_fraction * total))
+        return adamw_with_warmup(self, self.online_model)
 
-        def schedule(step):
-            if step < warmup:
-                return (step + 1) / warmup
-            return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
 
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+def adamw_with_warmup(module: L.LightningModule, network: torch.nn.Module) -> dict:
+    """AdamW on `network` with module.hparams' lr and weight_decay, a linear warm-up over warmup_fraction of the
+    steps, then a cosine decay to zero. Weight decay on matrices only: decaying embeddings, biases and LayerNorm
+    gains only hurts."""
+    hparams = module.hparams
+    parameters = list(network.named_parameters())
+    decay = [p for name, p in parameters if p.ndim >= 2 and "embedding" not in name]
+    no_decay = [p for name, p in parameters if not (p.ndim >= 2 and "embedding" not in name)]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": hparams.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=hparams.lr,
+    )
+    total = max(1, module.trainer.estimated_stepping_batches)
+    warmup = max(1, int(hparams.warmup_fraction * total))
+
+    def schedule(step):
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,141 @@
+"""The pretraining DataModule: unlabeled text → a tokenizer built from it → batches of token ids.
+
+The pretraining text is the training split's own texts (the same split `train.py fit` makes from the same data
+settings), plus the texts of any unlabeled files named in `unlabeled_files`. Never validation or test texts: an
+unlabeled text equal to one of them is dropped (and counted in the log). A small share of the pretraining text is
+held out (`holdout_fraction`) to score the objective on text it never trained on: that is the "validation" split
+here, and where the attention monitor draws its probes from.
+
+Batches are those of TextDataModule (input_ids, padding_mask, and labels that are all 0: there are none).
+"""
+
+import logging
+import random
+
+import torch
+
+from data.datamodule import EncodedSplit, TextDataModule
+from data.sources import DataError, Splits, read_unlabeled
+
+log = logging.getLogger(__name__)
+MIN_TOKENS = 2  # a text of one token has nothing left to read once that token is masked
+MAX_HOLDOUT = 2000  # held-out texts scored each validation pass: enough for a steady figure, cheap on a CPU
+
+
+class PretrainDataModule(TextDataModule):
+    def __init__(
+        self,
+        dataset: str = "sst2",
+        data_dir: str | None = None,
+        train_file: str | None = None,
+        val_file: str | None = None,
+        test_file: str | None = None,
+        text_column: str | None = None,
+        label_column: str | None = None,
+        val_fraction: float = 0.1,
+        unlabeled_files: list[str] | None = None,
+        unlabeled_column: str = "text",
+        holdout_fraction: float = 0.02,
+        max_length: int | None = None,
+        batch_size: int = 64,
+        vocab_size: int | None = None,
+        tokenizer: str = "wordpiece",
+        split_cjk: bool = True,
+        split_punctuation: bool = True,
+        bucket_pool: int = 50,
+        num_workers: int = 0,
+        seed: int = 0,
+        cache_dir: str = ".cache",
+    ):
+        """
+        Args:
+            dataset, data_dir, train_file, val_file, test_file, text_column, label_column, val_fraction, seed: the
+                labelled data, exactly as for `train.py fit` (its `data:` section): its training split is
+                pretraining text; its validation and test splits never are. Give the fine-tuning run's values.
+            unlabeled_files: more pretraining text: CSV/TSV/JSON/JSONL/parquet files (column `unlabeled_column`),
+                or plain text files with one text per line.
+            unlabeled_column: the text column of the unlabeled table files.
+            holdout_fraction: share of the pretraining text held out to score the objective (at most 2,000 texts).
+            max_length, vocab_size, tokenizer, split_cjk, split_punctuation: the tokenizer, as for `train.py fit`,
+                built from the pretraining text; fine-tuning with --model.init_from uses it as it is. Unset sizes
+                are chosen from the pretraining text the way fit chooses them from its training split.
+            batch_size, bucket_pool, num_workers, cache_dir: as for `train.py fit`.
+        """
+        super().__init__(
+            dataset=dataset, data_dir=data_dir, train_file=train_file, val_file=val_file, test_file=test_file,
+            text_column=text_column, label_column=label_column, val_fraction=val_fraction, max_length=max_length,
+            batch_size=batch_size, vocab_size=vocab_size, tokenizer=tokenizer, split_cjk=split_cjk,
+            split_punctuation=split_punctuation, bucket_pool=bucket_pool, num_workers=num_workers, seed=seed,
+            cache_dir=cache_dir,
+        )
+        if not 0.0 < holdout_fraction < 1.0:
+            raise DataError(f"holdout_fraction must be between 0 and 1 (exclusive), got {holdout_fraction}")
+        # TextDataModule saved its own arguments; these are the whole set (the cache key is made from them).
+        self.save_hyperparameters()
+
+    def cache_path(self):
+        path = super().cache_path()
+        return path.with_name("pretrain-" + path.name)
+
+    def _extra_files(self) -> list[str]:
+        return list(self.hparams.unlabeled_files or [])
+
+    def pretraining_texts(self) -> tuple[list[str], dict[str, int]]:
+        """The training split's texts and the unlabeled files' texts, without any validation or test text; and how
+        many texts each source gave."""
+        splits = self._read_splits()
+        texts, counts = list(splits.texts["train"]), {splits.sources.get("train", "train"): len(splits.texts["train"])}
+        held_out = {text.strip() for name in ("validation", "test") for text in splits.texts.get(name, [])}
+        for path in self._extra_files():
+            unlabeled = read_unlabeled(path, self.hparams.unlabeled_column)
+            kept = [text for text in unlabeled if text.strip() not in held_out]
+            if len(kept) < len(unlabeled):
+                log.warning("%s: dropped %d texts that are validation or test texts of the labelled data",
+                            path, len(unlabeled) - len(kept))
+            if not kept:
+                raise DataError(f"{path}: every text is a validation or test text of the labelled data; "
+                                "nothing is left to pretrain on")
+            texts += kept
+            counts[str(path)] = len(kept)
+        return texts, counts
+
+    def _build(self) -> dict:
+        hp = self.hparams
+        texts, counts = self.pretraining_texts()
+        order = list(range(len(texts)))
+        random.Random(hp.seed).shuffle(order)
+        n_held = min(MAX_HOLDOUT, max(1, round(hp.holdout_fraction * len(texts))))
+        if len(texts) < 2:
+            raise DataError(f"{', '.join(counts)}: {len(texts)} pretraining text(s); at least 2 are needed "
+                            "(one to learn from, one to score on)")
+        parts = {"train": [texts[i] for i in order[n_held:]], "validation": [texts[i] for i in order[:n_held]]}
+        splits = Splits(parts, {name: [0] * len(part) for name, part in parts.items()}, [],
+                        {"train": " + ".join(counts), "validation": "held-out pretraining text"})
+        vocab_size, max_length, choices = hp.vocab_size, hp.max_length, []
+        if vocab_size is None:
+            vocab_size, choice = self._choose_vocab_size(splits)
+            choices.append(choice)
+        if max_length is None:
+            max_length, choice = self._choose_max_length(splits, vocab_size)
+            choices.append(choice)
+        tokenizer = self._train_tokenizer(splits, vocab_size, max_length)
+        state = self._encode(tokenizer, splits, max_length)
+        for name in ("train", "validation"):
+            state["splits"][name] = maskable(state["splits"][name], f"{splits.sources['train']} ({name})")
+        log.info("pretraining text: %s", ", ".join(f"{source} {n}" for source, n in counts.items()))
+        return {**state, "label_names": [], "max_length": max_length, "vocab_size": vocab_size, "choices": choices}
+
+
+def maskable(split: EncodedSplit, where: str) -> EncodedSplit:
+    """The texts with at least MIN_TOKENS tokens; DataError when none has."""
+    keep = [i for i, n in enumerate(split.lengths) if n >= MIN_TOKENS]
+    if not keep:
+        longest = max(split.lengths, default=0)
+        raise DataError(f"{where}: texts too short to mask: the longest has {longest} token(s), pretraining needs "
+                        f"at least {MIN_TOKENS} (one to mask, one to read)")
+    if len(keep) == len(split):
+        return split
+    log.warning("%s: skipped %d texts of fewer than %d tokens", where, len(split) - len(keep), MIN_TOKENS)
+    pieces = [split.ids[split.offsets[i] : split.offsets[i + 1]] for i in keep]
+    offsets = torch.tensor([0] + [len(piece) for piece in pieces]).cumsum(0)
+    return EncodedSplit(torch.cat(pieces), offsets, split.labels[keep])
