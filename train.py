@@ -236,10 +236,11 @@ def cli(args=None, run=True):
             sys.argv[1] = "fit"
     monitor, mode = ("val/loss", "min") if pretrain else ("val/acc", "max")
     parser_kwargs = {}
-    if args[:1] == ["fit"] and not any(arg == "--config" or arg.startswith("--config=") for arg in args):
+    if (args[:1] == ["fit"] or not run) and not any(arg == "--config" or arg.startswith("--config=") for arg in args):
         # No config: the generic default (configs/default.yaml; configs/pretrain.yaml for pretrain), so a run
         # without one gets its regularisation and distillation. `--print_config` shows what was read.
-        parser_kwargs = {"fit": {"default_config_files": [str(PRETRAIN_CONFIG if pretrain else DEFAULT_CONFIG)]}}
+        defaults = {"default_config_files": [str(PRETRAIN_CONFIG if pretrain else DEFAULT_CONFIG)]}
+        parser_kwargs = {"fit": defaults} if run else defaults
     return (PretrainCLI if pretrain else CLI)(
         PretrainModule if pretrain else ClassifierModule,
         PretrainDataModule if pretrain else TextDataModule,

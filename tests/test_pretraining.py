@@ -1,0 +1,333 @@
+"""Pretraining on unlabeled text: the objectives on tiny known cases, the pretraining data, `train.py pretrain`,
+the hand-over to `train.py fit --model.init_from`, and the bad inputs."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import train
+from data.pretraining import PretrainDataModule
+from data.sources import DataError
+from inference import TextClassifier
+from inference.classifier import CheckpointError
+from model.config import ATTENTIONS, NetworkConfig
+from model.pretraining import FIRST_WORD_ID, MASK_ID, PretrainingNetwork, choose, corrupt
+from training.pretraining import ENCODER_PARTS, encoder_state
+
+ROOT = Path(__file__).resolve().parents[1]
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+TINY = ["--model.network.d_model", "16", "--model.network.n_heads", "2", "--model.network.d_ff", "16"]
+
+
+def tiny_network(**overrides) -> NetworkConfig:
+    settings = dict(vocab_size=12, max_length=16, d_model=16, n_heads=2, d_ff=16, dropout=0.0, embedding_dropout=0.0,
+                    window=2, projection_length=4, global_tokens=1)
+    return NetworkConfig(**settings | overrides)
+
+
+def write_lines(path: Path, rows: list[str]) -> Path:
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def labelled_files(tmp_path: Path) -> dict[str, Path]:
+    """train/validation/test CSVs whose texts are told apart by their first word."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for split, n in (("train", 60), ("validation", 10), ("test", 10)):
+        rows = ["text,label"] + [f"{split}{i} good fine movie {i % 7},{i % 2}" for i in range(n)]
+        files[split] = write_lines(tmp_path / f"{split}.csv", rows)
+    return files
+
+
+def pretrain(tmp_path, *extra, files=None):
+    files = files or labelled_files(tmp_path)
+    args = ["pretrain", "--data.train_file", str(files["train"]), "--data.val_file", str(files["validation"]),
+            "--data.test_file", str(files["test"]), "--data.cache_dir", str(tmp_path / "cache"),
+            "--data.batch_size", "8", "--trainer.max_epochs", "1", "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "pretrain"), *TINY, *QUIET, *extra]
+    return train.main(args)
+
+
+def fine_tune(tmp_path, checkpoint, *extra, files=None):
+    files = files or labelled_files(tmp_path)
+    args = ["fit", "--data.teacher", "null", "--model.distillation", "0", "--data.train_file", str(files["train"]), "--data.val_file", str(files["validation"]),
+            "--data.cache_dir", str(tmp_path / "cache"), "--model.init_from", str(checkpoint),
+            "--trainer.max_epochs", "1", "--trainer.logger.init_args.save_dir", str(tmp_path / "fit"),
+            *TINY, *QUIET, *extra]
+    return train.main(args)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("pretrain")
+    cli = pretrain(tmp_path)
+    return tmp_path, cli, tmp_path / "pretrain" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+# ---- the objectives -----------------------------------------------------------------------------------------------
+
+def test_masking_picks_only_real_known_tokens_and_at_least_one_per_text():
+    ids = torch.tensor([[5, 6, 7, 8, 0, 0], [MASK_ID, 9, 0, 0, 0, 0], [4, 4, 4, 4, 4, 4]])
+    padding = ids == 0
+    for seed in range(20):
+        chosen = choose(ids, padding, 0.15, torch.Generator().manual_seed(seed))
+        assert not (chosen & padding).any() and not (chosen & (ids == MASK_ID)).any()
+        assert chosen.any(dim=1).all()  # every text has something to predict
+        assert chosen[1].tolist() == [False, True, False, False, False, False]  # its only known token
+
+
+def test_masked_objective_predicts_the_chosen_places_only_with_the_original_ids():
+    torch.manual_seed(0)
+    ids = torch.randint(FIRST_WORD_ID, 12, (4, 10))
+    padding = torch.zeros_like(ids, dtype=torch.bool)
+    padding[1, 6:] = True
+    ids[padding] = 0
+    corruption = corrupt("masked", ids, padding, 0.3, 12, torch.Generator().manual_seed(1))
+    assert torch.equal(corruption.targets, ids[corruption.chosen])
+    assert torch.equal(corruption.input_ids[~corruption.chosen], ids[~corruption.chosen])  # the rest is untouched
+    network = PretrainingNetwork(tiny_network(), "masked")
+    loss, correct, output = network.loss(corruption, padding)
+    assert output.logits.shape == (int(corruption.chosen.sum()), 12) == (len(correct), 12)
+    # The same loss from every real token's logits, read at the chosen places only.
+    every = network(corruption.input_ids, padding).logits  # (N, V)
+    at_chosen = every[corruption.chosen[~padding]]
+    torch.testing.assert_close(loss, F.cross_entropy(at_chosen, corruption.targets))
+
+
+def test_token_head_is_tied_to_the_embedding():
+    network = PretrainingNetwork(tiny_network(), "masked")
+    shapes = [tuple(p.shape) for name, p in network.named_parameters() if name != "token_embedding.weight"]
+    assert (12, 16) not in shapes  # no second (V, D) matrix: the head's weight is the embedding table
+    ids = torch.tensor([[3, 4, 5, 6]])
+    before = network(ids).logits
+    with torch.no_grad():
+        network.token_embedding.weight[7] += 1.0  # token 7 is not in the text: only the head can see the change
+    after = network(ids).logits
+    assert torch.equal(before[:, :7], after[:, :7]) and not torch.equal(before[:, 7], after[:, 7])
+
+
+def test_replaced_objective_marks_exactly_the_swapped_tokens():
+    ids = torch.randint(FIRST_WORD_ID, 50, (3, 12), generator=torch.Generator().manual_seed(0))
+    padding = torch.zeros_like(ids, dtype=torch.bool)
+    padding[2, 8:] = True
+    corruption = corrupt("replaced", ids, padding, 0.3, 50, torch.Generator().manual_seed(2))
+    changed = corruption.input_ids != ids
+    assert torch.equal(corruption.chosen, changed) and changed.any()
+    assert torch.equal(corruption.targets, changed[~padding].float())
+    assert not changed[padding].any()
+
+
+@pytest.mark.parametrize("objective", ["masked", "replaced"])
+def test_the_loss_goes_down_on_a_repetitive_text(objective):
+    torch.manual_seed(0)
+    network = PretrainingNetwork(tiny_network(vocab_size=8, max_length=12), objective)
+    ids = torch.tensor([[2, 3, 4, 5, 6, 7] * 2] * 16)  # one pattern: every masked token follows from its neighbours
+    padding = torch.zeros_like(ids, dtype=torch.bool)
+    optimizer = torch.optim.AdamW(network.parameters(), lr=1e-2)
+    losses = []
+    for step in range(150):
+        loss, correct, _ = network.loss(corrupt(objective, ids, padding, 0.2, 8), padding)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    network.eval()
+    _, correct, _ = network.loss(corrupt(objective, ids, padding, 0.2, 8, torch.Generator().manual_seed(9)), padding)
+    assert sum(losses[-10:]) < 0.2 * sum(losses[:10])
+    assert correct.mean() > 0.9
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+@pytest.mark.parametrize("objective", ["masked", "replaced"])
+def test_every_attention_kind_takes_a_pretraining_step(attention, objective):
+    network = PretrainingNetwork(tiny_network(attention=attention), objective)
+    ids = torch.randint(FIRST_WORD_ID, 12, (3, 9))
+    padding = torch.zeros_like(ids, dtype=torch.bool)
+    padding[0, 5:] = True
+    loss, _, output = network.loss(corrupt(objective, ids, padding, 0.15, 12), padding, need_weights=True)
+    loss.backward()
+    assert torch.isfinite(loss) and len(output.attention) == 1
+    assert network.blocks[0].attention.w_q.weight.grad.abs().sum() > 0
+
+
+# ---- the pretraining text -----------------------------------------------------------------------------------------
+
+def test_pretraining_text_is_train_plus_unlabeled_never_validation_or_test(tmp_path):
+    files = labelled_files(tmp_path)
+    unlabeled = write_lines(tmp_path / "more.txt", ["extra one text", "validation3 good fine movie 3",
+                                                    "test4 good fine movie 4", "extra two text"])
+    data = PretrainDataModule(train_file=str(files["train"]), val_file=str(files["validation"]),
+                              test_file=str(files["test"]), unlabeled_files=[str(unlabeled)], tokenizer="word")
+    texts, counts = data.pretraining_texts()
+    assert sorted(texts) == sorted([f"train{i} good fine movie {i % 7}" for i in range(60)]
+                                   + ["extra one text", "extra two text"])
+    assert list(counts.values()) == [60, 2]
+    words = set(data.tokenizer.get_vocab())
+    assert "extra" in words and not any(w.startswith(("validation", "test")) for w in words)
+
+
+def test_a_carved_validation_split_is_left_out_of_pretraining(tmp_path):
+    files = labelled_files(tmp_path)
+    data = PretrainDataModule(train_file=str(files["train"]), val_fraction=0.2)
+    fit_data = train.TextDataModule(train_file=str(files["train"]), val_fraction=0.2)
+    splits = fit_data._read_splits()
+    texts, _ = data.pretraining_texts()
+    assert sorted(texts) == sorted(splits.texts["train"]) and not set(texts) & set(splits.texts["validation"])
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".parquet", ".txt"])
+def test_unlabeled_files_of_every_format_are_read(tmp_path, suffix):
+    import pandas as pd
+
+    frame = pd.DataFrame({"text": ["one text here", "another text", " "]})
+    path = tmp_path / f"more{suffix}"
+    if suffix == ".csv":
+        frame.to_csv(path, index=False)
+    elif suffix == ".jsonl":
+        frame.to_json(path, orient="records", lines=True, force_ascii=False)
+    elif suffix == ".parquet":
+        frame.to_parquet(path)
+    else:
+        write_lines(path, list(frame.text))
+    from data.sources import read_unlabeled
+
+    assert read_unlabeled(path) == ["one text here", "another text"]
+
+
+# ---- train.py pretrain, the hand-over, resume -----------------------------------------------------------------------
+
+def test_pretrain_logs_loss_accuracy_attention_and_writes_checkpoints(pretrained):
+    tmp_path, cli, last = pretrained
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert last.exists() and list(last.parent.glob("best-*.ckpt"))
+    events = EventAccumulator(str(last.parent.parent), size_guidance={"scalars": 0, "images": 0})
+    events.Reload()
+    tags = events.Tags()
+    for tag in ("val/loss", "val/acc", "train/acc", "attention_health/distance/layer0_head0",
+                "attention_health/entropy/layer0_head1"):
+        assert tag in tags["scalars"], tag
+    assert "attention/probe_0" in tags["images"]
+    checkpoint = torch.load(last, weights_only=True)
+    assert checkpoint["hyper_parameters"]["objective"] == "masked"
+
+
+def test_fine_tuning_starts_from_exactly_the_pretrained_weights_and_tokenizer(pretrained, tmp_path):
+    _, _, last = pretrained
+    files = labelled_files(tmp_path)
+    args = ["--data.train_file", str(files["train"]), "--data.val_file", str(files["validation"]),
+            "--data.cache_dir", str(tmp_path / "cache"), "--model.init_from", str(last),
+            "--trainer.logger.init_args.save_dir", str(tmp_path), *TINY, *QUIET]
+    cli = train.cli(args, run=False)
+    checkpoint = torch.load(last, weights_only=True)
+    assert cli.datamodule.state["tokenizer"] == checkpoint["PretrainDataModule"]["tokenizer"]
+    assert cli.model.network.vocab_size == checkpoint["hyper_parameters"]["network"]["vocab_size"]
+    cli.model.setup("fit")
+    own = cli.model.model.state_dict()
+    shared = encoder_state(checkpoint)
+    assert shared and set(shared) == {name for name in own if name.startswith(ENCODER_PARTS)}
+    for name, tensor in shared.items():
+        assert torch.equal(own[name], tensor), name
+
+
+def test_fine_tuned_checkpoint_is_self_contained(pretrained, tmp_path):
+    _, _, last = pretrained
+    fine_tune(tmp_path, last)
+    checkpoint = tmp_path / "fit" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    classifier = TextClassifier.from_checkpoint(checkpoint)
+    prediction = classifier.predict(["train3 good fine movie 3"], attention=True)[0]
+    assert prediction.label in ("0", "1") and prediction.attention is not None
+    saved = torch.load(checkpoint, weights_only=True)["TextDataModule"]["tokenizer"]
+    assert saved == torch.load(last, weights_only=True)["PretrainDataModule"]["tokenizer"]
+
+
+def test_pretraining_resumes_from_last(tmp_path):
+    steps = pretrain(tmp_path).trainer.global_step
+    resumed = pretrain(tmp_path, "--ckpt_path", "last", "--trainer.max_epochs", "2")
+    assert resumed.trainer.global_step == 2 * steps
+    assert resumed.trainer.logger.version == "version_0"  # the same run, continued
+
+
+# ---- bad input: one line, nothing lost ----------------------------------------------------------------------------
+
+def run_error(capsys, function, *args, **kwargs) -> str:
+    with pytest.raises(SystemExit) as stop:
+        function(*args, **kwargs)
+    message = str(stop.value.code)
+    assert message.startswith("error: ") and "\n" not in message, message
+    return message
+
+
+def test_fine_tuning_from_a_classifier_checkpoint_is_one_line(pretrained, tmp_path, capsys):
+    _, _, last = pretrained
+    fine_tune(tmp_path / "first", last)
+    classifier = tmp_path / "first" / "fit" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    message = run_error(capsys, fine_tune, tmp_path / "second", classifier)
+    assert "a classifier checkpoint, not a pretraining one" in message
+    assert not (tmp_path / "second" / "fit").exists()  # nothing written
+
+
+def test_fine_tuning_from_a_file_that_is_no_checkpoint_is_one_line(tmp_path, capsys):
+    junk = tmp_path / "junk.ckpt"
+    junk.write_bytes(b"not a checkpoint")
+    assert "not a checkpoint written by train.py" in run_error(capsys, fine_tune, tmp_path, junk)
+    other = tmp_path / "other.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {}}, other)
+    assert "not a pretraining checkpoint of this project" in run_error(capsys, fine_tune, tmp_path, other)
+
+
+def test_fine_tuning_with_another_network_shape_is_one_line(pretrained, tmp_path, capsys):
+    _, _, last = pretrained
+    message = run_error(capsys, fine_tune, tmp_path, last, "--model.network.n_layers", "2")
+    assert "pretrained with n_layers 1 (this config: 2)" in message
+    assert not (tmp_path / "fit").exists()
+
+
+def test_fine_tuning_with_another_vocabulary_is_one_line(pretrained, tmp_path, capsys):
+    _, _, last = pretrained
+    message = run_error(capsys, fine_tune, tmp_path, last, "--data.vocab_size", "5000")
+    assert "data.vocab_size 5000 differs from the pretraining checkpoint" in message
+
+
+def test_resuming_pretraining_from_a_classifier_checkpoint_is_one_line(pretrained, tmp_path, capsys):
+    _, _, last = pretrained
+    fine_tune(tmp_path / "first", last)
+    classifier = tmp_path / "first" / "fit" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    message = run_error(capsys, pretrain, tmp_path, "--ckpt_path", str(classifier))
+    assert "a classifier checkpoint, not a pretraining one" in message
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"", "no rows"),
+    (b"text\n", "no rows"),
+    (b'text\n" "\n', "no non-empty texts"),
+    (b"\xff\xfe broken", "not valid UTF-8"),
+])
+def test_an_empty_or_unreadable_unlabeled_file_is_one_line(tmp_path, capsys, content, expected):
+    bad = tmp_path / "more.csv"
+    bad.write_bytes(content)
+    message = run_error(capsys, pretrain, tmp_path, "--data.unlabeled_files", json.dumps([str(bad)]))
+    assert str(bad) in message and expected in message
+    assert not (tmp_path / "pretrain").exists()
+
+
+def test_a_damaged_parquet_and_a_missing_file_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "more.parquet"
+    bad.write_bytes(b"PAR1 not really parquet")
+    assert str(bad) in run_error(capsys, pretrain, tmp_path, "--data.unlabeled_files", json.dumps([str(bad)]))
+    missing = tmp_path / "nowhere.txt"
+    assert "file not found" in run_error(capsys, pretrain, tmp_path, "--data.unlabeled_files",
+                                         json.dumps([str(missing)]))
+
+
+def test_texts_too_short_to_mask_are_one_line(tmp_path, capsys):
+    files = {}
+    for split in ("train", "validation", "test"):
+        rows = ["text,label"] + [f"{split}{i},{i % 2}" for i in range(20)]  # one word each
+        files[split] = write_lines(tmp_path / f"{split}.csv", rows)
+    message = run_error(capsys, pretrain, tmp_path, files=files)
+    assert "texts too short to mask" in message
