@@ -160,7 +160,7 @@ class PretrainCLI(CLI):
 
     def parse_arguments(self, parser, args):
         LightningCLI.parse_arguments(self, parser, args)
-        ckpt_path = self.config["fit"].get("ckpt_path")
+        ckpt_path = (self.config["fit"] if "fit" in self.config else self.config).get("ckpt_path")
         if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry"):
             read_pretraining_checkpoint(ckpt_path)
 
@@ -230,8 +230,8 @@ def cli(args=None, run=True):
     from_command_line = args is None
     args = list(sys.argv[1:] if from_command_line else args)
     pretrain = args[:1] == ["pretrain"]
-    if pretrain:
-        args = ["fit", *args[1:]]
+    if pretrain:  # `fit` of the pretraining classes (no subcommand at all when not run)
+        args = ["fit", *args[1:]] if run else args[1:]
         if from_command_line:  # LightningCLI reads sys.argv itself (and warns when handed args beside it)
             sys.argv[1] = "fit"
     monitor, mode = ("val/loss", "min") if pretrain else ("val/acc", "max")

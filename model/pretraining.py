@@ -5,7 +5,7 @@ Two objectives, on the same AttentionEncoder (model/classifier.py) the classifie
     masked     a random 15% of the real tokens are chosen; of those 80% become [UNK] (the mask: the same token
                that token_dropout puts in during fine-tuning), 10% a random token, 10% stay. The network predicts
                the original token at the chosen places only, through a head tied to the token embedding:
-                   logits = LayerNorm(GELU(h W)) Eᵀ + b        E the (V, D) embedding table, M chosen places
+                   logits = LayerNorm(GELU(h W)) Eᵀ / √D + b      E the (V, D) embedding table, M chosen places
                so the softmax over the vocabulary is paid for M rows, not every token (BERT; Devlin et al. 2019).
     replaced   the chosen tokens are replaced by tokens drawn from the same batch (a sample of its unigram
                distribution), and the network says for every real token whether it was replaced: one logit per
@@ -104,7 +104,10 @@ class PretrainingNetwork(AttentionEncoder):
             return PretrainingOutput(self.replaced_head(x).squeeze(-1), attention)  # (N,)
         if predict_at is not None:
             x = x[predict_at[real]]  # (M, D): the chosen places among the real tokens, in the same order
-        logits = self.transform(x) @ self.token_embedding.weight.T + self.token_bias  # (M, V), tied to E
+        # Tied to E, and scaled by 1/√D (as T5 does for its tied head): E's rows have norm ≈ √D at initialisation,
+        # so unscaled logits would start with a spread of ≈ √D and a loss far above log V.
+        logits = self.transform(x) @ self.token_embedding.weight.T * self.config.d_model**-0.5  # (M, V)
+        logits = logits + self.token_bias
         return PretrainingOutput(logits, attention)
 
     def loss(self, corruption: Corruption, key_padding_mask: torch.Tensor,

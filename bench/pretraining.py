@@ -1,0 +1,247 @@
+"""From scratch against pretrained, per dataset, next to the n-gram peers, with minutes per stage:
+
+    python bench/pretraining.py --datasets chnsenticorp_htl --seeds 0 1 2
+    python bench/pretraining.py --datasets chnsenticorp_htl --settings scratch pretrained_unlabeled --seeds 0 \\
+        --pretrain-minutes 20 -- --trainer.max_epochs 8
+    python bench/pretraining.py --reproduce chnsenticorp_htl --seed 0     # bench/reproduce.sh: last line test_acc
+
+Settings, each fine-tuned with `train.py fit --data.dataset <name>` and no config (the generic default, as a user
+without a config gets it) for every seed, its best-validation checkpoint scored once on the reported split (test
+where the data have one, else validation; bench/accuracy.py):
+    scratch               no initialisation
+    pretrained_train      `train.py pretrain` (configs/pretrain.yaml) on the training split's own texts
+    pretrained_unlabeled  the same, plus the dataset's unlabeled files (UNLABELED below)
+    fasttext_unlabeled    the baseline: fastText skip-gram word vectors, trained on the same text with the same
+                          tokenizer, as the token embedding's starting values (attention blocks from scratch)
+One pretraining run per setting and dataset, reused while one with the same settings is on disk (its folder is
+named by a hash of them). Minutes per stage: config.yaml written → last event of the run.
+
+Needs the `bench` extra (scikit-learn, fasttext-numpy2).
+"""
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from bench.accuracy import fasttext_accuracy, nb_logreg, report_split, score_run, tfidf_logreg  # noqa: E402
+from data.sources import DATA_ROOT_ENV, load_splits  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PRETRAIN_CONFIG = ROOT / "configs" / "pretrain.yaml"
+# Unlabeled text per dataset, under $ATTENTION_DATA_ROOT (../shared/data on the development machines).
+UNLABELED = {"chnsenticorp_htl": ["chinese_reviews_unlabeled/unlabeled.parquet"], "imdb": ["imdb/unsup.parquet"],
+             "sst2": []}
+SETTINGS = ("scratch", "pretrained_train", "pretrained_unlabeled", "fasttext_unlabeled")
+# What bench/reproduce.sh runs per dataset: the settings of the headline figure (README "Pretraining on unlabeled
+# text"): pretraining (None: none) and the fine-tuning arguments.
+RECIPES = {
+    "chnsenticorp_htl": {"setting": "pretrained_unlabeled", "fit": []},
+    "sst2": {"setting": "scratch", "fit": ["--config", "configs/sst2.yaml"]},
+    "imdb": {"setting": "scratch", "fit": ["--config", "configs/imdb.yaml", "--config", "configs/imdb_local.yaml"]},
+}
+log = logging.getLogger("bench.pretraining")
+
+
+def unlabeled_files(dataset: str) -> list[str]:
+    root = Path(os.environ.get(DATA_ROOT_ENV, ROOT.parent / "shared" / "data"))
+    return [str(root / name) for name in UNLABELED.get(dataset, [])]
+
+
+def pretrain_args(dataset: str, setting: str, minutes: float | None, extra: list[str]) -> list[str]:
+    args = ["--config", str(PRETRAIN_CONFIG), "--data.dataset", dataset, *extra]
+    if setting.endswith("_unlabeled") and unlabeled_files(dataset):
+        args += ["--data.unlabeled_files", json.dumps(unlabeled_files(dataset))]
+    if minutes:
+        args += ["--trainer.max_time", time.strftime("00:%H:%M:%S", time.gmtime(minutes * 60))]
+    return args
+
+
+def run_folder(out: Path, stage: str, args: list[str]) -> Path:
+    """A folder named by the stage and a hash of its arguments: the same settings find the same run."""
+    return out / f"{stage}-{hashlib.sha256(json.dumps(args).encode()).hexdigest()[:12]}"
+
+
+def run(command: list[str], threads: int | None) -> None:
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    log.info("running %s", " ".join(command))
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, check=False)
+    if result.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(command)}\n{result.stderr[-3000:]}")
+
+
+def finished_run(folder: Path) -> Path | None:
+    """The newest run in `folder` that wrote its DONE mark (an interrupted one is resumed, not reused)."""
+    runs = sorted(folder.glob("lightning_logs/version_*/DONE"), key=lambda p: p.stat().st_mtime)
+    return runs[-1].parent if runs else None
+
+
+def minutes_of(run_dir: Path) -> float:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    last = max(event.wall_time for tag in events.Tags()["scalars"] for event in events.Scalars(tag))
+    return round((last - (run_dir / "config.yaml").stat().st_mtime) / 60, 1)
+
+
+def pretrained_checkpoint(dataset: str, setting: str, out: Path, minutes: float | None, extra: list[str],
+                          threads: int | None) -> tuple[Path, float]:
+    """The pretraining (or word-vector) checkpoint of a setting, made unless one with the same settings exists;
+    and the minutes it took."""
+    args = pretrain_args(dataset, setting.replace("fasttext", "pretrained"), minutes, extra)
+    if setting.startswith("fasttext"):
+        folder = run_folder(out, "fasttext", args)
+        checkpoint = folder / "word_vectors.ckpt"
+        if not checkpoint.exists():
+            start = time.perf_counter()
+            word_vector_checkpoint(args, checkpoint)
+            (folder / "minutes").write_text(f"{(time.perf_counter() - start) / 60:.1f}")
+        return checkpoint, float((folder / "minutes").read_text())
+    folder = run_folder(out, "pretrain", args)
+    done = finished_run(folder)
+    if done is None:
+        resume = ["--ckpt_path", "last"] if list(folder.glob("lightning_logs/version_*/checkpoints/last.ckpt")) else []
+        run([sys.executable, "train.py", "pretrain", *args, "--trainer.default_root_dir", str(folder),
+             "--trainer.enable_progress_bar", "false", *resume], threads)
+        done = max(folder.glob("lightning_logs/version_*"), key=lambda p: p.stat().st_mtime)
+        (done / "DONE").touch()
+    return done / "checkpoints" / "last.ckpt", minutes_of(done)
+
+
+def word_vector_checkpoint(pretrain_arguments: list[str], target: Path) -> None:
+    """The fastText baseline as a pretraining checkpoint: skip-gram vectors (dimension d_model) of the tokens of the
+    pretraining text, tokenized by the tokenizer `train.py pretrain` would build from it, as the token embedding;
+    the attention blocks as freshly initialised. `train.py fit --model.init_from` takes it like any other."""
+    import fasttext
+
+    import train
+
+    cli = train.cli(["pretrain", *pretrain_arguments], run=False)
+    data, network = cli.datamodule, cli.model.network
+    split, tokenizer = data.split("train"), data.tokenizer
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as f:
+        for i in range(len(split)):
+            ids = split.ids[split.offsets[i] : split.offsets[i + 1]].tolist()
+            f.write(" ".join(tokenizer.id_to_token(t) for t in ids) + "\n")
+    try:  # whole tokens (no character n-grams: the vocabulary is fixed), one thread as everything here
+        vectors = fasttext.train_unsupervised(f.name, model="skipgram", dim=network.d_model, epoch=5, minCount=1,
+                                              minn=0, maxn=0, thread=1, verbose=0)
+    finally:
+        os.unlink(f.name)
+    table = torch.stack([torch.from_numpy(vectors.get_word_vector(tokenizer.id_to_token(i)).copy())
+                         for i in range(network.vocab_size)])
+    table = table / table.std()  # the spread of nn.Embedding's initialisation, N(0, 1)
+    state = cli.model.state_dict()
+    state["model.token_embedding.weight"] = table
+    checkpoint = {
+        "state_dict": state, "global_step": 0, "epoch": 0,
+        "hyper_parameters": {**dict(cli.model.hparams), "objective": "fasttext-skipgram"},
+        "PretrainDataModule": data.state_dict(),
+    }
+    torch.save(checkpoint, target)
+
+
+def fine_tune(dataset: str, setting: str, seed: int, out: Path, init_from: Path | None, fit_args: list[str],
+              threads: int | None) -> Path:
+    args = ["--data.dataset", dataset, "--seed_everything", str(seed), *fit_args]
+    if init_from is not None:
+        args += ["--model.init_from", str(init_from)]
+    folder = run_folder(out, f"fit-{setting}-seed{seed}", args)
+    done = finished_run(folder)
+    if done is None:
+        run([sys.executable, "train.py", "fit", *args, "--trainer.default_root_dir", str(folder),
+             "--trainer.enable_progress_bar", "false"], threads)
+        done = max(folder.glob("lightning_logs/version_*"), key=lambda p: p.stat().st_mtime)
+        (done / "DONE").touch()
+    return done
+
+
+def measure(dataset: str, settings: list[str], seeds: list[int], out: Path, args) -> dict:
+    splits = load_splits(dataset=dataset, data_dir=None, train_file=None, val_file=None, test_file=None,
+                         text_column=None, label_column=None, val_fraction=0.1, seed=0)
+    split = report_split(splits)
+    row = {"split": split, "texts": len(splits.texts[split]), "peers": {}, "settings": {}}
+    if not args.model_only:
+        for peer, score in (("tfidf_logreg", tfidf_logreg), ("nb_logreg", nb_logreg), ("fasttext", fasttext_accuracy)):
+            start = time.perf_counter()
+            row["peers"][peer] = {"accuracy": score(splits, split), "minutes": (time.perf_counter() - start) / 60}
+    for setting in settings:
+        init, pretrain_minutes = None, 0.0
+        if setting != "scratch":
+            init, pretrain_minutes = pretrained_checkpoint(dataset, setting, out, args.pretrain_minutes,
+                                                           args.pretrain_args, args.threads)
+        runs = [score_run(fine_tune(dataset, setting, seed, out, init, args.extra, args.threads), split)
+                for seed in seeds]
+        row["settings"][setting] = {"pretrain_minutes": pretrain_minutes, "runs": runs,
+                                    "accuracy": statistics.median(r["accuracy"] for r in runs)}
+    return row
+
+
+def print_table(results: dict) -> None:
+    print("\n| dataset (split) | model | accuracy (median) | seeds | pretraining min | fine-tuning min (median) |"
+          "\n|---|---|---:|---|---:|---:|")
+    for dataset, row in results.items():
+        where = f"{dataset} ({row['split']}, {row['texts']})"
+        for setting, figures in row["settings"].items():
+            seeds = ", ".join(f"{100 * r['accuracy']:.2f}" for r in figures["runs"])
+            minutes = statistics.median(r["minutes"] for r in figures["runs"])
+            print(f"| {where} | {setting} | **{100 * figures['accuracy']:.2f}** | {seeds} | "
+                  f"{figures['pretrain_minutes']:.1f} | {minutes:.1f} |")
+        for peer, figures in row["peers"].items():
+            print(f"| {where} | {peer} | {100 * figures['accuracy']:.2f} | | | {figures['minutes']:.1f} |")
+
+
+def reproduce(dataset: str, seed: int, out: Path, threads: int | None) -> None:
+    recipe = RECIPES[dataset]
+    init = None
+    if recipe["setting"] != "scratch":
+        init, _ = pretrained_checkpoint(dataset, recipe["setting"], out, None, [], threads)
+    run_dir = fine_tune(dataset, recipe["setting"], seed, out, init, recipe["fit"], threads)
+    splits = load_splits(dataset=dataset, data_dir=None, train_file=None, val_file=None, test_file=None,
+                         text_column=None, label_column=None, val_fraction=0.1, seed=0)
+    split = report_split(splits)
+    scored = score_run(run_dir, split)
+    print(json.dumps(scored))
+    print(f"{'test' if split == 'test' else 'val'}_acc {scored['accuracy']:.4f}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", nargs="+", default=list(UNLABELED), choices=list(UNLABELED))
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "pretraining")
+    parser.add_argument("--pretrain-minutes", type=float, default=None,
+                        help="stop pretraining after this many minutes (trainer.max_time); default: its epochs")
+    parser.add_argument("--pretrain-args", type=shlex.split, default=[],
+                        help='more `train.py pretrain` arguments, one string: "--model.objective replaced"')
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run (%(default)s)")
+    parser.add_argument("--model-only", action="store_true", help="no peers")
+    parser.add_argument("--reproduce", choices=list(RECIPES), help="one dataset's headline figure (reproduce.sh)")
+    parser.add_argument("--seed", type=int, default=0, help="with --reproduce: the fine-tuning seed")
+    parser.add_argument("extra", nargs="*", help="more `train.py fit` arguments after --")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.reproduce:
+        return reproduce(args.reproduce, args.seed, args.out, args.threads)
+    results = {name: measure(name, args.settings, args.seeds, args.out, args) for name in args.datasets}
+    print_table(results)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
