@@ -327,11 +327,13 @@ class TextDataModule(L.LightningDataModule):
         checkpoint = read_pretraining_checkpoint(path)
         saved = checkpoint["PretrainDataModule"]
         vocab_size, max_length = checkpoint["hyper_parameters"]["network"]["vocab_size"], saved["max_length"]
-        for name, mine, theirs in (("vocab_size", hp.vocab_size, vocab_size), ("max_length", hp.max_length, max_length)):
+        for name, mine, theirs in (("vocab_size", hp.vocab_size, vocab_size),
+                                   ("max_length", hp.max_length, max_length)):
             if mine is not None and mine != theirs:
                 raise DataError(f"data.{name} {mine} differs from the pretraining checkpoint {path}'s {theirs}: "
                                 f"leave data.{name} unset (fine-tuning uses the checkpoint's tokenizer and sizes)")
-        choice = f"tokenizer, vocab_size {vocab_size} and max_length {max_length} from the pretraining checkpoint {path}"
+        choice = (f"tokenizer, vocab_size {vocab_size} and max_length {max_length} from the pretraining checkpoint "
+                  f"{path}")
         return load_tokenizer(saved["tokenizer"]), vocab_size, max_length, [choice]
 
     def _train_tokenizer(self, splits: Splits, vocab_size: int, max_length: int):

@@ -155,7 +155,8 @@ def read_unlabeled(path, text_column: str = "text") -> list[str]:
     texts = [text if isinstance(text, str) or text is None else str(text) for text in texts]
     kept = [text for text in texts if text is not None and text.strip()]
     if not kept:
-        raise DataError(f"{path}: no non-empty texts" + (f" in column {text_column!r}" if path.suffix.lower() in SUFFIXES else ""))
+        where = f" in column {text_column!r}" if path.suffix.lower() in SUFFIXES else ""
+        raise DataError(f"{path}: no non-empty texts{where}")
     if len(kept) < len(texts):
         log.warning("%s: skipped %d empty or whitespace-only texts of %d", path, len(texts) - len(kept), len(texts))
     return kept

@@ -54,7 +54,8 @@ def pretrain(tmp_path, *extra, files=None):
 
 def fine_tune(tmp_path, checkpoint, *extra, files=None):
     files = files or labelled_files(tmp_path)
-    args = ["fit", "--data.teacher", "null", "--model.distillation", "0", "--data.train_file", str(files["train"]), "--data.val_file", str(files["validation"]),
+    args = ["fit", "--data.teacher", "null", "--model.distillation", "0", "--data.train_file", str(files["train"]),
+            "--data.val_file", str(files["validation"]),
             "--data.cache_dir", str(tmp_path / "cache"), "--model.init_from", str(checkpoint),
             "--trainer.max_epochs", "1", "--trainer.logger.init_args.save_dir", str(tmp_path / "fit"),
             *TINY, *QUIET, *extra]
