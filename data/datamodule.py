@@ -36,6 +36,7 @@ VOCAB_SIZE_CAP = 32000
 # Upper bounds on the settings that size memory (model/config.py bounds the network the same way):
 MAX_BATCH_SIZE = 65536
 MAX_VOCAB_SIZE = 1_048_576
+MAX_WORKERS = 64  # DataLoader processes (or the CPU count, if larger)
 
 
 class EncodedSplit(Dataset):
@@ -181,6 +182,9 @@ class TextDataModule(L.LightningDataModule):
                                   ("vocab_size", vocab_size, MAX_VOCAB_SIZE)):
             if value is not None and value > most:  # sizes memory: refused before anything is read
                 raise DataError(f"data.{name} {value} is larger than {most}")
+        most_workers = max(MAX_WORKERS, os.cpu_count() or 1)
+        if not 0 <= num_workers <= most_workers:  # each worker is a process holding its own copy of the dataset
+            raise DataError(f"data.num_workers must be in 0..{most_workers}, got {num_workers}")
         self.save_hyperparameters()
         self._state = None  # {"tokenizer": json, "label_names": [...], "splits": {name: EncodedSplit}}
         self._tokenizer = None

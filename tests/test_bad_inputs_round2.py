@@ -244,6 +244,28 @@ def test_data_sizes_are_bounded(option, value):
 
     with pytest.raises(DataError, match=f"data.{option} {value} is larger than"):
         TextDataModule(dataset="synthetic", **{option: value})
+    with pytest.raises(DataError, match=r"data.num_workers must be in 0\.\.\d+, got 100000"):
+        TextDataModule(dataset="synthetic", num_workers=100000)
+
+
+def test_a_checkpoint_write_that_fails_keeps_the_previous_one_whole(tmp_path, monkeypatch):
+    """Lightning's checkpoints go through the atomic writer: a write that dies (a full disk, a kill) in the second
+    epoch leaves the first epoch's last.ckpt as it was, and training stops with one line."""
+    from lightning.fabric.plugins.io import torch_io
+
+    fit(tmp_path, "--trainer.max_epochs", "1")
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    before = digest(last)
+
+    def dies_half_way(checkpoint, path):
+        Path(path).write_bytes(b"PK\x03\x04 half a checkpoint")
+        raise RuntimeError("PytorchStreamWriter failed writing file data/3: file write failed")
+
+    monkeypatch.setattr(torch_io, "_atomic_save", dies_half_way)
+    with pytest.raises(SystemExit) as stop:
+        fit(tmp_path, "--trainer.max_epochs", "2", "--ckpt_path", "last")
+    assert "cannot write the checkpoint: PytorchStreamWriter failed" in error_line(stop)
+    assert digest(last) == before and not list(last.parent.glob(".*.tmp"))
 
 
 @pytest.mark.parametrize("option", ["num_probes", "max_tokens"])

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from data.files import WriteError, check_target, write_atomically
 from inference.classifier import CheckpointError, network_config, read_checkpoint
@@ -42,6 +43,18 @@ def upgrade(source: str, target: str) -> None:
     network = network_config(hparams, labels).to_dict()
     checkpoint["hyper_parameters"] = {k: v for k, v in hparams.items() if k not in network} | {"network": network}
     write_atomically(target, lambda path: torch.save(checkpoint, path), "upgraded checkpoint", inputs=[source])
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer through data/files.py: a checkpoint is replaced whole or not at all, so a run
+    killed (or out of disk) while writing last.ckpt keeps the previous one, and the failure is one line."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if "://" in str(path):  # a remote filesystem (fsspec): Lightning's own writer
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        write = super().save_checkpoint
+        write_atomically(path, lambda temporary: write(checkpoint, temporary, storage_options), "checkpoint")
 
 
 def resolve(ckpt_path: str | None, trainer) -> Path | None:
