@@ -39,8 +39,8 @@ tensorboard: setup
 
 bench: setup
 	$(PY) -m pip install -q -e ".[bench]"
-	$(PY) bench/speed.py
-	$(PY) bench/accuracy.py
+	$(PY) -m bench.speed
+	$(PY) -m bench.accuracy
 
 # Opt-in, needs root: a CJK font (Debian's fonts-wqy-microhei) so Chinese tokens in heatmaps render as glyphs.
 # Without it heatmaps still work; Chinese labels show as boxes and the first heatmap logs one warning.

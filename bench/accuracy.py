@@ -1,10 +1,10 @@
 """Accuracy of this model against TF-IDF + logistic regression, NB-LR (naive-Bayes weighted n-grams, Wang & Manning
 2012) and fastText, on every registered dataset with a local copy, in one table. The README's results come from it.
 
-    python bench/accuracy.py --jobs 2                          # every dataset: generic default and tuned, 3 seeds
-    python bench/accuracy.py --datasets sst2 --configs default --seeds 0
-    python bench/accuracy.py --peers-only                      # the peers alone, a minute or two
-    python bench/accuracy.py --reuse --out runs/accuracy       # the table from runs already there (no training)
+    python -m bench.accuracy --jobs 2                          # every dataset: generic default and tuned, 3 seeds
+    python -m bench.accuracy --datasets sst2 --configs default --seeds 0
+    python -m bench.accuracy --peers-only                      # the peers alone, a minute or two
+    python -m bench.accuracy --reuse --out runs/accuracy       # the table from runs already there (no training)
 
 Model configurations: `default` is configs/default.yaml with only `--data.dataset` added (no tuning for the
 dataset: sizes and training length are chosen from its training split); `tuned` is the dataset's own config.
@@ -35,12 +35,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from bench.common import ROOT, fit_ngram_teacher, is_cjk
+from data.sources import DATA_ROOT_ENV, load_splits, local_copy_dir
 
-from data.sources import DATA_ROOT_ENV, load_splits, local_copy_dir  # noqa: E402
-from data.teacher import is_cjk  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = "configs/default.yaml"
 TUNED = {"sst2": "configs/sst2.yaml", "chnsenticorp_htl": "configs/chnsenticorp_htl.yaml", "imdb": "configs/imdb.yaml"}
 log = logging.getLogger("bench.accuracy")
@@ -70,15 +67,9 @@ def accuracy(predicted, labels) -> float:
 
 
 def tfidf_logreg(splits, split: str = "validation") -> float:
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression
-
-    chinese = is_cjk(splits.texts["train"])
-    # Character 1-3-grams for Chinese (no word boundaries), word 1-2-grams otherwise.
-    vectorizer = TfidfVectorizer(analyzer="char" if chinese else "word", ngram_range=(1, 3) if chinese else (1, 2),
-                                 sublinear_tf=True)
-    x_train = vectorizer.fit_transform(splits.texts["train"])
-    classifier = LogisticRegression(C=4.0, max_iter=2000).fit(x_train, splits.labels["train"])
+    """The n-gram teacher (data/teacher.py) fitted on the whole training split: TF-IDF character 1-3-grams for
+    Chinese, word 1-2-grams (words of one letter or more) otherwise, then logistic regression."""
+    vectorizer, classifier = fit_ngram_teacher(splits.texts["train"], splits.labels["train"])
     return accuracy(classifier.predict(vectorizer.transform(splits.texts[split])), splits.labels[split])
 
 

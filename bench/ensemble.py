@@ -2,9 +2,9 @@
 their class probabilities averaged, and count the texts that every checkpoint gets wrong. Errors that all runs
 share are ones averaging cannot fix; reading them (--show) tells label noise from a model's blind spots.
 
-    python bench/ensemble.py --config configs/chnsenticorp_htl.yaml \\
+    python -m bench.ensemble --config configs/chnsenticorp_htl.yaml \\
         runs/accuracy/chnsenticorp_htl-seed*/lightning_logs/version_0/checkpoints/best-*.ckpt
-    python bench/ensemble.py --config configs/chnsenticorp_htl.yaml CKPT ... --nb-lr --show 20
+    python -m bench.ensemble --config configs/chnsenticorp_htl.yaml CKPT ... --nb-lr --show 20
 
 The checkpoints may differ in anything (tokenizer, size, seed); each encodes the raw validation texts with its
 own tokenizer. The validation split is the one the config's `data:` section makes (the same one train.py
@@ -13,16 +13,14 @@ validates on). The last line of stdout is a JSON object with every figure.
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from bench.accuracy import nb_logreg_probabilities, splits_for  # noqa: E402
-from data.sources import DataError  # noqa: E402
-from inference import CheckpointError, TextClassifier  # noqa: E402
+from bench.accuracy import nb_logreg_probabilities, splits_for
+from data.sources import DataError
+from inference import CheckpointError, TextClassifier
 
 
 def checkpoint_probabilities(path: Path, texts: list[str], label_names: list[str]) -> np.ndarray:
@@ -34,7 +32,7 @@ def checkpoint_probabilities(path: Path, texts: list[str], label_names: list[str
     return np.array([[p.probabilities[name] for name in label_names] for p in predictions])
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoints", nargs="+", type=Path, help="checkpoints written by train.py")
     parser.add_argument("--config", required=True, help="YAML config whose data: section makes the validation split")
@@ -42,7 +40,7 @@ def main():
     parser.add_argument("--show", type=int, default=0, metavar="N", help="print N texts every checkpoint gets wrong")
     parser.add_argument("--split", default="validation", choices=("validation", "test"),
                         help="the split to score (default: validation; test only once everything is chosen)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     config = Path(args.config).resolve()  # relative to where you stand, not to the repository
     if not config.is_file():

@@ -1,9 +1,9 @@
 """Which explanation is faithful for this model? Every method of inference/explain.py against exact occlusion,
 over a dataset split (or your own texts).
 
-    python bench/faithfulness.py --ckpt lightning_logs/version_0/checkpoints/best-*.ckpt
-    python bench/faithfulness.py --ckpt CKPT --split validation --limit 200 --ig-steps 32
-    python bench/faithfulness.py --ckpt CKPT --text "the acting is wonderful"
+    python -m bench.faithfulness --ckpt lightning_logs/version_0/checkpoints/best-*.ckpt
+    python -m bench.faithfulness --ckpt CKPT --split validation --limit 200 --ig-steps 32
+    python -m bench.faithfulness --ckpt CKPT --text "the acting is wonderful"
 
 Per method, over the texts: the mean Spearman rank correlation with occlusion (texts where it is defined: two or
 more tokens, neither side constant), and the deletion curve: the mean drop of the predicted class's probability
@@ -18,16 +18,14 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from inference import CheckpointError, TextClassifier  # noqa: E402
-from inference.classifier import read_checkpoint  # noqa: E402
-from inference.explain import METHODS, explain_ids  # noqa: E402
+from inference import CheckpointError, TextClassifier
+from inference.classifier import read_checkpoint
+from inference.explain import METHODS, explain_ids
 
 SPLIT_KEYS = ("dataset", "data_dir", "train_file", "val_file", "test_file", "text_column", "label_column",
               "val_fraction", "seed")

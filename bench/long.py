@@ -10,9 +10,9 @@ the repeats; peak memory is the peak of tensor bytes alive at once during one ca
 the profiler's record of PyTorch's CPU allocations, or torch.cuda's peak), measured in calls of their own. A side
 whose full L × L attention would need more than --max-gib is skipped at that L (printed as "—").
 
-    python bench/long.py                 # L = 128 … 4096 (8192 for the kinds that fit), about 15 minutes
-    python bench/long.py --quick         # L = 128 … 2048, one repeat
-    python bench/long.py --smoke         # tiny sizes: only checks that the bench runs
+    python -m bench.long                 # L = 128 … 4096 (8192 for the kinds that fit), about 15 minutes
+    python -m bench.long --quick         # L = 128 … 2048, one repeat
+    python -m bench.long --smoke         # tiny sizes: only checks that the bench runs
 
 Prints a table, saves a log-log plot (docs/long_attention_bench.png), and ends with one JSON line: at the largest
 L every side measured, `<kind>_speedup` (full hand-written time ÷ the kind's time, training step) and
@@ -24,7 +24,6 @@ against L (least squares slope of log time on log L over the lengths from --fit-
 import argparse
 import json
 import logging
-import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -32,21 +31,17 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-import yaml
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere, as bench/ensemble.py
-
-from bench.speed import TransformerEncoderClassifier, alternate, peak_memory  # noqa: E402
-from data.files import write_atomically  # noqa: E402
-from model.classifier import AttentionClassifier  # noqa: E402
-from model.config import NetworkConfig  # noqa: E402
+from bench.common import CONFIGS, ROOT, network_config
+from bench.speed import TransformerEncoderClassifier, alternate, peak_memory
+from data.files import write_atomically
+from model.classifier import AttentionClassifier
+from model.config import NetworkConfig
 
 log = logging.getLogger("bench.long")
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "configs"
 SIDES = ("full", "fused", "local", "linformer", "sparse", "peer")
 LONG_KINDS = ("local", "linformer", "sparse")
 PLANS = {
@@ -57,15 +52,12 @@ PLANS = {
 
 
 def network(vocab_size: int, max_length: int, smoke: bool) -> NetworkConfig:
-    """configs/imdb.yaml's network (dropout off: the bench times the arithmetic, not the random masks)."""
-    values = yaml.safe_load((CONFIGS / "imdb.yaml").read_text())["model"]["network"]
-    for kind in LONG_KINDS:  # the long kinds' own settings, from their overlays
-        values |= {k: v for k, v in yaml.safe_load((CONFIGS / f"imdb_{kind}.yaml").read_text())["model"]["network"].items()
-                   if k != "attention"}
-    if smoke:
-        values |= dict(d_model=16, n_heads=2, d_ff=32, window=4, projection_length=8)
-    values |= dict(dropout=0.0, embedding_dropout=0.0, attention_dropout=0.0)
-    return NetworkConfig(vocab_size=vocab_size, max_length=max_length, **values)
+    """configs/imdb.yaml's network with the long kinds' own settings from their overlays (dropout off: the bench
+    times the arithmetic, not the random masks); each side then picks its attention kind."""
+    overlays = [CONFIGS / f"imdb_{kind}.yaml" for kind in LONG_KINDS]
+    tiny = dict(d_model=16, n_heads=2, d_ff=32, window=4, projection_length=8) if smoke else {}
+    return network_config(CONFIGS / "imdb.yaml", *overlays, **tiny, attention="full", vocab_size=vocab_size,
+                          max_length=max_length, dropout=0.0, embedding_dropout=0.0, attention_dropout=0.0)
 
 
 def build(side: str, config: NetworkConfig) -> torch.nn.Module:

@@ -1,8 +1,8 @@
 """How fast predictions are: batch throughput, single-text latency, and predict.py start-up.
 
-    python bench/predict_speed.py                    # a model shaped like configs/sst2.yaml, random weights
-    python bench/predict_speed.py --ckpt last.ckpt   # a trained checkpoint instead
-    python bench/predict_speed.py --smoke            # a few seconds: only checks that the bench runs
+    python -m bench.predict_speed                    # a model shaped like configs/sst2.yaml, random weights
+    python -m bench.predict_speed --ckpt last.ckpt   # a trained checkpoint instead
+    python -m bench.predict_speed --smoke            # a few seconds: only checks that the bench runs
 
 Texts are the 872 SST-2 validation sentences when $ATTENTION_DATA_ROOT/sst2/validation.tsv exists (else
 synthetic sentences of SST-2-like lengths). Without --ckpt, a checkpoint laid out as train.py writes it is built:
@@ -27,15 +27,14 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
+from bench.common import CONFIGS, ROOT, network_config, read_config
 from data.tokenizer import train_tokenizer
 from inference import TextClassifier
-from model import AttentionClassifier, NetworkConfig
+from model import AttentionClassifier
 
 log = logging.getLogger("bench.predict_speed")
-ROOT = Path(__file__).resolve().parent.parent
-CONFIG = ROOT / "configs" / "sst2.yaml"
+CONFIG = CONFIGS / "sst2.yaml"
 SMOKE_NETWORK = {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 0}
 
 
@@ -56,16 +55,14 @@ def sst2_sentences() -> list[str]:
 
 def random_checkpoint(path: Path, texts: list[str], smoke: bool) -> Path:
     """A checkpoint as train.py lays it out, for the network of configs/sst2.yaml (tiny with smoke)."""
-    config = yaml.safe_load(CONFIG.read_text())
-    data = config["data"]
+    data = read_config(CONFIG)["data"]
     tokenizer = train_tokenizer(
         texts, vocab_size=data["vocab_size"], max_length=data["max_length"], kind=data.get("tokenizer", "wordpiece"),
         split_cjk=data.get("split_cjk", True), split_punctuation=data.get("split_punctuation", True),
     )
     label_names = ["negative", "positive"]
-    network = SMOKE_NETWORK if smoke else config["model"].get("network") or {}
-    network = NetworkConfig.from_dict({**network, "vocab_size": tokenizer.get_vocab_size(),
-                                       "max_length": data["max_length"], "num_classes": len(label_names)})
+    network = network_config(CONFIG, **(SMOKE_NETWORK if smoke else {}), vocab_size=tokenizer.get_vocab_size(),
+                             num_classes=len(label_names))
     torch.manual_seed(0)
     model = AttentionClassifier(network)
     torch.save(

@@ -1,7 +1,7 @@
 """Which heads matter, and a checkpoint without the ones that do not (inference/heads.py).
 
-    python bench/prune_heads.py --ckpt CKPT                       # importance, ablation and the table
-    python bench/prune_heads.py --ckpt CKPT --prune 3 --out pruned.ckpt
+    python -m bench.prune_heads --ckpt CKPT                       # importance, ablation and the table
+    python -m bench.prune_heads --ckpt CKPT --prune 3 --out pruned.ckpt
     python predict.py --ckpt pruned.ckpt "the acting is wonderful"
 
 Importance (Michel et al. 2019: mean |∂ loss / ∂ gate| per head) is measured on `--importance-limit` texts drawn
@@ -20,14 +20,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from bench.faithfulness import checkpoint_split  # noqa: E402
-from data.files import WriteError, check_target, write_atomically  # noqa: E402
-from inference import CheckpointError, TextClassifier  # noqa: E402
-from inference.classifier import read_checkpoint  # noqa: E402
-from inference.explain import spearman  # noqa: E402
-from inference.heads import accuracy, batches, head_importance, least_important, prune_checkpoint  # noqa: E402
+from bench.faithfulness import checkpoint_split
+from data.files import WriteError, check_target, write_atomically
+from inference import CheckpointError, TextClassifier
+from inference.classifier import read_checkpoint
+from inference.explain import spearman
+from inference.heads import accuracy, batches, head_importance, least_important, prune_checkpoint
 
 
 def labelled(classifier, path, split: str, limit: int | None, seed: int | None = None):

@@ -15,9 +15,9 @@ alone, forward + backward. Runs alternate (A B C A B C …) after a warm-up and 
 repeats, so background load hits every side alike. Ratios are this project ÷ peer: for speed (throughput ÷
 throughput), above 1 means this project is faster; for memory, above 1 means this project needs more.
 
-    python bench/speed.py            # the default run, a few minutes on 2 CPU cores
-    python bench/speed.py --quick    # about a minute on 2 CPU cores
-    python bench/speed.py --smoke    # a few seconds, tiny model: only checks that the bench runs
+    python -m bench.speed            # the default run, a few minutes on 2 CPU cores
+    python -m bench.speed --quick    # about a minute on 2 CPU cores
+    python -m bench.speed --smoke    # a few seconds, tiny model: only checks that the bench runs
 
 The last line of stdout is one JSON object holding every ratio and throughput.
 """
@@ -35,9 +35,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import nn
 
+from bench.common import CONFIGS, network_config
 from data.tokenizer import PAD_ID, UNK_ID, padding_mask
 from model.attention import MultiHeadSelfAttention
 from model.classifier import AttentionClassifier, AttentionPooling, ClassifierOutput, position_embedding
@@ -45,7 +45,7 @@ from model.config import KERNELS, POOLINGS, ConfigError, NetworkConfig
 
 log = logging.getLogger("bench.speed")
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sst2.yaml"
+CONFIG = CONFIGS / "sst2.yaml"
 SIDES = (*KERNELS, "peer")  # manual, fused: this project with either kernel; peer: nn.TransformerEncoder
 
 # How many SST-2 train sentences have 1, 2, …, 52 whitespace tokens (all 67,349 of them; median 7, p90 21, max 52).
@@ -311,16 +311,6 @@ def summary(classifier_rows, attention_rows, config, device) -> dict:
     return result
 
 
-def load_network(path: Path) -> NetworkConfig:
-    """The NetworkConfig train.py would build from the config: its model.network section, data.vocab_size."""
-    config = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
-    network = dict((config.get("model") or {}).get("network") or {})
-    data = config.get("data") or {}
-    if "vocab_size" in data:
-        network["vocab_size"] = data["vocab_size"]
-    return NetworkConfig.from_dict(network)
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     size = parser.add_mutually_exclusive_group()
@@ -353,14 +343,14 @@ def main(argv=None):
     if args.repeats:
         plan = replace(plan, repeats=args.repeats)
     try:
-        config = SMOKE_NETWORK if args.smoke else load_network(args.config)
+        config = SMOKE_NETWORK if args.smoke else network_config(args.config)
         overrides = {key: getattr(args, key) for key in ("d_model", "n_heads", "n_layers", "d_ff", "vocab_size",
                                                          "pooling") if getattr(args, key) is not None}
         # Positions for the longest fixed length; two classes, as SST-2 has.
         longest = max(*plan.fixed_lengths, len(SST2_LENGTH_COUNTS))
         config = replace(config, **overrides, num_classes=2, max_length=longest)
         models = build_models(config, device)
-    except ConfigError as e:
+    except (ConfigError, OSError) as e:  # a bad setting, or a --config file that cannot be read
         raise SystemExit(f"error: {e}") from None
     log.info("device %s, torch %s, %d threads, network %s", device, torch.__version__, torch.get_num_threads(), config)
 

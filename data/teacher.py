@@ -36,12 +36,22 @@ def ngram_features(texts: list[str]):
     return TfidfVectorizer(analyzer="word", ngram_range=(1, 2), sublinear_tf=True, token_pattern=r"(?u)\b\w+\b")
 
 
+def fit_ngram_teacher(texts, labels, C: float = 4.0):
+    """The recipe, written once (the teacher here, the TF-IDF peer of bench/accuracy.py): TF-IDF n-grams
+    (ngram_features) + logistic regression fitted on these texts. Returns (vectorizer, classifier); sklearn's
+    ValueError when the texts hold no n-gram at all."""
+    from sklearn.linear_model import LogisticRegression
+
+    vectorizer = ngram_features(list(texts))
+    x = vectorizer.fit_transform(texts)
+    return vectorizer, LogisticRegression(C=C, max_iter=2000).fit(x, labels)
+
+
 def out_of_fold_probabilities(texts: list[str], labels: list[int], num_classes: int, folds: int = FOLDS,
                               seed: int = 0, C: float = 4.0, source: str = "train") -> torch.Tensor:
     """(N, num_classes) float32 probabilities of an n-gram teacher for each training text, each from a teacher
     that did not see it (stratified folds, fixed by `seed`). `source` names the texts' file in errors."""
     try:
-        from sklearn.linear_model import LogisticRegression
         from sklearn.model_selection import StratifiedKFold
     except ImportError:
         raise DataError("data.teacher ngram needs scikit-learn: pip install scikit-learn") from None
@@ -57,13 +67,11 @@ def out_of_fold_probabilities(texts: list[str], labels: list[int], num_classes: 
         if len(classes) < 2:  # a class with a single text: this fold's teacher knows one class only
             probabilities[np.ix_(scored, classes)] = 1.0
             continue
-        vectorizer = ngram_features(list(texts[fitted]))
         try:
-            x = vectorizer.fit_transform(texts[fitted])
+            vectorizer, teacher = fit_ngram_teacher(texts[fitted], y[fitted], C)
         except ValueError:  # sklearn: "empty vocabulary"
             raise DataError(f"{source}: the n-gram teacher found no words in the training texts; check text_column "
                             "or train without the teacher: --data.teacher null --model.distillation 0") from None
-        teacher = LogisticRegression(C=C, max_iter=2000).fit(x, y[fitted])
         # Columns in class-id order; a class absent from this fold's texts keeps probability 0.
         probabilities[np.ix_(scored, teacher.classes_)] = teacher.predict_proba(vectorizer.transform(texts[scored]))
     agreement = float((probabilities.argmax(1) == y).mean())

@@ -12,6 +12,7 @@ import torch
 import yaml
 
 import train
+from conftest import QUIET, ROOT, SMOKE
 from data import DataError, TextDataModule
 from data.datamodule import MAX_LENGTH_CAP
 from data.sources import load_splits
@@ -19,9 +20,6 @@ from inference import TextClassifier
 from inference.ensemble import Ensemble, resolve_checkpoint
 from monitor import AttentionMonitor
 
-ROOT = Path(__file__).resolve().parents[1]
-SMOKE = str(ROOT / "configs" / "smoke.yaml")
-QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 
 
 def write_csv(path: Path, rows) -> Path:
@@ -127,7 +125,7 @@ def chosen_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("chosen")
     cli = train.main(["fit", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"), *QUIET,
                       "--trainer.logger.init_args.save_dir", str(tmp_path), "--data.max_length", "null",
-                      "--data.vocab_size", "null", "--trainer.max_epochs", "2"])
+                      "--data.vocab_size", "null", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "10"])
     return tmp_path / "lightning_logs" / "version_0", cli
 
 

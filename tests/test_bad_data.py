@@ -4,11 +4,11 @@ import json
 import logging
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import ROOT
 from data.sources import DataError, load_splits
 
 GOOD = "".join(f"good film {i},pos\nbad film {i},neg\n" for i in range(6))  # 12 rows, two classes
@@ -218,22 +218,12 @@ def test_lightning_restores_the_tokenizer_before_it_builds_the_loaders(tmp_path)
 
 # --- predict.py: inputs and outputs ---------------------------------------------------------------------------------
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A checkpoint of a model trained for a few steps on the synthetic task; how well it predicts is beside the point."""
-    import train
-
-    tmp_path = tmp_path_factory.mktemp("predict")
-    train.main([
-        "fit", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data.cache_dir", str(tmp_path / "cache"),
-        "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.max_epochs", "1",
-        "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-    ])
-    return tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+def checkpoint(smoke_run):
+    """The session's smoke checkpoint (tests/conftest.py); how well it predicts is beside the point."""
+    return smoke_run.last
 
 
 def predict_cli(capsys, *args) -> tuple[int, list[dict], str]:

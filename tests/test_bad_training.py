@@ -3,7 +3,6 @@
 import hashlib
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +12,9 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
+from conftest import QUIET, ROOT, SMOKE
 from inference import TextClassifier
 
-ROOT = Path(__file__).resolve().parents[1]
-SMOKE = str(ROOT / "configs" / "smoke.yaml")
-QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 SHORT = ["--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "2"]
 
 

@@ -1,15 +1,13 @@
 """The benches measure what they say: bench/speed.py's tools give known answers (peak memory of known tensors,
 the alternating order, the SST-2 length histogram, padded batches) and its summary is built from the figures it
-reports; bench/predict_speed.py runs; bench/ensemble.py scores checkpoints on the split train.py validated on.
+reports; bench/predict_speed.py runs; bench/ensemble.py scores checkpoints on the split train.py validated on;
+bench/common.py reads a config's network and picks a run's best checkpoint by the score recorded inside it.
 
 No timing is asserted: speed is printed, not tested."""
 
-import csv
-import importlib.util
 import json
 import math
 import os
-import random
 import re
 import subprocess
 import sys
@@ -21,22 +19,13 @@ import pytest
 import torch
 import yaml
 
-import train
+from bench import ensemble, speed
+from bench.common import best_checkpoint, network_config
+from conftest import ROOT, SMOKE
 from data.tokenizer import PAD_ID, UNK_ID
+from inference import CheckpointError
 from model.config import ConfigError, NetworkConfig
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_script(name: str):
-    """A bench script as a module (bench/ is a folder of scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-speed = load_script("speed")
+from test_explain import save_checkpoint, tiny_classifier
 
 
 def test_peak_memory_counts_the_tensors_alive_at_once():
@@ -88,10 +77,10 @@ def test_network_is_read_from_the_config_like_train_py(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"data": {"vocab_size": 50}, "model": {"network": {"d_model": 24, "n_heads": 3},
                                                                              "lr": 0.1}}))
-    assert speed.load_network(config) == NetworkConfig(vocab_size=50, d_model=24, n_heads=3)
+    assert network_config(config) == NetworkConfig(vocab_size=50, d_model=24, n_heads=3)
     config.write_text(yaml.safe_dump({"model": {"network": {"d_modle": 24}}}))
     with pytest.raises(ConfigError, match="d_modle"):
-        speed.load_network(config)
+        network_config(config)
 
 
 def test_both_kernels_run_the_same_network_and_only_the_kernel_differs():
@@ -102,15 +91,15 @@ def test_both_kernels_run_the_same_network_and_only_the_kernel_differs():
     torch.testing.assert_close(logits["manual"], logits["fused"])
 
 
-def run_bench(*args) -> tuple[str, dict]:
-    result = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                            check=True)
+def run_bench(name, *args) -> tuple[str, dict]:
+    result = subprocess.run([sys.executable, "-m", f"bench.{name}", *map(str, args)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300, check=True)
     return result.stdout, json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
 def test_speed_bench_smoke_summary_holds_every_figure_and_ratios_are_its_throughputs_divided():
-    stdout, summary = run_bench("bench/speed.py", "--smoke", "--device", "cpu", "--threads", "1")
+    stdout, summary = run_bench("speed", "--smoke", "--device", "cpu", "--threads", "1")
     assert "Classifier" in stdout and "Attention layer alone" in stdout
     for workload in ("sst2", "L8", "L16"):  # the smoke plan: SST-2 lengths, then fixed lengths 8 and 16
         for task in ("train", "infer"):
@@ -132,7 +121,7 @@ def test_speed_bench_smoke_summary_holds_every_figure_and_ratios_are_its_through
 
 @pytest.mark.slow
 def test_predict_speed_smoke_run_reports_every_figure():
-    stdout, figures = run_bench("bench/predict_speed.py", "--smoke", "--threads", "1")
+    stdout, figures = run_bench("predict_speed", "--smoke", "--threads", "1")
     assert figures["texts"] == 872  # the SST-2 validation set, or as many synthetic sentences without it
     assert figures["batch_size"] == 256 and figures["torch_threads"] == 1
     for key in ("sentences_per_s", "single_text_latency_ms", "predict_py_startup_s"):
@@ -140,90 +129,124 @@ def test_predict_speed_smoke_run_reports_every_figure():
     assert "batch inference" in stdout
 
 
-def two_marker_csv(path: Path, n: int = 600, seed: int = 0) -> Path:
-    """Which of two markers comes first, among filler words: two classes with string names."""
-    rng = random.Random(seed)
-    rows = [("text", "label")]
-    for _ in range(n):
-        words = [f"w{rng.randrange(30)}" for _ in range(rng.randint(3, 8))]
-        first, second = rng.sample(["alpha", "beta"], 2)
-        i, j = sorted(rng.sample(range(len(words) + 2), 2))
-        words.insert(i, first)
-        words.insert(j, second)
-        rows.append((" ".join(words), f"{first} first"))
-    with open(path, "w", newline="") as f:
-        csv.writer(f).writerows(rows)
-    return path
-
-
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    """A short smoke run on a two-class CSV: its saved config.yaml and its best and last checkpoints."""
-    tmp_path = tmp_path_factory.mktemp("ensemble")
-    train_file = two_marker_csv(tmp_path / "markers.csv")
-    train.main([
-        "fit", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data.train_file", str(train_file),
-        "--data.cache_dir", str(tmp_path / "cache"), "--trainer.logger.init_args.save_dir", str(tmp_path),
-        "--trainer.max_epochs", "3", "--trainer.enable_progress_bar", "false",
-    ])
-    run = tmp_path / "lightning_logs" / "version_0"
-    best = next((run / "checkpoints").glob("best-*.ckpt"))
-    return run / "config.yaml", best, run / "checkpoints" / "last.ckpt"
-
-
-def ensemble(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "bench/ensemble.py", *map(str, args)], cwd=ROOT, capture_output=True,
+def run_ensemble(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench.ensemble", *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
 
 
-def test_ensemble_scores_checkpoints_on_the_split_train_py_validated_on(smoke_run):
-    config, best, _ = smoke_run
+def ensemble_summary(capsys, *args) -> dict:
+    ensemble.main([str(arg) for arg in args])
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_ensemble_scores_checkpoints_on_the_split_train_py_validated_on(smoke_run, capsys):
+    best = smoke_run.best
     # The same checkpoint twice: its average is itself, and the texts wrong in every one are exactly its errors.
-    result = ensemble("--config", config, best, best, "--nb-lr")
-    assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    summary = ensemble_summary(capsys, "--config", smoke_run.run / "config.yaml", best, best)
     # The best checkpoint's file name carries the val/acc train.py measured; the script must find the same.
     logged = float(re.search(r"acc(\d\.\d{4})", best.name).group(1))
     assert summary["accuracy"][str(best)] == pytest.approx(logged, abs=6e-5)
     n = summary["validation_texts"]
-    assert n == 60  # 10% of 600
+    assert n == len(smoke_run.cli.datamodule.split("validation").lengths)  # the split train.py validated on
     assert summary["accuracy"]["average of 2"] == summary["accuracy"][str(best)]
     errors = round((1 - summary["accuracy"][str(best)]) * n)
     assert summary["wrong_in_every_checkpoint"] == summary["wrong_in_at_least_half"] == errors
     assert summary["right_in_every_checkpoint"] == n - errors
-    assert {"NB-LR", "average of 2, then averaged with NB-LR"} <= set(summary["accuracy"])
+
+
+def test_ensemble_averages_with_nb_lr_on_two_classes(tmp_path, capsys):
+    classifier = tiny_classifier()
+    classifier.label_names = ["0", "1"]  # the synthetic dataset's label names
+    ckpt = save_checkpoint(classifier, tmp_path / "tiny.ckpt")
+    config = tmp_path / "synthetic.yaml"
+    config.write_text(yaml.safe_dump({"data": {"dataset": "synthetic"}}))
+    summary = ensemble_summary(capsys, "--config", config, ckpt, "--nb-lr")
+    accuracy = summary["accuracy"]
+    assert set(accuracy) == {str(ckpt), "average of 1", "NB-LR", "average of 1, then averaged with NB-LR"}
+    assert accuracy["average of 1"] == accuracy[str(ckpt)] and all(0 <= a <= 1 for a in accuracy.values())
 
 
 def test_ensemble_refuses_a_checkpoint_with_other_labels(smoke_run, tmp_path):
-    _, best, _ = smoke_run
     other = tmp_path / "other.yaml"
     other.write_text(yaml.safe_dump({"data": {"dataset": "synthetic"}}))  # labels 0/1, not "alpha first"/...
-    result = ensemble("--config", other, best)
+    result = run_ensemble("--config", other, smoke_run.best)
     assert result.returncode != 0
-    assert result.stderr.strip().startswith("error:") and str(best) in result.stderr
+    assert result.stderr.strip().startswith("error:") and str(smoke_run.best) in result.stderr
     assert "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("missing", ["checkpoint", "config"])
 def test_ensemble_missing_file_is_a_one_line_error(smoke_run, tmp_path, missing):
-    config, best, _ = smoke_run
     if missing == "checkpoint":
-        result = ensemble("--config", config, tmp_path / "nope.ckpt")
+        result = run_ensemble("--config", smoke_run.run / "config.yaml", tmp_path / "nope.ckpt")
     else:
-        result = ensemble("--config", tmp_path / "nope.yaml", best)
+        result = run_ensemble("--config", tmp_path / "nope.yaml", smoke_run.best)
     assert result.returncode != 0 and "nope." in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_fit_and_test_script_reports_time_memory_and_the_best_checkpoint(tmp_path):
     result = subprocess.run(["bash", str(ROOT / "bench" / "fit_and_test.sh"), str(tmp_path / "run"), "--config",
-                             str(ROOT / "configs" / "smoke.yaml"), "--trainer.max_epochs", "1",
-                             "--data.cache_dir", str(tmp_path / "cache")],
+                             SMOKE, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "4",
+                             "--trainer.limit_val_batches", "2", "--data.cache_dir", str(tmp_path / "cache")],
                             capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable})
     fit_seconds = int(re.search(r"FIT_SECONDS (\d+)", result.stdout).group(1))
     peak = int(re.search(r"PEAK_RSS_MIB (\d+)", result.stdout).group(1))
     best = Path(re.search(r"BEST (\S+)", result.stdout).group(1))
     assert fit_seconds >= 1 and peak > 100  # a Python process with torch holds far more than 100 MiB
     assert best.is_file() and best.parent.parent.parent.parent == tmp_path / "run"
+    assert best == best_checkpoint(best.parent)
     # The synthetic task has no labelled test split: the scoring step says so in one line.
     assert "error: no test split" in result.stdout
+
+
+# --- the best checkpoint of a run (bench.common.best_checkpoint, predict.py --ckpt RUN) -----------------------------
+
+
+def scored_checkpoint(folder: Path, name: str, score: float | None, step: int, mode: str = "max",
+                      monitor: str = "val/acc", best: str | None = None) -> Path:
+    """A checkpoint holding what Lightning's ModelCheckpoint records: its settings in the state key, and the score
+    of every file it kept (best_k_models). score None: a file the callback did not record (as last.ckpt)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    key = (f"ModelCheckpoint{{'monitor': {monitor!r}, 'mode': {mode!r}, 'every_n_train_steps': 0, "
+           "'every_n_epochs': 1, 'train_time_interval': None}")
+    kept = {} if score is None else {str(folder / name): torch.tensor(score)}
+    if best is not None:
+        kept[str(folder / best)] = torch.tensor(0.5)
+    torch.save({"state_dict": {}, "hyper_parameters": {}, "global_step": step,
+                "TextDataModule": {"tokenizer": "{}", "label_names": ["a", "b"]},
+                "callbacks": {key: {"monitor": monitor, "best_k_models": kept}}}, folder / name)
+    return folder / name
+
+
+def test_best_checkpoint_is_chosen_by_the_recorded_score_not_by_name_or_date(tmp_path):
+    epoch9 = scored_checkpoint(tmp_path, "best-epoch9-step90.ckpt", 0.80, step=90)
+    epoch10 = scored_checkpoint(tmp_path, "best-epoch10-step100.ckpt", 0.85, step=100)
+    scored_checkpoint(tmp_path, "last.ckpt", None, step=120, best=epoch10.name)  # records another file's score
+    os.utime(epoch9, (2e9, 2e9))  # the newest file on disk, and the last in name order
+    assert sorted(p.name for p in tmp_path.glob("best-*"))[-1] == epoch9.name
+    assert best_checkpoint(tmp_path) == epoch10
+    scored_checkpoint(tmp_path, epoch9.name, 0.90, step=90)  # now epoch 9 scored best
+    assert best_checkpoint(tmp_path) == epoch9
+    scored_checkpoint(tmp_path, epoch10.name, 0.90, step=100)  # a tie: the later step
+    assert best_checkpoint(tmp_path) == epoch10
+
+
+def test_best_checkpoint_of_a_lower_is_better_metric_and_of_a_run_folder(tmp_path):
+    folder = tmp_path / "lightning_logs" / "version_0"
+    low = scored_checkpoint(folder / "checkpoints", "best-epoch10-loss0.20.ckpt", 0.20, step=100, mode="min",
+                            monitor="val/loss")
+    scored_checkpoint(folder / "checkpoints", "best-epoch9-loss0.30.ckpt", 0.30, step=90, mode="min",
+                      monitor="val/loss")
+    assert best_checkpoint(folder) == best_checkpoint(folder / "checkpoints") == low
+
+
+def test_without_a_recorded_score_last_ckpt_else_a_one_line_error(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint with a recorded validation score and no last.ckpt"):
+        best_checkpoint(tmp_path)
+    last = scored_checkpoint(tmp_path, "last.ckpt", None, step=10)
+    assert best_checkpoint(tmp_path) == last
+
+
+def test_best_checkpoint_of_a_real_run_is_the_one_train_py_named_best(smoke_run):
+    assert best_checkpoint(smoke_run.run) == smoke_run.best

@@ -1,20 +1,16 @@
-"""AttentionMonitor through train.py on the synthetic smoke config: what reaches TensorBoard, when, and when it warns."""
+"""AttentionMonitor through train.py on the smoke config: what reaches TensorBoard, when, and when it warns."""
 
 import logging
-from pathlib import Path
 
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
+from conftest import PROBE_TEXT, QUIET, SMOKE, SMOKE_EPOCHS
 from monitor.callback import AttentionMonitor, pick_probes
 from monitor.health import AttentionHealth
 
-ROOT = Path(__file__).resolve().parents[1]
-SMOKE = str(ROOT / "configs" / "smoke.yaml")
-QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
-PROBE_TEXT = "beta w3 w7 alpha w5"  # words of the synthetic vocabulary
 FIGURES = ("entropy", "max_weight", "score_std")
 
 
@@ -22,15 +18,6 @@ def run(tmp_path, *extra, subcommand="fit"):
     args = [subcommand, "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
             "--trainer.logger.init_args.save_dir", str(tmp_path), *QUIET, *extra]
     return train.main(args)
-
-
-def monitor_config(tmp_path, **init_args) -> str:
-    """A config overlay whose trainer.callbacks replaces smoke.yaml's with one configured AttentionMonitor."""
-    lines = ["trainer:", "  callbacks:", "    - class_path: monitor.AttentionMonitor", "      init_args:"]
-    lines += [f"        {key}: {value!r}" for key, value in init_args.items()]
-    path = tmp_path / "monitor.yaml"
-    path.write_text("\n".join(lines).replace("'", '"') + "\n")
-    return str(path)
 
 
 def events(tmp_path) -> EventAccumulator:
@@ -49,56 +36,40 @@ def monitor_of(cli) -> AttentionMonitor:
     return monitor
 
 
-class Warnings(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
-
-
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    """Two epochs of smoke.yaml with 1 validation probe and one probe text from the config."""
-    tmp_path = tmp_path_factory.mktemp("monitor")
-    warnings = Warnings()
-    logging.getLogger("monitor.callback").addHandler(warnings)
-    try:
-        overlay = monitor_config(tmp_path, num_probes=1, probe_texts=[PROBE_TEXT])
-        cli = run(tmp_path, "--config", overlay, "--trainer.max_epochs", "2")
-    finally:
-        logging.getLogger("monitor.callback").removeHandler(warnings)
-    return cli, events(tmp_path), warnings.lines
+def monitored_run(smoke_run):
+    """The session's smoke run (tests/conftest.py: 1 validation probe and PROBE_TEXT from its config): the fit's
+    LightningCLI and its TensorBoard events."""
+    return smoke_run.cli, events(smoke_run.root)
 
 
-def test_probe_images_are_logged_at_each_validation_end_and_not_during_sanity_check(smoke_run):
-    cli, accumulator, _ = smoke_run
+def test_probe_images_are_logged_at_each_validation_end_and_not_during_sanity_check(monitored_run):
+    cli, accumulator = monitored_run
     assert cli.trainer.num_sanity_val_steps > 0  # a sanity check did run
-    steps_per_epoch = cli.trainer.global_step // 2
+    steps_per_epoch = cli.trainer.global_step // SMOKE_EPOCHS
     assert sorted(accumulator.Tags()["images"]) == ["attention/probe_0", "attention/probe_1"]
     for tag in ("attention/probe_0", "attention/probe_1"):
         images = accumulator.Images(tag)
-        assert [image.step for image in images] == [steps_per_epoch, 2 * steps_per_epoch]
+        assert [image.step for image in images] == [k * steps_per_epoch for k in range(1, SMOKE_EPOCHS + 1)]
         assert images[-1].encoded_image_string.startswith(b"\x89PNG") and images[-1].width > 200
 
 
-def test_probe_text_from_the_config_is_drawn_with_the_data_tokenizer(smoke_run):
-    cli, _, _ = smoke_run
+def test_probe_text_from_the_config_is_drawn_with_the_data_tokenizer(monitored_run):
+    cli, _ = monitored_run
     _, tokens, titles = monitor_of(cli).probes
     expected = cli.datamodule.tokenizer.encode(PROBE_TEXT).tokens
     assert titles[1] == (PROBE_TEXT, "from the config")
     assert [t for t in tokens[1] if t != "[PAD]"] == expected
 
 
-def test_health_scalars_histogram_and_verdicts_reach_tensorboard(smoke_run):
-    cli, accumulator, _ = smoke_run
-    steps_per_epoch = cli.trainer.global_step // 2
+def test_health_scalars_histogram_and_verdicts_reach_tensorboard(monitored_run):
+    cli, accumulator = monitored_run
+    steps_per_epoch = cli.trainer.global_step // SMOKE_EPOCHS
     heads = cli.model.network.n_heads
     for name in FIGURES:
         for head in range(heads):
             values = accumulator.Scalars(f"attention_health/{name}/layer0_head{head}")
-            assert [v.step for v in values] == [steps_per_epoch, 2 * steps_per_epoch]
+            assert [v.step for v in values] == [k * steps_per_epoch for k in range(1, SMOKE_EPOCHS + 1)]
     entropy = [v.value for v in accumulator.Scalars("attention_health/entropy/layer0_head0")]
     assert all(0.0 < e < 1.0 for e in entropy)
     (histogram,) = accumulator.Histograms("attention_health/weights/layer0")[-1:]
@@ -107,9 +78,9 @@ def test_health_scalars_histogram_and_verdicts_reach_tensorboard(smoke_run):
     assert final.count("\n| 0 |") == heads  # one row per head of the one layer
 
 
-def test_figures_are_the_health_of_the_whole_validation_set(smoke_run):
+def test_figures_are_the_health_of_the_whole_validation_set(monitored_run):
     """Known answer: the monitor's figures equal AttentionHealth over every validation batch of the final model."""
-    cli, _, _ = smoke_run
+    cli, _ = monitored_run
     model = cli.model.model.eval()
     health = AttentionHealth()
     with torch.no_grad():

@@ -3,16 +3,14 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import ROOT
 from data.datamodule import BucketBatchSampler, TextDataModule, collate
 from data.sources import DataError, load_splits, stratified_split
 from data.tokenizer import PAD_ID, load_tokenizer, train_tokenizer
-
-ROOT = Path(__file__).resolve().parents[1]
 
 POSITIVE = ["a great film", "wonderful and moving", "i loved it", "brilliant acting", "a joy to watch", "superb"]
 NEGATIVE = ["a dull mess", "boring and slow", "i hated it", "terrible acting", "a waste of time", "awful"]

@@ -1,6 +1,7 @@
 """Head gates, importance, ablation and pruning: inference/heads.py, bench/prune_heads.py, NetworkConfig.layer_heads."""
 
 import json
+import random
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from inference import TextClassifier
 from inference.classifier import read_checkpoint
 from inference.heads import accuracy, batches, head_importance, least_important, prune_checkpoint
 from model.config import ConfigError, NetworkConfig
-from test_explain import KINDS, save_checkpoint, tiny_classifier
+from test_explain import KINDS, WORDS, save_checkpoint, tiny_classifier
 
 SYNTHETIC = {"dataset": "synthetic", "data_dir": None, "train_file": None, "val_file": None, "test_file": None,
              "text_column": None, "label_column": None, "val_fraction": 0.1, "seed": 0}
@@ -70,7 +71,26 @@ def test_importance_is_the_gradient_of_the_loss_with_respect_to_the_gate():
             losses.append(float(F.cross_entropy(classifier.model(token_ids, mask).logits, labels)))
     layer.head_gate = None
     assert float(importance[1][0]) == pytest.approx(abs(losses[0] - losses[1]) / (2 * eps), rel=1e-2, abs=1e-6)
-    assert accuracy(classifier.model, data) == accuracy(classifier.model, data, removed=None)
+
+
+def test_accuracy_counts_right_argmaxes_and_ablation_zeroes_exactly_one_gate():
+    classifier = tiny_classifier()
+    rng = random.Random(0)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 10))) for _ in range(40)]
+    predicted = [classifier.label_names.index(p.label) for p in classifier.predict(texts)]
+    # Labels = the full network's own predictions, so its accuracy is exactly 1 and an ablation shows as a drop.
+    data = batches(classifier, texts, predicted, batch_size=16)  # sorted by length: batches of 16, 16 and 8
+    predicted = torch.cat([labels for _, _, labels in data]).tolist()  # in the batches' order
+    assert accuracy(classifier.model, data) == 1.0
+    layer = classifier.model.blocks[0].attention
+    layer.head_gate = torch.tensor([0.0, 1.0])  # head 0 of layer 0 cut by hand
+    with torch.no_grad():
+        ablated = torch.cat([classifier.model(t, m).logits.argmax(-1) for t, m, _ in data]).tolist()
+    layer.head_gate = None
+    changed = sum(a != p for a, p in zip(ablated, predicted))
+    assert changed > 0  # else the comparison below could not tell ablation from none
+    assert accuracy(classifier.model, data, removed=(0, 0)) == (len(texts) - changed) / len(texts)
+    assert layer.head_gate is None and accuracy(classifier.model, data) == 1.0  # the gate is taken off again
 
 
 def test_least_important_keeps_a_head_per_layer_and_refuses_too_many():

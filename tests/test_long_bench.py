@@ -1,24 +1,14 @@
 """bench/long.py runs and reports what it promises: a smoke run ends with the JSON summary and writes its plot;
 the growth exponent gives known answers. No timing is asserted."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_long", ROOT / "bench" / "long.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench import long as bench
 
 
 def test_growth_exponent_of_known_powers():
-    bench = load_bench()
     lengths = [512, 1024, 2048, 4096]
     assert bench.growth_exponent(lengths, [L * 1e-6 for L in lengths]) == pytest.approx(1.0)
     assert bench.growth_exponent(lengths, [L**2 * 1e-9 for L in lengths]) == pytest.approx(2.0)
@@ -26,7 +16,6 @@ def test_growth_exponent_of_known_powers():
 
 
 def test_smoke_run_ends_with_the_summary_and_writes_the_plot(tmp_path, capsys):
-    bench = load_bench()
     bench.main(["--smoke", "--threads", "1", "--plot", str(tmp_path / "long.png")])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["largest_common_length"] == 32

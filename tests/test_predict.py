@@ -15,43 +15,14 @@ import torch
 
 import predict
 import train
+from conftest import LABELS, QUIET, ROOT, SMOKE, TEXTS
 from inference import CheckpointError, TextClassifier
-
-ROOT = Path(__file__).resolve().parents[1]
-SMOKE = str(ROOT / "configs" / "smoke.yaml")
-QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
-LABELS = ["alpha first", "beta first", "no marker"]  # names, so a class index can never pass for a label
-TEXTS = ["w1 alpha w2 beta w3", "beta w4 alpha", "w5 w6 w7", "alpha beta w8 w9 w10 w11 w12 w13 w14 w15 w16"]
-
-
-def marker_dataset(n: int = 1500, seed: int = 0) -> list[tuple[str, str]]:
-    """Which of two markers comes first, or neither: three classes with string names. Thirty filler words, so the
-    tokenizer fills the smoke config's 64-entry vocabulary (a smaller one trips Lightning's hparams merge)."""
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        words = [f"w{rng.randrange(30)}" for _ in range(rng.randint(4, 10))]
-        kind = rng.randrange(3)
-        if kind < 2:
-            first, second = ("alpha", "beta") if kind == 0 else ("beta", "alpha")
-            i, j = sorted(rng.sample(range(len(words) + 2), 2))
-            words.insert(i, first)
-            words.insert(j, second)
-        rows.append((" ".join(words), LABELS[kind]))
-    return rows
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("predict")
-    train_file = tmp_path / "markers.csv"
-    with open(train_file, "w", newline="") as f:
-        csv.writer(f).writerows([("text", "label"), *marker_dataset()])
-    cli = train.main([
-        "fit", "--config", SMOKE, "--data.train_file", str(train_file), "--data.cache_dir", str(tmp_path / "cache"),
-        "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.max_epochs", "2", *QUIET,
-    ])
-    return tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", cli
+def run(smoke_run):
+    """The session's smoke run (tests/conftest.py): its last checkpoint and the fit's LightningCLI."""
+    return smoke_run.last, smoke_run.cli
 
 
 @pytest.fixture(scope="module")
@@ -322,17 +293,6 @@ def test_heatmaps_do_import_matplotlib(ckpt, tmp_path):
     result = script("--ckpt", ckpt, "--attention-png", tmp_path, "alpha beta", python_flags=["-X", "importtime"])
     assert result.returncode == 0
     assert "matplotlib" in imported_top_level_modules(result.stderr)
-
-
-@pytest.mark.slow
-def test_speed_bench_smoke_run_ends_with_json_figures():
-    result = subprocess.run(
-        [sys.executable, "bench/predict_speed.py", "--smoke", "--threads", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
-    )
-    figures = json.loads(result.stdout.strip().splitlines()[-1])
-    for key in ("sentences_per_s", "single_text_latency_ms", "predict_py_startup_s"):
-        assert figures[key] > 0, key
 
 
 def test_a_checkpoint_of_the_first_layout_loads_with_the_same_predictions(ckpt, classifier, tmp_path):
