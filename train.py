@@ -41,7 +41,7 @@ from data.files import WriteError, reason
 from data.pretraining import PretrainDataModule
 from inference.classifier import CheckpointError, read_pretraining_checkpoint
 from model.config import ConfigError, NetworkConfig
-from training.checkpoints import AtomicCheckpointIO, check_checkpoint, check_readable, resolve
+from training.checkpoints import check_checkpoint, check_readable, resolve
 from training.module import ClassifierModule, NonFiniteLossError
 from training.pretraining import PretrainModule, check_pretrained
 
@@ -249,7 +249,8 @@ def cli(args=None, run=True):
         save_config_kwargs={"overwrite": True},
         trainer_defaults={
             "use_distributed_sampler": False,  # BucketBatchSampler shards batches across processes itself
-            "plugins": [AtomicCheckpointIO()],  # checkpoints replaced whole or not at all (data/files.py)
+            # Checkpoints replaced whole or not at all (data/files.py); a class path, so config.yaml reruns.
+            "plugins": [{"class_path": "training.checkpoints.AtomicCheckpointIO"}],
             "logger": {
                 "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
                 "init_args": {"save_dir": ".", "name": "lightning_logs", "default_hp_metric": False},

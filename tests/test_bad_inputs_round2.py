@@ -417,3 +417,15 @@ def test_health_figures_cover_the_heads_each_layer_has():
     assert [len(v) for v in figures.verdicts()] == [1, 2] and figures.heads == [1, 2]
     assert figures.entropy[0, 1].isnan() and not figures.entropy[1].isnan().any()
     assert figures.weight_sample[0, 1].isnan().all() and not figures.weight_sample[1].isnan().any()
+
+
+def test_running_out_of_gpu_memory_is_one_line(tmp_path, monkeypatch):
+    from training.module import ClassifierModule
+
+    def out_of_memory(self, batch, batch_idx):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 240.00 GiB")
+
+    monkeypatch.setattr(ClassifierModule, "training_step", out_of_memory)
+    with pytest.raises(SystemExit) as stop:
+        fit(tmp_path, "--trainer.max_epochs", "1")
+    assert error_line(stop) == "error: out of memory on the GPU; lower data.batch_size or data.max_length"
