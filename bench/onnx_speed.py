@@ -1,7 +1,7 @@
 """onnxruntime against PyTorch: throughput on a checkpoint, and the largest differences of an export.
 
-    python bench/onnx_speed.py --ckpt lightning_logs/version_0     # SST-2 validation texts, 1 thread each
-    python bench/onnx_speed.py --kinds                             # tiny random model of every attention kind
+    python -m bench.onnx_speed --ckpt lightning_logs/version_0     # SST-2 validation texts, 1 thread each
+    python -m bench.onnx_speed --kinds                             # tiny random model of every attention kind
 
 --ckpt exports the checkpoint (export.py, without and with --attention) to a temporary folder, then classifies the
 dataset's validation texts (default SST-2) both ways with the same batching (sorted by length, batches of
@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("bench.onnx_speed")
 
 
@@ -108,27 +107,56 @@ def throughput(args) -> dict:
             "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
+KINDS = {"full": {}, "local": {"window": 2}, "sparse": {"window": 2, "global_tokens": 1},
+         "linformer": {"projection_length": 4}}
+WORDS = [f"w{i}" for i in range(20)] + ["alpha", "beta", "好", "差"]
+KIND_TEXTS = ["w1 alpha w2 beta w3 w4 w5 w6 w7", "beta 好 差", "alpha", "w3 [PAD] w4 zzz", "w8 w9 w10 w11 w12 w13"]
+
+
+def tiny_checkpoint(kind: str, path: Path):
+    """A random 2-layer network of the kind with a word tokenizer, saved in train.py's checkpoint layout."""
+    import random
+
+    from data.tokenizer import train_tokenizer
+    from inference import TextClassifier
+    from model import AttentionClassifier, NetworkConfig
+
+    rng = random.Random(0)
+    tokenizer = train_tokenizer([" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(200)], vocab_size=64,
+                                max_length=12, kind="word")
+    torch.manual_seed(0)
+    config = NetworkConfig(vocab_size=64, num_classes=2, max_length=12, d_model=16, n_heads=2, n_layers=2, d_ff=32,
+                           attention=kind, **KINDS[kind])
+    classifier = TextClassifier(AttentionClassifier(config), tokenizer, ["neg", "pos"], device="cpu")
+    torch.save({"state_dict": {f"model.{k}": v for k, v in classifier.model.state_dict().items()},
+                "hyper_parameters": {"network": config.to_dict()},
+                "TextDataModule": {"tokenizer": tokenizer.to_str(), "label_names": ["neg", "pos"], "max_length": 12}},
+               path)
+    return classifier
+
+
 def kinds() -> dict:
-    sys.path.insert(0, str(ROOT / "tests"))
     import export
-    from test_explain import KINDS, save_checkpoint, tiny_classifier
-    from test_export import TEXTS, run_onnx
+    from tokenizers import Tokenizer
 
     figures = {}
     with tempfile.TemporaryDirectory() as folder:
         for kind in KINDS:
-            classifier = tiny_classifier(kind)
-            out = Path(folder) / kind
-            ckpt = save_checkpoint(classifier, Path(folder) / f"{kind}.ckpt")
+            out, ckpt = Path(folder) / kind, Path(folder) / f"{kind}.ckpt"
+            classifier = tiny_checkpoint(kind, ckpt)
             assert export.main(["--ckpt", str(ckpt), "--out", str(out), "--attention"]) == 0
-            config, _, _, outputs = run_onnx(out, TEXTS)
-            predictions = classifier.predict(TEXTS, attention=True)
-            ids, _, _ = classifier.encode(TEXTS)
+            labels = json.loads((out / "config.json").read_text())["labels"]
+            encodings = Tokenizer.from_file(str(out / "tokenizer.json")).encode_batch(KIND_TEXTS)
+            feed = {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+                    "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64)}
+            run = session(out / "model.onnx", 1)
+            outputs = dict(zip([o.name for o in run.get_outputs()], run.run(None, feed)))
+            predictions = classifier.predict(KIND_TEXTS, attention=True)
             probabilities = torch.tensor(outputs["logits"]).softmax(-1).numpy()
             probability, weight = 0.0, 0.0
             for row, prediction in enumerate(predictions):
-                n = len(ids[row])
-                expected = [prediction.probabilities[name] for name in config["labels"]]
+                n = sum(encodings[row].attention_mask)
+                expected = [prediction.probabilities[name] for name in labels]
                 probability = max(probability, float(np.abs(probabilities[row] - expected).max()))
                 for layer in range(classifier.model.config.n_layers):
                     got = outputs[f"attention.{layer}"][row, :, :n]

@@ -1,9 +1,9 @@
 """serve.py under load: N requests at concurrency C, texts from a dataset's validation split.
 
-    python bench/serve_load.py --ckpt lightning_logs/version_0                 # starts serve.py, 2,000 × 32
-    python bench/serve_load.py --url http://127.0.0.1:8000 --requests 500    # a server that is already running
-    python bench/serve_load.py --ckpt ... --kill worker --kill-after 500      # SIGKILL the worker mid-load
-    python bench/serve_load.py --ckpt ... --kill server --kill-after 500      # SIGKILL the server, start it again
+    python -m bench.serve_load --ckpt lightning_logs/version_0                 # starts serve.py, 2,000 × 32
+    python -m bench.serve_load --url http://127.0.0.1:8000 --requests 500    # a server that is already running
+    python -m bench.serve_load --ckpt ... --kill worker --kill-after 500      # SIGKILL the worker mid-load
+    python -m bench.serve_load --ckpt ... --kill server --kill-after 500      # SIGKILL the server, start it again
                                                                               # (no request is sent until it is up)
 
 Each client thread sends its requests one after another on one keep-alive connection (a new one after an error):
