@@ -1,9 +1,9 @@
 """From scratch against pretrained, per dataset, next to the n-gram peers, with minutes per stage:
 
-    python bench/pretraining.py --datasets chnsenticorp_htl --seeds 0 1 2
-    python bench/pretraining.py --datasets chnsenticorp_htl --settings scratch pretrained_unlabeled --seeds 0 \\
+    python -m bench.pretraining --datasets chnsenticorp_htl --seeds 0 1 2
+    python -m bench.pretraining --datasets chnsenticorp_htl --settings scratch pretrained_unlabeled --seeds 0 \\
         --pretrain-minutes 20 -- --trainer.max_epochs 8
-    python bench/pretraining.py --reproduce chnsenticorp_htl --seed 0     # bench/reproduce.sh: last line test_acc
+    python -m bench.pretraining --reproduce chnsenticorp_htl --seed 0     # bench/reproduce.sh: last line test_acc
 
 Settings, each fine-tuned with `train.py fit --data.dataset <name>` and no config (the generic default, as a user
 without a config gets it) for every seed, its best-validation checkpoint scored once on the reported split (test
@@ -34,10 +34,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-from bench.accuracy import fasttext_accuracy, nb_logreg, report_split, score_run, tfidf_logreg  # noqa: E402
-from data.sources import DATA_ROOT_ENV, load_splits  # noqa: E402
+from bench.accuracy import fasttext_accuracy, nb_logreg, report_split, score_run, tfidf_logreg
+from data.sources import DATA_ROOT_ENV, load_splits
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN_CONFIG = ROOT / "configs" / "pretrain.yaml"

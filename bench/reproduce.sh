@@ -14,4 +14,4 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 [ -d ../shared/data ] && export ATTENTION_DATA_ROOT=${ATTENTION_DATA_ROOT:-$(cd ../shared/data && pwd)}
-exec "$PY" bench/pretraining.py --reproduce "$1" --seed "${2:-0}" --threads "$OMP_NUM_THREADS"
+exec "$PY" -m bench.pretraining --reproduce "$1" --seed "${2:-0}" --threads "$OMP_NUM_THREADS"
