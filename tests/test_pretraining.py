@@ -332,3 +332,24 @@ def test_texts_too_short_to_mask_are_one_line(tmp_path, capsys):
         files[split] = write_lines(tmp_path / f"{split}.csv", rows)
     message = run_error(capsys, pretrain, tmp_path, files=files)
     assert "texts too short to mask" in message
+
+
+def test_word_vector_baseline_is_a_checkpoint_fine_tuning_starts_from(tmp_path):
+    pytest.importorskip("fasttext")
+    from bench.pretraining import word_vector_checkpoint
+    from inference.classifier import read_pretraining_checkpoint
+    from model.classifier import AttentionClassifier
+    from training.pretraining import load_encoder
+
+    files = labelled_files(tmp_path)
+    target = tmp_path / "word_vectors.ckpt"
+    word_vector_checkpoint(["--data.train_file", str(files["train"]), "--data.val_file", str(files["validation"]),
+                            "--data.cache_dir", str(tmp_path / "cache"), *TINY], target)
+    checkpoint = read_pretraining_checkpoint(target)
+    table = checkpoint["state_dict"]["model.token_embedding.weight"]
+    assert checkpoint["hyper_parameters"]["objective"] == "fasttext-skipgram"
+    assert table.shape[1] == 16 and abs(float(table.std()) - 1.0) < 1e-4
+    network = NetworkConfig.from_dict(checkpoint["hyper_parameters"]["network"])
+    classifier = AttentionClassifier(network)
+    load_encoder(classifier, str(target))
+    assert torch.equal(classifier.token_embedding.weight, table)
