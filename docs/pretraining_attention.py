@@ -71,8 +71,8 @@ def draw(runs: dict, text: str, out: Path, max_tokens: int) -> None:
             ax.set_xticks(np.arange(n_heads) + width * (len(runs) - 1) / 2, [f"head {h}" for h in range(n_heads)])
             ax.set_ylabel(label)
             ax.legend(fontsize=7)
-        figure.suptitle(f'Layer 0 attention on "{text[:60]}…", fine-tuned from scratch and from pretraining '
-                        "(bars: over the validation texts)", fontsize=9)
+        figure.suptitle(f'Layer 0 on "{text[:24]}…": from scratch (top) and from pretraining (middle); '
+                        "bars: over the validation texts", fontsize=9)
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=130)
 
