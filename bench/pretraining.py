@@ -136,8 +136,14 @@ def word_vector_checkpoint(pretrain_arguments: list[str], target: Path) -> None:
             ids = split.ids[split.offsets[i] : split.offsets[i + 1]].tolist()
             f.write(" ".join(tokenizer.id_to_token(t) for t in ids) + "\n")
     try:  # whole tokens (no character n-grams: the vocabulary is fixed), one thread as everything here
-        vectors = fasttext.train_unsupervised(f.name, model="skipgram", dim=network.d_model, epoch=5, minCount=1,
-                                              minn=0, maxn=0, thread=1, verbose=0)
+        for lr in (0.05, 0.025, 0.01):  # fastText's default first; its SGD can diverge ("Encountered NaN") on
+            try:                    # a small text, then a smaller step
+                vectors = fasttext.train_unsupervised(f.name, model="skipgram", dim=network.d_model, epoch=5,
+                                                      minCount=1, minn=0, maxn=0, thread=1, verbose=0, lr=lr)
+                break
+            except RuntimeError as e:
+                if "NaN" not in str(e) or lr == 0.01:
+                    raise
     finally:
         os.unlink(f.name)
     table = torch.stack([torch.from_numpy(vectors.get_word_vector(tokenizer.id_to_token(i)).copy())
