@@ -108,15 +108,15 @@ def load_classifier(paths: list[str], device: str):
 
 
 def model_metadata(paths: list[str]) -> dict:
-    """What GET /info says about the model, read from the checkpoints (safely: inference's read_checkpoint)."""
-    from inference.classifier import network_config, read_checkpoint
+    """What GET /info says about the model, read from the checkpoints (safely: model/checkpoint.py)."""
     from inference.ensemble import resolve_checkpoint
+    from model.checkpoint import network_config, read_checkpoint, stored_label_names
 
     members = []
     for path in paths:
         file = resolve_checkpoint(path)
         checkpoint = read_checkpoint(file)
-        labels = list(checkpoint["TextDataModule"]["label_names"])
+        labels = stored_label_names(checkpoint)
         config = network_config(checkpoint["hyper_parameters"], labels)
         members.append({"checkpoint": file.name, "labels": labels, "attention": config.attention,
                         "max_length": config.max_length, "network": config.to_dict(),

@@ -34,14 +34,13 @@ import torch
 import yaml
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.loggers import TensorBoardLogger
 
 from data import DataError, TextDataModule
 from data.files import WriteError, reason
 from data.pretraining import PretrainDataModule
-from inference.classifier import CheckpointError, read_pretraining_checkpoint
+from model.checkpoint import CheckpointError, read_checkpoint, read_pretraining_checkpoint
 from model.config import ConfigError, NetworkConfig
-from training.checkpoints import check_checkpoint, check_readable, resolve
+from training.checkpoints import SPECIAL_NAMES, check_fits, check_layout, resolve
 from training.module import ClassifierModule, NonFiniteLossError
 from training.pretraining import PretrainModule, check_pretrained
 
@@ -80,8 +79,23 @@ class CLI(LightningCLI):
         # LightningCLI then reads the checkpoint's hyperparameters into the config (so `validate --ckpt_path X`
         # rebuilds X's network); make sure first that the file is a safe, readable checkpoint of this project.
         subcommand = self.config.get("subcommand")
-        if subcommand:
-            check_readable(self.config[subcommand].get("ckpt_path"))
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and ckpt_path not in SPECIAL_NAMES:
+            self.read(ckpt_path)
+
+    def read(self, path) -> dict:
+        """The checkpoint at `path`, read safely and checked for its layout, once per run (train.py needs it at
+        parse time and again before the run starts; Lightning then restores it itself)."""
+        path = Path(path)
+        cached = getattr(self, "checkpoint", None)
+        if cached is None or cached[0] != path.resolve():
+            self.checkpoint = (path.resolve(), self.load_checkpoint(path))
+        return self.checkpoint[1]
+
+    def load_checkpoint(self, path: Path) -> dict:
+        checkpoint = read_checkpoint(path)
+        check_layout(path, checkpoint)
+        return checkpoint
 
     def before_instantiate_classes(self):
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -100,17 +114,28 @@ class CLI(LightningCLI):
             raise CheckpointError("--ckpt_path best: there is no fit in this process to take the best checkpoint of; "
                                   "give its file (lightning_logs/version_N/checkpoints/best-*.ckpt) or last")
         # `--ckpt_path last` resumes the newest run: log into that run's version so its last.ckpt is found.
-        if config.get("ckpt_path") == "last" and logger_args is not None and logger_args.get("version") is None:
+        ckpt_path, resumed = config.get("ckpt_path"), None
+        if ckpt_path == "last" and logger_args is not None and logger_args.get("version") is None:
             runs = Path(logger_args.get("save_dir") or ".") / (logger_args.get("name") or "lightning_logs")
             resumable = sorted(runs.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
             if resumable:
                 logger_args["version"] = resumable[-1].parent.parent.name
+                resumed = resumable[-1]
             elif self.subcommand in ("fit", None):
                 log.warning("--ckpt_path last: no run under %s has a last.ckpt yet (stopped before its first "
                             "checkpoint?): starting a fresh run", runs)
             else:  # validating, testing or predicting with random weights would look like a result
                 raise CheckpointError(f"--ckpt_path last: no run under {runs} has a last.ckpt, so there is nothing to "
                                       f"{self.subcommand}; train first, or give a checkpoint file")
+        elif ckpt_path and ckpt_path not in SPECIAL_NAMES:
+            resumed = ckpt_path
+        class_path = str(logger.get("class_path", "")) if logger_args is not None else ""
+        if self.subcommand == "fit" and resumed is not None and class_path.endswith("TensorBoardLogger"):
+            # Resuming: hide what an interrupted run logged after this checkpoint, so no step appears twice.
+            # TensorBoardLogger hands its extra keyword arguments to the SummaryWriter it creates.
+            step = self.read(resumed).get("global_step")
+            if step is not None:  # a weights-only checkpoint has none (and is refused for fit in before_fit)
+                logger_args["purge_step"] = step
 
     def instantiate_trainer(self, **kwargs):
         # The data are read by now (the links above built them). What was chosen from them goes into the config
@@ -137,15 +162,13 @@ class CLI(LightningCLI):
     def before_fit(self):
         # Before anything is written (config.yaml included): the checkpoint must be safe to read and fit this
         # config and data, else one line says what differs.
-        checkpoint = check_checkpoint(self.config[self.subcommand].get("ckpt_path"), self.trainer, self.model,
-                                      self.datamodule, resume=self.subcommand == "fit")
+        path = resolve(self.config[self.subcommand].get("ckpt_path"), self.trainer)
+        if path is not None:
+            check_fits(path, self.read(path), self.model.network, self.datamodule.label_names,
+                       resume=self.subcommand == "fit")
         if self.subcommand == "fit" and self.model.hparams.init_from:
             check_pretrained(self.model.hparams.init_from, self.model.network)
-        logger = self.trainer.logger
-        if self.subcommand == "fit" and checkpoint is not None and isinstance(logger, TensorBoardLogger):
-            # Resuming: hide what an interrupted run logged after this checkpoint, so no step appears twice.
-            # TensorBoardLogger hands its extra keyword arguments to the SummaryWriter it creates on first use.
-            logger._kwargs.setdefault("purge_step", checkpoint["global_step"])
+        self.checkpoint = None  # Lightning restores it from the file; no need to hold it for the whole run
 
     before_validate = before_test = before_predict = before_fit
 
@@ -161,22 +184,24 @@ class PretrainCLI(CLI):
     def parse_arguments(self, parser, args):
         LightningCLI.parse_arguments(self, parser, args)
         ckpt_path = (self.config["fit"] if "fit" in self.config else self.config).get("ckpt_path")
-        if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry"):
-            read_pretraining_checkpoint(ckpt_path)
+        if ckpt_path and ckpt_path not in SPECIAL_NAMES:
+            self.read(ckpt_path)
+
+    def load_checkpoint(self, path: Path) -> dict:
+        return read_pretraining_checkpoint(path)
 
     def before_fit(self):
         path = resolve(self.config["fit"].get("ckpt_path"), self.trainer)
         if path is None:
             return
-        checkpoint = read_pretraining_checkpoint(path)
+        checkpoint = self.read(path)
+        self.checkpoint = None
         trained = NetworkConfig.from_dict(checkpoint["hyper_parameters"]["network"])
         if trained != self.model.network:
             differences = [f"{name} {value!r} (this config: {getattr(self.model.network, name)!r})"
                            for name, value in trained.to_dict().items() if getattr(self.model.network, name) != value]
             raise CheckpointError(f"{path}: pretrained with {', '.join(differences)}; use the config it was trained "
                                   "with (its run's config.yaml: --config <run>/config.yaml)")
-        if isinstance(self.trainer.logger, TensorBoardLogger):
-            self.trainer.logger._kwargs.setdefault("purge_step", checkpoint["global_step"])
 
 
 def main(args=None):

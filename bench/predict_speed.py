@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from bench.common import CONFIGS, ROOT, network_config, read_config
-from data.tokenizer import train_tokenizer
+from data.tokenizer import stored_form, train_tokenizer
 from inference import TextClassifier
 from model import AttentionClassifier
 
@@ -69,8 +69,7 @@ def random_checkpoint(path: Path, texts: list[str], smoke: bool) -> Path:
         {
             "state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
             "hyper_parameters": {"network": network.to_dict(), "label_names": label_names},
-            "TextDataModule": {"tokenizer": tokenizer.to_str(), "label_names": label_names,
-                               "max_length": data["max_length"]},
+            "TextDataModule": {"tokenizer": stored_form(tokenizer.to_str())},  # the layout train.py writes
         },
         path,
     )

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from data.files import WriteError, describe, write_atomically
 from data.sources import DataError, Splits, load_splits, local_copy_dir
 from data.teacher import out_of_fold_probabilities
-from data.tokenizer import KINDS, UNK_ID, cut, load_tokenizer, pad, train_tokenizer, word_counts
+from data.tokenizer import KINDS, UNK_ID, cut, load_tokenizer, pad, stored_form, train_tokenizer, word_counts
 from model.config import MAX_LENGTH
 
 log = logging.getLogger(__name__)
@@ -325,7 +325,7 @@ class TextDataModule(L.LightningDataModule):
     def _pretrained_tokenizer(self):
         """The tokenizer, vocab_size and max_length of the pretraining checkpoint `tokenizer_from`: fine-tuning reads
         text exactly as pretraining did. data.vocab_size / data.max_length, when set, must be the same."""
-        from inference.classifier import read_pretraining_checkpoint  # here: inference imports data.tokenizer
+        from model.checkpoint import read_pretraining_checkpoint
 
         path, hp = self.hparams.tokenizer_from, self.hparams
         checkpoint = read_pretraining_checkpoint(path)
@@ -402,30 +402,24 @@ class TextDataModule(L.LightningDataModule):
         return self._loader("test" if "test" in self.state["splits"] else "validation", shuffle=False)
 
     def state_dict(self) -> dict:
-        """Saved in every checkpoint: what turns raw text into the model's input, and the label names."""
-        return {"tokenizer": self.state["tokenizer"], "label_names": self.label_names, "max_length": self.max_length}
+        """Saved in every checkpoint: the tokenizer that turns raw text into the model's input (stored_form: its
+        max_length and the label names are stored once, in the model's hyperparameters)."""
+        return {"tokenizer": stored_form(self.state["tokenizer"])}
 
     def load_state_dict(self, state: dict) -> None:
-        """A checkpoint restored for fit (resume), validate, test or predict: the data must be encoded the way the
-        model was trained. Lightning calls this before it builds the dataloaders, so they see what is set here.
+        """A checkpoint restored for fit (resume), validate, test or predict: the data must be encoded with the
+        tokenizer the model was trained with. Lightning calls this before it builds the dataloaders, so they see
+        what is set here. (train.py has checked the checkpoint's label names and max_length against these data
+        before: training/checkpoints.py.)
 
-        The label names and max_length must be the checkpoint's. A tokenizer that differs from the one trained on
-        these data (one trained before a CACHE_VERSION change, or by another `tokenizers` release) is adopted: the
-        splits are read and encoded again with it, in memory (the cache keeps the data's own tokenizer)."""
-        if state.get("label_names") != self.label_names:
-            raise DataError(
-                f"the checkpoint's label names {state.get('label_names')} differ from these data's {self.label_names}; "
-                "use the data the checkpoint was trained on (its run's config.yaml)"
-            )
-        if state.get("max_length") != self.max_length:
-            raise DataError(
-                f"the checkpoint's max_length {state.get('max_length')} differs from data.max_length "
-                f"{self.max_length}; use the checkpoint's (its run's config.yaml)"
-            )
-        if state.get("tokenizer") != self.state["tokenizer"]:
+        A tokenizer that differs from the one trained on these data (one trained before a CACHE_VERSION change, or
+        by another `tokenizers` release) is adopted: the splits are read and encoded again with it, in memory (the
+        cache keeps the data's own tokenizer). Checkpoints before 2026-12 also hold label_names and max_length here,
+        copies of the model's; they are not read."""
+        if stored_form(state["tokenizer"]) != stored_form(self.state["tokenizer"]):
             log.info("the checkpoint's tokenizer differs from the one trained on these data: "
                      "encoding them with the checkpoint's")
-            tokenizer = load_tokenizer(state["tokenizer"])
+            tokenizer = load_tokenizer(state["tokenizer"], max_length=self.max_length)
             sizes = {key: self._state[key] for key in ("max_length", "vocab_size")}
             teacher_probs = self._state["splits"]["train"].teacher_probs  # same texts, same order
             self._state = {**self._encode(tokenizer, self._read_splits(), self.max_length), **sizes}

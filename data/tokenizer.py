@@ -139,8 +139,20 @@ def without_added_tokens(tokenizer: Tokenizer, keep: tuple[str, ...]) -> Tokeniz
     return Tokenizer.from_str(json.dumps(config))
 
 
-def load_tokenizer(json_string: str) -> Tokenizer:
-    return Tokenizer.from_str(json_string)
+def load_tokenizer(json_string: str, max_length: int | None = None) -> Tokenizer:
+    """The tokenizer a JSON string holds; with max_length, it cuts encodings to that many tokens."""
+    tokenizer = Tokenizer.from_str(json_string)
+    if max_length is not None:
+        tokenizer.enable_truncation(max_length)
+    return tokenizer
+
+
+def stored_form(json_string: str) -> str:
+    """A tokenizer's JSON as a checkpoint stores it: without truncation, since max_length is stored once, with the
+    network's settings. Two tokenizers encode alike when their stored forms are equal."""
+    tokenizer = Tokenizer.from_str(json_string)
+    tokenizer.no_truncation()
+    return tokenizer.to_str()
 
 
 # Texts are cut to this many characters per token of max_length before tokenizing, so a 1 MB line costs no more

@@ -4,37 +4,32 @@
     classifier = TextClassifier.from_checkpoint("lightning_logs/version_0/checkpoints/last.ckpt")
     classifier.predict(["a charming and affecting journey"])[0].label
 
-A checkpoint is self-contained: the network's sizes (hyper_parameters), its weights (state_dict, keys prefixed
-"model."), and the tokenizer and label names the DataModule saved under "TextDataModule". It is read with
-`torch.load(weights_only=True)` only, so a file from a stranger cannot run code; anything that is not such a
-checkpoint raises CheckpointError with one line naming the file and what is wrong.
+A checkpoint is self-contained: the network's settings and label names (hyper_parameters), its weights
+(state_dict) and the tokenizer (under "TextDataModule"), each stored once (model/checkpoint.py, which reads it safely:
+anything that is not such a checkpoint raises CheckpointError with one line naming the file and what is wrong).
 """
 
-import pickle
-import zipfile
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 from tokenizers import Tokenizer
 
 from data.tokenizer import CHARS_PER_TOKEN_BOUND, UNK_ID, cut, pad
+from model.checkpoint import CheckpointError, network_config, read_checkpoint, stored_label_names
 from model.classifier import AttentionClassifier
-from model.config import NetworkConfig
 
 
 # A text cut before tokenizing has its own length in tokens counted on at most this many characters (a fraction of
 # a second); a longer one reports the length of those, a lower bound.
 COUNT_CHARACTERS = 1_000_000
 
+__all__ = ["CheckpointError", "Prediction", "TextClassifier", "length_is_lower_bound", "network_config",
+           "read_checkpoint"]
+
 
 def length_is_lower_bound(text: str) -> bool:
     """True when a truncated text's reported length in tokens is a lower bound (see TextClassifier.encode)."""
     return len(text) > COUNT_CHARACTERS
-
-
-class CheckpointError(ValueError):
-    """The file is missing, unreadable, unsafe, or not a checkpoint of this project."""
 
 
 @dataclass
@@ -77,99 +72,6 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return device
 
 
-def read_checkpoint(path) -> dict:
-    """The checkpoint dict of a classifier, read safely; CheckpointError (one line, naming the file) on anything
-    else."""
-    checkpoint = load_safely(path)
-    data = checkpoint.get("TextDataModule")
-    if not isinstance(data, dict) and isinstance(checkpoint.get(PRETRAINING_DATA), dict):
-        raise CheckpointError(f"{path}: a pretraining checkpoint (train.py pretrain), not a classifier: fine-tune a "
-                              f"classifier from it with `train.py fit --model.init_from {path}`")
-    if not isinstance(data, dict) or not isinstance(data.get("tokenizer"), str) or not data.get("label_names"):
-        raise CheckpointError(
-            f"{path}: no tokenizer and label names (the 'TextDataModule' entry train.py saves is missing or incomplete)"
-        )
-    return checkpoint
-
-
-PRETRAINING_DATA = "PretrainDataModule"  # where Lightning saves the pretraining DataModule's state (its class name)
-
-
-def read_pretraining_checkpoint(path) -> dict:
-    """A checkpoint written by `train.py pretrain`, read safely: hyper_parameters (network, objective), the
-    encoder's weights, and the tokenizer under PRETRAINING_DATA; CheckpointError (one line) on anything else."""
-    checkpoint = load_safely(path)
-    if isinstance(checkpoint.get("TextDataModule"), dict):
-        raise CheckpointError(f"{path}: a classifier checkpoint, not a pretraining one: --model.init_from takes a "
-                              "checkpoint written by `train.py pretrain` (to continue this classifier's training, "
-                              "give it as --ckpt_path)")
-    data, hparams = checkpoint.get(PRETRAINING_DATA), checkpoint["hyper_parameters"]
-    if not isinstance(data, dict) or not isinstance(data.get("tokenizer"), str) or "objective" not in hparams \
-            or not isinstance(hparams.get("network"), dict):
-        raise CheckpointError(f"{path}: not a pretraining checkpoint of this project (no tokenizer, network and "
-                              "objective as `train.py pretrain` writes them)")
-    return checkpoint
-
-
-def load_safely(path) -> dict:
-    """A checkpoint file of this project's layout (state_dict, hyper_parameters), read with weights_only."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: file not found")
-    if path.is_dir():
-        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
-    with open(path, "rb") as file:
-        head = file.read(4)
-    if not head:
-        raise CheckpointError(f"{path}: empty file, not a checkpoint")
-    if head == b"PK\x03\x04" and not zipfile.is_zipfile(path):  # torch.save writes a zip archive
-        raise CheckpointError(f"{path}: truncated or damaged: the archive has no end (central directory)")
-    if head[:1] == b"\x80":  # a pickle protocol marker: pickle.dump output, or torch's pre-1.6 format
-        raise CheckpointError(f"{path}: a plain pickle file, not a checkpoint written by train.py (a zip archive); "
-                              "it is not loaded, since unpickling can run code")
-    if head != b"PK\x03\x04":
-        raise CheckpointError(f"{path}: not a checkpoint written by train.py (not a zip archive)")
-    try:
-        # map_location="cpu": a checkpoint saved on a GPU loads on a machine without one; moved to the device later.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        # weights_only refuses anything but tensors and plain data; torch's message names what it refused.
-        details = [line.strip() for line in str(e).splitlines() if line.strip()]
-        refused = next((line for line in details if "GLOBAL" in line or "global" in line), None)
-        if refused:
-            raise CheckpointError(
-                f"{path}: refused to load: it holds objects other than tensors and plain data, "
-                f"which could run code ({refused})"
-            ) from e
-        reason = next((line for line in details if line.startswith("Unsupported")), details[-1] if details else "")
-        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint (corrupt?): {reason}") from e
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint (truncated or corrupt?): {reason}") from e
-    if not isinstance(checkpoint, dict):
-        kind = type(checkpoint).__name__
-        raise CheckpointError(f"{path}: not a checkpoint of this project: holds a {kind}, not a dict")
-    missing = [key for key in ("state_dict", "hyper_parameters") if not isinstance(checkpoint.get(key), dict)]
-    if missing:
-        raise CheckpointError(f"{path}: not a checkpoint of this project: missing {', '.join(map(repr, missing))}")
-    return checkpoint
-
-
-def network_config(hparams: dict, label_names: list[str]) -> NetworkConfig:
-    """The NetworkConfig a checkpoint stores under hyper_parameters["network"]. Checkpoints written before it
-    existed kept the same settings flat in hyper_parameters; they are read the same way."""
-    if "network" in hparams:
-        config = NetworkConfig.from_dict(hparams["network"])
-    elif "vocab_size" in hparams:  # the flat layout of the first version
-        names = {f.name for f in fields(NetworkConfig)}
-        config = NetworkConfig(**{k: v for k, v in hparams.items() if k in names} | {"num_classes": len(label_names)})
-    else:
-        raise ValueError("hyper_parameters has no 'network' settings")
-    if config.num_classes != len(label_names):
-        raise ValueError(f"num_classes {config.num_classes} but {len(label_names)} label names")
-    return config
-
-
 class TextClassifier:
     """A trained network with its tokenizer, loaded once; `predict` turns texts into Predictions."""
 
@@ -177,23 +79,22 @@ class TextClassifier:
         self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
         self.label_names = list(label_names)
-        # Truncation is done here rather than by the tokenizer, so the full length of a cut text is known.
-        truncation = tokenizer.truncation
-        self.max_length = min(model.max_length, truncation["max_length"] if truncation else model.max_length)
+        # Texts are cut to the network's max_length here rather than by the tokenizer, so the full length of a cut
+        # text is known (a tokenizer from an older checkpoint may carry that same length as its truncation).
+        self.max_length = model.max_length
         tokenizer.no_truncation()
         self.tokenizer = tokenizer
 
     @classmethod
     def from_checkpoint(cls, path, device: str | torch.device = "auto") -> "TextClassifier":
         checkpoint = read_checkpoint(path)
-        hparams, data = checkpoint["hyper_parameters"], checkpoint["TextDataModule"]
-        label_names = list(data["label_names"])
+        labels = stored_label_names(checkpoint)
         try:
-            tokenizer = Tokenizer.from_str(data["tokenizer"])
+            tokenizer = Tokenizer.from_str(checkpoint["TextDataModule"]["tokenizer"])
         except Exception as e:  # the Rust tokenizer raises a plain Exception on bad JSON
             raise CheckpointError(f"{path}: the tokenizer saved in the checkpoint is unreadable: {e}") from e
         try:
-            model = AttentionClassifier(network_config(hparams, label_names))
+            model = AttentionClassifier(network_config(checkpoint["hyper_parameters"], labels))
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{path}: hyper_parameters do not describe a valid network: {e}") from e
         prefix = "model."
@@ -206,7 +107,7 @@ class TextClassifier:
             raise CheckpointError(
                 f"{path}: weights do not fit the network its hyper_parameters describe: {reason}"
             ) from e
-        return cls(model, tokenizer, label_names, device=device)
+        return cls(model, tokenizer, labels, device=device)
 
     def encode(self, texts: list[str]) -> tuple[list[list[int]], list[list[str]], list[int]]:
         """Token ids and tokens cut to max_length, and each text's own length in tokens. As in training, the ids

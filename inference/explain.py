@@ -23,7 +23,7 @@ tokens by the method replaced by [UNK], the drop in p_c for k = 1..5 (a random o
 permutations, is the floor). bench/faithfulness.py gives the same figures over a split.
 
 Attention kinds: full, local and sparse give token × token weights (local/sparse are unfolded to tokens with
-model.long_attention.token_window); linformer's keys are projections of the whole text, not tokens, so attention and
+monitor.views.token_window); linformer's keys are projections of the whole text, not tokens, so attention and
 rollout do not apply to it (scores None, with a note); the gradient methods and occlusion apply to every kind.
 """
 
@@ -36,7 +36,7 @@ from captum.attr import FeatureAblation, InputXGradient, IntegratedGradients
 
 from data.tokenizer import UNK_ID
 from inference.classifier import length_is_lower_bound
-from model.long_attention import has_virtual_keys, token_window
+from monitor.views import has_virtual_keys, token_window
 
 MAX_IG_STEPS = 1024  # Integrated Gradients converges within tens to a few hundred steps; more only costs time
 TOKENS_PER_PASS = 16384  # tokens of one text's copies per forward pass (see texts_per_pass)

@@ -26,7 +26,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from data.files import write_atomically
-from model.long_attention import dense_window
+from monitor.views import dense_window
 
 log = logging.getLogger(__name__)
 

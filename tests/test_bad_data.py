@@ -180,18 +180,6 @@ def test_a_checkpoint_with_another_tokenizer_has_the_data_encoded_with_it(tmp_pa
     assert "encoding them with the checkpoint's" in caplog.text
 
 
-def test_a_checkpoint_with_other_label_names_or_max_length_is_refused(tmp_path):
-    data = datamodule(tmp_path, max_length=128)
-    with pytest.raises(DataError) as error:
-        data.load_state_dict({**data.state_dict(), "label_names": ["negative", "positive"]})
-    assert one_line(error).startswith(
-        "the checkpoint's label names ['negative', 'positive'] differ from these data's ['neg', 'pos']"
-    )
-    with pytest.raises(DataError) as error:
-        data.load_state_dict({**data.state_dict(), "max_length": 64})
-    assert one_line(error).startswith("the checkpoint's max_length 64 differs from data.max_length 128")
-
-
 def test_lightning_restores_the_tokenizer_before_it_builds_the_loaders(tmp_path):
     import lightning as L
 

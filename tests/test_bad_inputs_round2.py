@@ -138,7 +138,7 @@ def test_prune_heads_reports_a_failed_save_in_one_line_and_writes_nothing(checkp
 def test_prune_heads_on_the_old_layout_names_the_upgrade_command_before_computing(checkpoint, monkeypatch):
     no_computation(monkeypatch)
     old = read_checkpoint(checkpoint)
-    old["hyper_parameters"] = dict(old["hyper_parameters"].pop("network"))
+    old["hyper_parameters"] = old["hyper_parameters"]["network"] | {"label_names": old["hyper_parameters"]["label_names"]}
     torch.save(old, checkpoint)
     with pytest.raises(SystemExit) as stop:
         prune_heads.main(["--ckpt", str(checkpoint)])
@@ -150,7 +150,7 @@ def test_upgrade_refuses_a_bad_target_in_one_line_and_keeps_the_source(checkpoin
     from training import checkpoints
 
     old = read_checkpoint(checkpoint)
-    old["hyper_parameters"] = dict(old["hyper_parameters"].pop("network"))
+    old["hyper_parameters"] = old["hyper_parameters"]["network"] | {"label_names": old["hyper_parameters"]["label_names"]}
     torch.save(old, checkpoint)
     before = digest(checkpoint)
     out = {"same": checkpoint, "directory": tmp_path, "failing": tmp_path / "new.ckpt"}[target]

@@ -209,3 +209,15 @@ def test_a_read_only_log_folder_is_one_line(tmp_path):
     finally:
         root.chmod(0o700)
     assert "permission denied" in one_error_line(result)
+
+
+def test_a_checkpoint_of_another_max_length_or_other_labels_is_refused_in_one_line():
+    from model.checkpoint import CheckpointError
+    from model.config import NetworkConfig
+    from training.checkpoints import check_fits
+
+    checkpoint = {"hyper_parameters": {"network": NetworkConfig(max_length=64).to_dict(), "label_names": ["0", "1"]}}
+    with pytest.raises(CheckpointError, match=r"^x.ckpt: trained with max_length 64 \(this config: 128\); use the"):
+        check_fits("x.ckpt", checkpoint, NetworkConfig(max_length=128), ["0", "1"])
+    with pytest.raises(CheckpointError, match=r"^x.ckpt: trained on label names \['0', '1'\], but this data has"):
+        check_fits("x.ckpt", checkpoint, NetworkConfig(max_length=64), ["neg", "pos"])

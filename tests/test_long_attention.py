@@ -14,10 +14,10 @@ from model.long_attention import (
     LocalSelfAttention,
     LongAttentionWeights,
     SparseSelfAttention,
-    token_window,
 )
 from monitor.health import AttentionHealth, normalized_entropy
 from monitor.heatmap import attention_figure
+from monitor.views import token_window
 
 B, L, D, H = 3, 11, 16, 4
 LENGTHS = [11, 7, 3]

@@ -223,6 +223,10 @@ def make_bad_checkpoint(kind: str, ckpt: Path, tmp_path: Path) -> Path:
         checkpoint = torch.load(ckpt, weights_only=True)
         del checkpoint["TextDataModule"]
         torch.save(checkpoint, path)
+    elif kind == "no label names":
+        checkpoint = torch.load(ckpt, weights_only=True)
+        del checkpoint["hyper_parameters"]["label_names"]
+        torch.save(checkpoint, path)
     elif kind.startswith("runs code"):
         payload = RunsCode()
         payload.marker = tmp_path / "code-ran"
@@ -239,7 +243,8 @@ BAD_CHECKPOINTS = {
     "corrupt": "not a checkpoint written by train.py (not a zip archive)",
     "truncated": "truncated or damaged",
     "foreign dict": "not a checkpoint of this project: missing 'state_dict', 'hyper_parameters'",
-    "no tokenizer": "no tokenizer and label names",
+    "no tokenizer": "no tokenizer (the 'TextDataModule' entry",
+    "no label names": "no label names (hyper_parameters 'label_names' is missing or empty)",
     "runs code": "refused to load",
     "runs code, bare pickle": "a plain pickle file",
 }
@@ -349,3 +354,39 @@ def test_special_token_strings_get_the_same_ids_and_prediction_in_validate_and_p
     validated = {tuple(row): probabilities for row, probabilities in seen}
     for text_ids, output in zip(ids, outputs):
         assert list(output["probabilities"].values()) == pytest.approx(validated[tuple(text_ids)], abs=1e-5)
+
+
+def test_a_checkpoint_of_the_previous_layout_loads_validates_and_upgrades(run, classifier, tmp_path, capsys):
+    """Checkpoints written before each fact was stored once kept label_names and max_length under "TextDataModule"
+    too, and max_length as the tokenizer's truncation: predict.py and train.py still read them as they are, and
+    `python -m training.checkpoints upgrade` rewrites one in the current layout with the same predictions."""
+    from tokenizers import Tokenizer
+
+    from training.checkpoints import upgrade
+
+    ckpt, cli = run
+    checkpoint = torch.load(ckpt, weights_only=True)
+    tokenizer = Tokenizer.from_str(checkpoint["TextDataModule"]["tokenizer"])
+    tokenizer.enable_truncation(24)
+    checkpoint["TextDataModule"] = {"tokenizer": tokenizer.to_str(), "label_names": LABELS, "max_length": 24}
+    old = tmp_path / "previous.ckpt"
+    torch.save(checkpoint, old)
+
+    expected = [p.probabilities for p in classifier.predict(TEXTS)]
+    assert [p.probabilities for p in TextClassifier.from_checkpoint(old, device="cpu").predict(TEXTS)] == expected
+    code, outputs, _ = predict_cli(capsys, "--ckpt", old, *TEXTS)
+    assert code == 0 and [o["probabilities"] for o in outputs] == expected
+    validated = train.main([
+        "validate", "--config", SMOKE, "--data.train_file", str(cli.datamodule.hparams.train_file),
+        "--data.cache_dir", str(tmp_path / "cache"), "--ckpt_path", str(old), "--trainer.default_root_dir",
+        str(tmp_path), *QUIET,
+    ])
+    assert validated.trainer.callback_metrics["val/acc"] == cli.trainer.callback_metrics["val/acc"]
+
+    new = tmp_path / "upgraded.ckpt"
+    upgrade(str(old), str(new))
+    upgraded = torch.load(new, weights_only=True)
+    assert list(upgraded["TextDataModule"]) == ["tokenizer"] and upgraded["hyper_parameters"]["label_names"] == LABELS
+    assert [p.probabilities for p in TextClassifier.from_checkpoint(new, device="cpu").predict(TEXTS)] == expected
+    with pytest.raises(CheckpointError, match="already in the current layout"):
+        upgrade(str(ckpt), str(tmp_path / "again.ckpt"))

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import train
 from data.pretraining import PretrainDataModule
 from data.sources import DataError
+from data.tokenizer import stored_form
 from inference import TextClassifier
 from inference.classifier import CheckpointError
 from model.config import ATTENTIONS, NetworkConfig
@@ -243,7 +244,8 @@ def test_fine_tuned_checkpoint_is_self_contained(pretrained, tmp_path):
     prediction = classifier.predict(["train3 good fine movie 3"], attention=True)[0]
     assert prediction.label in ("0", "1") and prediction.attention is not None
     saved = torch.load(checkpoint, weights_only=True)["TextDataModule"]["tokenizer"]
-    assert saved == torch.load(last, weights_only=True)["PretrainDataModule"]["tokenizer"]
+    # the same tokenizer (a classifier checkpoint stores it without truncation: max_length is the network's)
+    assert saved == stored_form(torch.load(last, weights_only=True)["PretrainDataModule"]["tokenizer"])
 
 
 def test_pretraining_resumes_from_last(tmp_path):

@@ -1,5 +1,6 @@
 """End to end through train.py: learning, checkpoints, resuming, bad input, DDP on CPU."""
 
+import json
 import os
 import subprocess
 import sys
@@ -34,9 +35,25 @@ def test_checkpoints_best_and_last_load_without_running_code(smoke_run):
     assert "last.ckpt" in names and any(n.startswith("best-") for n in names)
     for path in checkpoints:
         checkpoint = torch.load(path, weights_only=True, map_location="cpu")
-        state = checkpoint["TextDataModule"]  # self-contained: tokenizer and label names travel with the weights
-        assert state["label_names"] == LABELS and '"WordPiece"' in state["tokenizer"]
-        assert checkpoint["hyper_parameters"]["label_names"] == LABELS
+        # Self-contained, each fact once: the network's sizes and the label names in the hyperparameters, the
+        # tokenizer (without a copy of max_length as its truncation) under the DataModule's name.
+        hparams = checkpoint["hyper_parameters"]
+        assert hparams["label_names"] == LABELS
+        assert hparams["network"]["max_length"] == 24 and hparams["network"]["vocab_size"] == 64
+        assert set(hparams) & {"max_length", "vocab_size"} == set()
+        assert list(checkpoint["TextDataModule"]) == ["tokenizer"]
+        tokenizer = json.loads(checkpoint["TextDataModule"]["tokenizer"])
+        assert tokenizer["model"]["type"] == "WordPiece" and tokenizer["truncation"] is None
+
+
+def test_fit_from_a_checkpoint_reads_it_once_before_lightning_does(smoke_run, tmp_path, monkeypatch):
+    last = smoke_run.last
+    reads = []
+    read = train.read_checkpoint
+    monkeypatch.setattr(train, "read_checkpoint", lambda path: reads.append(path) or read(path))
+    cli = fit(tmp_path, "--trainer.max_epochs", "11", "--trainer.limit_train_batches", "1",
+              "--trainer.limit_val_batches", "1", "--ckpt_path", str(last))
+    assert reads == [last] and cli.trainer.current_epoch == 11
 
 
 def test_model_vocabulary_and_classes_come_from_the_data(smoke_run):

@@ -1,5 +1,5 @@
 """Checks on a checkpoint handed to train.py (resume, validate, test, predict), made before anything is written,
-and the upgrade of a checkpoint from the first layout:
+and the upgrade of a checkpoint from an older layout to the current one (model/checkpoint.py):
 
     python -m training.checkpoints upgrade old.ckpt new.ckpt
 """
@@ -11,38 +11,43 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from data.files import WriteError, check_target, write_atomically
-from inference.classifier import CheckpointError, network_config, read_checkpoint
+from data.tokenizer import stored_form
+from model.checkpoint import CheckpointError, network_config, read_checkpoint, stored_label_names
 
 SPECIAL_NAMES = ("last", "best", "hpc", "registry")  # Lightning resolves these itself
 
 
-def check_readable(ckpt_path: str | None) -> None:
-    """A named checkpoint file must be safe to read (weights_only) and in this version's layout."""
-    if not ckpt_path or ckpt_path in SPECIAL_NAMES:
-        return
-    checkpoint = read_checkpoint(ckpt_path)
+def check_layout(path, checkpoint: dict) -> None:
+    """train.py restores only what it wrote (Lightning needs its version stamp) in this version's layout: the
+    network settings under hyper_parameters["network"] (the first layout kept them flat)."""
     if "pytorch-lightning_version" not in checkpoint:  # Lightning needs it to restore anything
-        raise CheckpointError(f"{ckpt_path}: not written by train.py (no 'pytorch-lightning_version'), so train.py "
+        raise CheckpointError(f"{path}: not written by train.py (no 'pytorch-lightning_version'), so train.py "
                               "cannot restore it; predict.py and TextClassifier.from_checkpoint read it")
     if "network" not in checkpoint["hyper_parameters"]:
         raise CheckpointError(
-            f"{ckpt_path}: written before the network settings moved under 'network'; predict.py reads it as it is, "
-            f"train.py needs it upgraded first: python -m training.checkpoints upgrade {ckpt_path} <new.ckpt>"
+            f"{path}: written before the network settings moved under 'network'; predict.py reads it as it is, "
+            f"train.py needs it upgraded first: python -m training.checkpoints upgrade {path} <new.ckpt>"
         )
 
 
 def upgrade(source: str, target: str) -> None:
-    """Write `target`: `source` with its flat network settings moved under hyper_parameters["network"]. The target
-    is checked before anything is read (not a directory, not the source, writable) and written atomically."""
+    """Write `target`: `source` in the current layout, each fact once: the network settings under
+    hyper_parameters["network"] (the first layout kept them flat), the label names in hyper_parameters only, the
+    tokenizer without truncation (max_length is the network's). The target is checked before anything is read (not
+    a directory, not the source, writable) and written atomically."""
     check_target(target, "upgraded checkpoint", inputs=[source])
     checkpoint = read_checkpoint(source)
-    hparams = checkpoint["hyper_parameters"]
-    if "network" in hparams:
-        raise CheckpointError(f"{source}: already in the current layout")
-    labels = list(checkpoint["TextDataModule"]["label_names"])
+    hparams, labels = checkpoint["hyper_parameters"], stored_label_names(checkpoint)
     network = network_config(hparams, labels).to_dict()
-    checkpoint["hyper_parameters"] = {k: v for k, v in hparams.items() if k not in network} | {"network": network}
-    write_atomically(target, lambda path: torch.save(checkpoint, path), "upgraded checkpoint", inputs=[source])
+    current = {
+        "hyper_parameters": {k: v for k, v in hparams.items() if k not in network}
+        | {"network": network, "label_names": labels},
+        "TextDataModule": {"tokenizer": stored_form(checkpoint["TextDataModule"]["tokenizer"])},
+    }
+    if all(checkpoint[key] == value for key, value in current.items()):
+        raise CheckpointError(f"{source}: already in the current layout")
+    write_atomically(target, lambda path: torch.save(checkpoint | current, path), "upgraded checkpoint",
+                     inputs=[source])
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -69,38 +74,30 @@ def resolve(ckpt_path: str | None, trainer) -> Path | None:
     return Path(ckpt_path)
 
 
-def check_checkpoint(ckpt_path: str | None, trainer, module, datamodule, resume: bool = False) -> dict | None:
-    """The checkpoint (None if there is none to load); CheckpointError (one line, naming the file) unless it is
-    safe to load (weights_only), was trained with this network and these label names, and (resume: fit) holds the
-    training state to resume from."""
-    path = resolve(ckpt_path, trainer)
-    if path is None:
-        return None
-    check_readable(str(path))
-    checkpoint = read_checkpoint(path)
+def check_fits(path, checkpoint: dict, network, label_names, resume: bool = False) -> None:
+    """CheckpointError (one line, naming the file) unless the checkpoint was trained with this network config and
+    these label names (those of the data), and (resume: fit) holds the training state to resume from."""
     if resume and not checkpoint.get("optimizer_states"):
         raise CheckpointError(
             f"{path}: holds the weights only, no optimizer state (e.g. written by bench/prune_heads.py), so training "
             f"cannot resume from it; use it with predict.py or train.py validate/test --ckpt_path {path}, "
             "or resume from the checkpoint it was made from"
         )
-    labels = list(checkpoint["TextDataModule"]["label_names"])
+    labels = stored_label_names(checkpoint)
     try:
         trained = network_config(checkpoint["hyper_parameters"], labels)
     except ValueError as e:
         raise CheckpointError(f"{path}: {e}") from e
     hint = "use the config it was trained with (its run's config.yaml: --config <run>/config.yaml)"
-    if labels != list(datamodule.label_names):
-        raise CheckpointError(f"{path}: trained on label names {labels}, but this data has "
-                              f"{list(datamodule.label_names)}; {hint}")
+    if labels != list(label_names):
+        raise CheckpointError(f"{path}: trained on label names {labels}, but this data has {list(label_names)}; {hint}")
     differences = [
-        f"{name} {value!r} (this config: {getattr(module.network, name)!r})"
+        f"{name} {value!r} (this config: {getattr(network, name)!r})"
         for name, value in trained.to_dict().items()
-        if getattr(module.network, name) != value
+        if getattr(network, name) != value
     ]
     if differences:
         raise CheckpointError(f"{path}: trained with {', '.join(differences)}; {hint}")
-    return checkpoint
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,7 @@ import lightning as L
 import torch
 from torchmetrics import MeanMetric
 
-from inference.classifier import CheckpointError, read_pretraining_checkpoint
+from model.checkpoint import CheckpointError, read_pretraining_checkpoint
 from model.config import ConfigError, NetworkConfig
 from model.pretraining import OBJECTIVES, PretrainingNetwork, corrupt
 from training.module import NonFiniteLossError, adamw_with_warmup

@@ -1,0 +1,132 @@
+"""Reading a checkpoint that train.py wrote, safely: for training (resume, validate, test) and inference alike.
+
+A checkpoint holds each fact once:
+    hyper_parameters["network"]      the NetworkConfig (model/config.py): vocab_size, num_classes, max_length, ...
+    hyper_parameters["label_names"]  the class names, index = class id
+    state_dict                       the weights, keys prefixed "model."
+    TextDataModule["tokenizer"]      the tokenizer's JSON, without truncation (texts are cut to the network's
+                                     max_length by whoever encodes them)
+(plus what Lightning keeps to resume: optimizer, schedule, loops, callbacks, and the data settings as given,
+"datamodule_hyper_parameters", which loading never reads). Checkpoints written before 2026-12 also kept label_names
+and max_length under "TextDataModule" and max_length in the tokenizer's truncation; they are read as they are
+(`python -m training.checkpoints upgrade OLD NEW` rewrites one in this layout). The first layout kept the network's
+settings flat in hyper_parameters; inference reads it as it is, train.py asks for the upgrade.
+
+Read with `torch.load(weights_only=True)` only, so a file from a stranger cannot run code; anything that is not such
+a checkpoint raises CheckpointError with one line naming the file and what is wrong. Plain PyTorch: imported by
+training/ and inference/ alike.
+"""
+
+import pickle
+import zipfile
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+
+from model.config import NetworkConfig
+
+
+class CheckpointError(ValueError):
+    """The file is missing, unreadable, unsafe, or not a checkpoint of this project."""
+
+
+def read_checkpoint(path) -> dict:
+    """The checkpoint dict of a classifier, read safely; CheckpointError (one line, naming the file) on anything
+    else."""
+    checkpoint = load_safely(path)
+    data = checkpoint.get("TextDataModule")
+    if not isinstance(data, dict) and isinstance(checkpoint.get(PRETRAINING_DATA), dict):
+        raise CheckpointError(f"{path}: a pretraining checkpoint (train.py pretrain), not a classifier: fine-tune a "
+                              f"classifier from it with `train.py fit --model.init_from {path}`")
+    if not isinstance(data, dict) or not isinstance(data.get("tokenizer"), str):
+        raise CheckpointError(f"{path}: no tokenizer (the 'TextDataModule' entry train.py saves is missing or incomplete)")
+    if not stored_label_names(checkpoint):
+        raise CheckpointError(f"{path}: no label names (hyper_parameters 'label_names' is missing or empty)")
+    return checkpoint
+
+
+PRETRAINING_DATA = "PretrainDataModule"  # where Lightning saves the pretraining DataModule's state (its class name)
+
+
+def read_pretraining_checkpoint(path) -> dict:
+    """A checkpoint written by `train.py pretrain`, read safely: hyper_parameters (network, objective), the
+    encoder's weights, and the tokenizer under PRETRAINING_DATA; CheckpointError (one line) on anything else."""
+    checkpoint = load_safely(path)
+    if isinstance(checkpoint.get("TextDataModule"), dict):
+        raise CheckpointError(f"{path}: a classifier checkpoint, not a pretraining one: --model.init_from takes a "
+                              "checkpoint written by `train.py pretrain` (to continue this classifier's training, "
+                              "give it as --ckpt_path)")
+    data, hparams = checkpoint.get(PRETRAINING_DATA), checkpoint["hyper_parameters"]
+    if not isinstance(data, dict) or not isinstance(data.get("tokenizer"), str) or "objective" not in hparams \
+            or not isinstance(hparams.get("network"), dict):
+        raise CheckpointError(f"{path}: not a pretraining checkpoint of this project (no tokenizer, network and "
+                              "objective as `train.py pretrain` writes them)")
+    return checkpoint
+
+
+def load_safely(path) -> dict:
+    """A checkpoint file of this project's layout (state_dict, hyper_parameters), read with weights_only."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: file not found")
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
+    with open(path, "rb") as file:
+        head = file.read(4)
+    if not head:
+        raise CheckpointError(f"{path}: empty file, not a checkpoint")
+    if head == b"PK\x03\x04" and not zipfile.is_zipfile(path):  # torch.save writes a zip archive
+        raise CheckpointError(f"{path}: truncated or damaged: the archive has no end (central directory)")
+    if head[:1] == b"\x80":  # a pickle protocol marker: pickle.dump output, or torch's pre-1.6 format
+        raise CheckpointError(f"{path}: a plain pickle file, not a checkpoint written by train.py (a zip archive); "
+                              "it is not loaded, since unpickling can run code")
+    if head != b"PK\x03\x04":
+        raise CheckpointError(f"{path}: not a checkpoint written by train.py (not a zip archive)")
+    try:
+        # map_location="cpu": a checkpoint saved on a GPU loads on a machine without one; moved to the device later.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # weights_only refuses anything but tensors and plain data; torch's message names what it refused.
+        details = [line.strip() for line in str(e).splitlines() if line.strip()]
+        refused = next((line for line in details if "GLOBAL" in line or "global" in line), None)
+        if refused:
+            raise CheckpointError(
+                f"{path}: refused to load: it holds objects other than tensors and plain data, "
+                f"which could run code ({refused})"
+            ) from e
+        reason = next((line for line in details if line.startswith("Unsupported")), details[-1] if details else "")
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint (corrupt?): {reason}") from e
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint (truncated or corrupt?): {reason}") from e
+    if not isinstance(checkpoint, dict):
+        kind = type(checkpoint).__name__
+        raise CheckpointError(f"{path}: not a checkpoint of this project: holds a {kind}, not a dict")
+    missing = [key for key in ("state_dict", "hyper_parameters") if not isinstance(checkpoint.get(key), dict)]
+    if missing:
+        raise CheckpointError(f"{path}: not a checkpoint of this project: missing {', '.join(map(repr, missing))}")
+    return checkpoint
+
+
+def stored_label_names(checkpoint: dict) -> list[str]:
+    """The class names, index = class id: hyper_parameters["label_names"] (checkpoints before 2026-12 kept a copy,
+    and the first layout its only one, under "TextDataModule")."""
+    names = checkpoint["hyper_parameters"].get("label_names") or (checkpoint.get("TextDataModule") or {}).get(
+        "label_names")
+    return list(names or [])
+
+
+def network_config(hparams: dict, label_names: list[str]) -> NetworkConfig:
+    """The NetworkConfig a checkpoint stores under hyper_parameters["network"]. Checkpoints written before it
+    existed kept the same settings flat in hyper_parameters; they are read the same way."""
+    if "network" in hparams:
+        config = NetworkConfig.from_dict(hparams["network"])
+    elif "vocab_size" in hparams:  # the flat layout of the first version
+        names = {f.name for f in fields(NetworkConfig)}
+        config = NetworkConfig(**{k: v for k, v in hparams.items() if k in names} | {"num_classes": len(label_names)})
+    else:
+        raise ValueError("hyper_parameters has no 'network' settings")
+    if config.num_classes != len(label_names):
+        raise ValueError(f"num_classes {config.num_classes} but {len(label_names)} label names")
+    return config
