@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import predict
-from data.tokenizer import UNK_ID, train_tokenizer
+from data.tokenizer import UNK_ID, stored_form, train_tokenizer
 from inference import TextClassifier
 from inference.explain import METHODS, EmbeddingForward, explain_ids, rollout, spearman
 from model.classifier import AttentionClassifier
@@ -35,9 +35,8 @@ def save_checkpoint(classifier: TextClassifier, path, data: dict | None = None):
     """A checkpoint in train.py's layout (weights, network, tokenizer, label names), written without training."""
     checkpoint = {
         "state_dict": {f"model.{k}": v for k, v in classifier.model.state_dict().items()},
-        "hyper_parameters": {"network": classifier.model.config.to_dict()},
-        "TextDataModule": {"tokenizer": classifier.tokenizer.to_str(), "label_names": classifier.label_names,
-                           "max_length": classifier.max_length},
+        "hyper_parameters": {"network": classifier.model.config.to_dict(), "label_names": classifier.label_names},
+        "TextDataModule": {"tokenizer": stored_form(classifier.tokenizer.to_str())},
     }
     if data is not None:
         checkpoint["datamodule_hyper_parameters"] = data
