@@ -330,7 +330,8 @@ class TextDataModule(L.LightningDataModule):
         path, hp = self.hparams.tokenizer_from, self.hparams
         checkpoint = read_pretraining_checkpoint(path)
         saved = checkpoint["PretrainDataModule"]
-        vocab_size, max_length = checkpoint["hyper_parameters"]["network"]["vocab_size"], saved["max_length"]
+        network = checkpoint["hyper_parameters"]["network"]  # the sizes are stored once, with the network
+        vocab_size, max_length = network["vocab_size"], network["max_length"]
         for name, mine, theirs in (("vocab_size", hp.vocab_size, vocab_size),
                                    ("max_length", hp.max_length, max_length)):
             if mine is not None and mine != theirs:
@@ -338,7 +339,7 @@ class TextDataModule(L.LightningDataModule):
                                 f"leave data.{name} unset (fine-tuning uses the checkpoint's tokenizer and sizes)")
         choice = (f"tokenizer, vocab_size {vocab_size} and max_length {max_length} from the pretraining checkpoint "
                   f"{path}")
-        return load_tokenizer(saved["tokenizer"]), vocab_size, max_length, [choice]
+        return load_tokenizer(saved["tokenizer"], max_length=max_length), vocab_size, max_length, [choice]
 
     def _train_tokenizer(self, splits: Splits, vocab_size: int, max_length: int):
         hp = self.hparams

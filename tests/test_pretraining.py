@@ -226,7 +226,7 @@ def test_fine_tuning_starts_from_exactly_the_pretrained_weights_and_tokenizer(pr
             "--trainer.logger.init_args.save_dir", str(tmp_path), *TINY, *QUIET]
     cli = train.cli(args, run=False)
     checkpoint = torch.load(last, weights_only=True)
-    assert cli.datamodule.state["tokenizer"] == checkpoint["PretrainDataModule"]["tokenizer"]
+    assert stored_form(cli.datamodule.state["tokenizer"]) == checkpoint["PretrainDataModule"]["tokenizer"]
     assert cli.model.network.vocab_size == checkpoint["hyper_parameters"]["network"]["vocab_size"]
     cli.model.setup("fit")
     own = cli.model.model.state_dict()
