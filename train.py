@@ -61,6 +61,8 @@ class CLI(LightningCLI):
         # once it exists, since left unset they are chosen from the training texts.
         parser.link_arguments("data.max_length", "model.network.max_length", apply_on="instantiate")
         parser.link_arguments("data.vocab_size", "model.network.vocab_size", apply_on="instantiate")  # tokenizer ≤ it
+        # The attention kind decides how long an unset max_length may be (whole long texts for the cheaper kinds).
+        parser.link_arguments("model.network.attention", "data.attention")
         # Fine-tuning from a pretraining checkpoint reads text with that checkpoint's tokenizer.
         parser.link_arguments("model.init_from", "data.tokenizer_from")
         parser.link_arguments("data.label_names", "model.label_names", apply_on="instantiate")
@@ -143,6 +145,7 @@ class CLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         config["data"]["max_length"] = self.datamodule.max_length
         config["data"]["vocab_size"] = self.datamodule.vocab_size
+        config["data"]["bucket_pool"] = self.datamodule.bucket_pool
         trainer = config["trainer"]
         if self.subcommand in ("fit", None) and trainer.get("max_epochs") is None and trainer.get("max_steps") in (None, -1):
             trainer["max_epochs"] = kwargs["max_epochs"] = self.training_epochs(config)
@@ -179,6 +182,7 @@ class PretrainCLI(CLI):
     def add_arguments_to_parser(self, parser):
         parser.link_arguments("data.max_length", "model.network.max_length", apply_on="instantiate")
         parser.link_arguments("data.vocab_size", "model.network.vocab_size", apply_on="instantiate")
+        parser.link_arguments("model.network.attention", "data.attention")
         parser.set_defaults({"trainer.callbacks": [{"class_path": "monitor.AttentionMonitor"}]})
 
     def parse_arguments(self, parser, args):

@@ -168,7 +168,7 @@ def linear_probe(checkpoint: Path, dataset: str, fresh: bool = False) -> dict:
     from sklearn.linear_model import LogisticRegression
 
     from data.datamodule import TextDataModule
-    from inference.classifier import read_pretraining_checkpoint
+    from model.checkpoint import read_pretraining_checkpoint
     from model.config import NetworkConfig
     from model.pretraining import PretrainingNetwork
 

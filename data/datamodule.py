@@ -22,15 +22,21 @@ from data.files import WriteError, describe, write_atomically
 from data.sources import DataError, Splits, load_splits, local_copy_dir
 from data.teacher import out_of_fold_probabilities
 from data.tokenizer import KINDS, UNK_ID, cut, load_tokenizer, pad, stored_form, train_tokenizer, word_counts
-from model.config import MAX_LENGTH
+from model.config import AUTO, FULL_ATTENTION_MAX_LENGTH, MAX_LENGTH
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 4  # bump when tokenization changes (4: adaptive max_length/vocab_size, ChnSentiCorp test split)
 
 # Adaptive sizes (data.max_length / data.vocab_size left unset), chosen from the training split alone:
 LENGTH_PERCENTILE = 100  # max_length covers the longest training text (batches are padded only to their longest
-MAX_LENGTH_CAP = 256     # text, so the tail is cheap; SST-2's validation sentences are longer than most training
-                         # phrases), but full attention costs L², so longer texts are cut here
+MAX_LENGTH_CAP = FULL_ATTENTION_MAX_LENGTH  # text, so the tail is cheap; SST-2's validation sentences are longer
+                         # than most training phrases), but full attention costs L², so longer texts are cut here
+LONG_MAX_LENGTH_CAP = 2048  # the cheaper kinds (local, sparse, linformer; "auto" on long texts) read whole texts
+LONG_TEXT_SHARE = 0.2   # attention "auto": whole texts with local attention when more than this share of the
+                        # training texts is longer than MAX_LENGTH_CAP (IMDB 41%; ChnSentiCorp 10%, SST-2 0%)
+SHORT_BUCKET_POOL, LONG_BUCKET_POOL = 1, 50  # bucket_pool unset: random batches for short texts, length-sorted
+                        # pools for long ones, where padding a batch to its longest text would dominate the cost
+LONG_KINDS = ("local", "sparse", "linformer")
 MIN_WORD_COUNT = 2      # vocabulary: the words seen at least this often (a word seen once teaches its embedding little)
 VOCAB_SIZE_CAP = 32000
 # Upper bounds on the settings that size memory (model/config.py bounds the network the same way):
@@ -128,12 +134,13 @@ class TextDataModule(L.LightningDataModule):
         tokenizer: str = "wordpiece",
         split_cjk: bool = True,
         split_punctuation: bool = True,
-        bucket_pool: int = 50,
+        bucket_pool: int | None = 50,
         num_workers: int = 0,
         seed: int = 0,
         cache_dir: str = ".cache",
         teacher: str | None = None,
         tokenizer_from: str | None = None,
+        attention: str = "full",
     ):
         """
         Args:
@@ -147,8 +154,9 @@ class TextDataModule(L.LightningDataModule):
             label_column: column holding the label, strings or integers (default: the dataset's, or "label").
             val_fraction: share of train held out for validation when there is no validation split (0 < f < 1).
             max_length: longer texts are truncated to this many tokens. Unset: the longest training text in
-                tokens, rounded up to a multiple of 8, at most 256 (logged at start and
-                written into the run's config.yaml).
+                tokens, rounded up to a multiple of 8, at most 256 for full attention and at most 2,048 for the
+                cheaper kinds; with attention "auto", at most 2,048 when more than 20% of the training texts are
+                longer than 256 tokens, else at most 256 (logged at start and written into the run's config.yaml).
             batch_size: texts per batch; batches are bucketed by length and padded per batch.
             vocab_size: most tokens the tokenizer trained on the training split may have (fewer if the text has fewer).
                 Unset: the words (split as the tokenizer splits them) seen at least twice in the training split,
@@ -159,7 +167,8 @@ class TextDataModule(L.LightningDataModule):
             split_punctuation: split at punctuation as well as whitespace (True), or at whitespace only (False:
                 for text that is already tokenized, such as SST-2's "does n't").
             bucket_pool: training texts are sorted by length within pools of this many batches, so a batch holds
-                texts of similar length (little padding); 1 = plain random batches.
+                texts of similar length (little padding); 1 = plain random batches. Unset (null): 1 when
+                max_length is at most 256 tokens, 50 beyond (written into the run's config.yaml).
             num_workers: DataLoader worker processes.
             seed: seeds the validation split and the batch order.
             cache_dir: where encoded splits are cached, so a second run starts fast.
@@ -168,10 +177,16 @@ class TextDataModule(L.LightningDataModule):
                 None = no teacher.
             tokenizer_from: a pretraining checkpoint (`train.py pretrain`) whose tokenizer, vocab_size and
                 max_length are used instead of training a tokenizer here; train.py sets it from model.init_from.
+            attention: the network's attention kind, which decides how long an unset max_length may be; train.py
+                sets it from model.network.attention.
         """
         super().__init__()
         if not 0.0 < val_fraction < 1.0:
             raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+        if attention not in ("full", AUTO, *LONG_KINDS):
+            raise DataError(f"attention must be full, auto or one of {', '.join(LONG_KINDS)}, got {attention!r}")
+        if bucket_pool is not None and bucket_pool < 1:
+            raise DataError(f"bucket_pool must be >= 1 (or null: chosen from max_length), got {bucket_pool}")
         if teacher not in (None, "ngram"):
             raise DataError(f"teacher must be ngram or null, got {teacher!r}")
         if tokenizer not in KINDS:
@@ -205,6 +220,13 @@ class TextDataModule(L.LightningDataModule):
         return self.hparams.vocab_size or self.state["vocab_size"]
 
     @property
+    def bucket_pool(self) -> int:
+        """data.bucket_pool, or chosen from max_length when it was left unset."""
+        if self.hparams.bucket_pool is not None:
+            return self.hparams.bucket_pool
+        return SHORT_BUCKET_POOL if self.max_length <= MAX_LENGTH_CAP else LONG_BUCKET_POOL
+
+    @property
     def tokenizer(self):
         self.state  # noqa: B018  (built together with the data)
         return self._tokenizer
@@ -225,6 +247,8 @@ class TextDataModule(L.LightningDataModule):
         hp = dict(self.hparams)
         for key in ("batch_size", "num_workers", "cache_dir", "bucket_pool"):  # do not change what is encoded
             hp.pop(key)
+        if hp.get("max_length") is not None or hp.get("attention") == "full":
+            hp.pop("attention", None)  # it only decides an unset max_length (and full is how caches were keyed)
         files = [hp[k] for k in ("train_file", "val_file", "test_file") if hp[k]]
 
         folder = local_copy_dir(hp["dataset"], hp["data_dir"]) if not files and hp["dataset"] != "synthetic" else None
@@ -360,18 +384,29 @@ class TextDataModule(L.LightningDataModule):
                             f"at least {MIN_WORD_COUNT} times, + [PAD], [UNK] (at most {VOCAB_SIZE_CAP})")
 
     def _choose_max_length(self, splits: Splits, vocab_size: int) -> tuple[int, str]:
-        probe = self._train_tokenizer(splits, vocab_size, MAX_LENGTH_CAP)
+        attention = self.hparams.get("attention", "full")
+        cap = MAX_LENGTH_CAP if attention == "full" else LONG_MAX_LENGTH_CAP
+        probe = self._train_tokenizer(splits, vocab_size, cap)
         probe.no_truncation()
-        lengths = sorted(len(e.ids) for e in probe.encode_batch(cut(splits.texts["train"], MAX_LENGTH_CAP)))
+        lengths = sorted(len(e.ids) for e in probe.encode_batch(cut(splits.texts["train"], cap)))
         if lengths[-1] == 0:
             raise DataError(f"{splits.sources.get('train', 'train')}: every training text is empty after tokenization: "
                             "cannot choose max_length; check text_column")
+        why = f"attention {attention}"
+        if attention == AUTO:
+            long_share = sum(length > MAX_LENGTH_CAP for length in lengths) / len(lengths)
+            if long_share <= LONG_TEXT_SHARE:
+                cap = MAX_LENGTH_CAP
+            why = (f"attention auto: {100 * long_share:.1f}% of training texts are longer than {MAX_LENGTH_CAP} tokens, "
+                   f"{'more' if cap > MAX_LENGTH_CAP else 'not more'} than {100 * LONG_TEXT_SHARE:.0f}%, so "
+                   f"{'whole texts with local attention' if cap > MAX_LENGTH_CAP else 'full attention'}")
         at_percentile = lengths[min(len(lengths) - 1, math.ceil(LENGTH_PERCENTILE / 100 * len(lengths)) - 1)]
-        max_length = min(MAX_LENGTH_CAP, 8 * math.ceil(max(at_percentile, 1) / 8))
+        max_length = min(cap, 8 * math.ceil(max(at_percentile, 1) / 8))
         longer = sum(length > max_length for length in lengths) / len(lengths)
         which = "the longest training text" if LENGTH_PERCENTILE == 100 else f"{LENGTH_PERCENTILE}th percentile of training lengths"
-        return max_length, (f"max_length {max_length}: {which} ({at_percentile} tokens) rounded up to a multiple of 8, "
-                            f"at most {MAX_LENGTH_CAP}; {100 * longer:.1f}% of training texts are longer and get cut")
+        return max_length, (f"max_length {max_length}: {which} ({at_percentile}{'+' if at_percentile >= cap else ''} "
+                            f"tokens) rounded up to a multiple of 8, at most {cap} ({why}); {100 * longer:.1f}% of "
+                            "training texts are longer and get cut")
 
     def prepare_data(self):
         self.state  # noqa: B018  (builds the cache once, before the loaders need it)
@@ -381,7 +416,7 @@ class TextDataModule(L.LightningDataModule):
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         sampler = BucketBatchSampler(
-            data.lengths, self.hparams.batch_size, shuffle, self.hparams.seed, rank, world, self.hparams.bucket_pool
+            data.lengths, self.hparams.batch_size, shuffle, self.hparams.seed, rank, world, self.bucket_pool
         )
         return DataLoader(
             data, batch_sampler=sampler, collate_fn=collate, num_workers=self.hparams.num_workers,

@@ -42,10 +42,11 @@ class PretrainDataModule(TextDataModule):
         tokenizer: str = "wordpiece",
         split_cjk: bool = True,
         split_punctuation: bool = True,
-        bucket_pool: int = 50,
+        bucket_pool: int | None = 50,
         num_workers: int = 0,
         seed: int = 0,
         cache_dir: str = ".cache",
+        attention: str = "full",
     ):
         """
         Args:
@@ -59,14 +60,14 @@ class PretrainDataModule(TextDataModule):
             max_length, vocab_size, tokenizer, split_cjk, split_punctuation: the tokenizer, as for `train.py fit`,
                 built from the pretraining text; fine-tuning with --model.init_from uses it as it is. Unset sizes
                 are chosen from the pretraining text the way fit chooses them from its training split.
-            batch_size, bucket_pool, num_workers, cache_dir: as for `train.py fit`.
+            batch_size, bucket_pool, num_workers, cache_dir, attention: as for `train.py fit`.
         """
         super().__init__(
             dataset=dataset, data_dir=data_dir, train_file=train_file, val_file=val_file, test_file=test_file,
             text_column=text_column, label_column=label_column, val_fraction=val_fraction, max_length=max_length,
             batch_size=batch_size, vocab_size=vocab_size, tokenizer=tokenizer, split_cjk=split_cjk,
             split_punctuation=split_punctuation, bucket_pool=bucket_pool, num_workers=num_workers, seed=seed,
-            cache_dir=cache_dir,
+            cache_dir=cache_dir, attention=attention,
         )
         if not 0.0 < holdout_fraction < 1.0:
             raise DataError(f"holdout_fraction must be between 0 and 1 (exclusive), got {holdout_fraction}")

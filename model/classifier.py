@@ -98,7 +98,7 @@ class AttentionEncoder(nn.Module):
 
     def __init__(self, config: NetworkConfig):
         super().__init__()
-        self.config = config
+        self.config = config = config.resolved()  # attention "auto" becomes the kind it stands for
         # No padding_idx: padding never reaches the embedding (encode() embeds real tokens only).
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.position_embedding = position_embedding(config.positions, config.max_length, config.d_model)

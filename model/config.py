@@ -6,12 +6,14 @@ checkpoint stores it whole as a dict under hyper_parameters["network"]; inferenc
 the network with `NetworkConfig(**that_dict)`. A new option is a new field here and nothing else.
 """
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 POOLINGS = ("mean", "max", "first", "attention")
 POSITIONS = ("learned", "sinusoidal", "none")
 KERNELS = ("manual", "fused")
 ATTENTIONS = ("full", "local", "linformer", "sparse")
+AUTO = "auto"  # attention: full up to FULL_ATTENTION_MAX_LENGTH tokens, local beyond (NetworkConfig.resolved)
+FULL_ATTENTION_MAX_LENGTH = 256  # full attention costs L²: beyond this, "auto" reads texts with local attention
 
 
 # Upper bounds on what sizes memory, checked before anything is built (a typo must not allocate 240 GB):
@@ -53,7 +55,9 @@ class NetworkConfig:
             "full" (default) every token, O(L²); "local" the `window` tokens on each side (before it, with causal),
             computed by blocks, O(L·w); "linformer" keys and values projected along the length to
             `projection_length` rows, O(L·k), no causal; "sparse" local plus the first `global_tokens` tokens,
-            which every token sees and which see every token, O(L·(w+g)).
+            which every token sees and which see every token, O(L·(w+g)); "auto" is full attention when
+            max_length is at most 256 tokens and local beyond (the generic default, configs/default.yaml: with
+            data.max_length unset, the data then read whole long texts, see data.attention).
         window: local and sparse: how many tokens on each side a token sees (also the block size they are
             computed in); at most max_length (a block costs w × 3w scores whatever the text's length).
         projection_length: linformer: k, the rows keys and values are projected to (at most max_length).
@@ -105,11 +109,11 @@ class NetworkConfig:
         _one_of("pooling", self.pooling, POOLINGS)
         _one_of("positions", self.positions, POSITIONS)
         _one_of("attention_kernel", self.attention_kernel, KERNELS)
-        _one_of("attention", self.attention, ATTENTIONS)
+        _one_of("attention", self.attention, (*ATTENTIONS, AUTO))
         _at_least("window", self.window, 1)
         _at_least("projection_length", self.projection_length, 1)
         _at_least("global_tokens", self.global_tokens, 0)
-        if self.attention != "full" and self.attention_kernel != "manual":
+        if self.attention not in ("full", AUTO) and self.attention_kernel != "manual":
             raise ConfigError(f"attention_kernel {self.attention_kernel} applies to attention: full only, "
                               f"not {self.attention} (use attention_kernel: manual)")
         if self.attention == "linformer" and self.projection_length > self.max_length:
@@ -140,6 +144,8 @@ class NetworkConfig:
                                       f"got {self.layer_heads}")
         if self.scale is not None and not self.scale > 0:
             raise ConfigError(f"scale must be > 0 (or null for 1/sqrt(d_head)), got {self.scale}")
+        if self.attention == AUTO:
+            self.resolved()  # the kind it stands for must be valid too (a window longer than the text, ...)
         if self.causal and self.pooling == "first":
             # With the look-ahead mask the first token sees only itself: the sentence vector would ignore the text.
             raise ConfigError("causal: true with pooling: first would classify the first token alone; "
@@ -156,6 +162,13 @@ class NetworkConfig:
         projections = 2 * self.projection_length * self.max_length if self.attention == "linformer" else 0
         embeddings = (self.vocab_size + self.max_length + self.num_classes) * self.d_model  # tokens, positions, head
         return embeddings + self.n_layers * (layer + projections)
+
+    def resolved(self) -> "NetworkConfig":
+        """This config with attention "auto" made concrete: full up to FULL_ATTENTION_MAX_LENGTH tokens, local
+        (`window` tokens on each side) beyond. Networks and checkpoints only ever hold a concrete kind."""
+        if self.attention != AUTO:
+            return self
+        return replace(self, attention="full" if self.max_length <= FULL_ATTENTION_MAX_LENGTH else "local")
 
     def heads_in_layer(self, layer: int) -> int:
         """How many heads layer `layer` has: n_heads, or its count in layer_heads after pruning."""

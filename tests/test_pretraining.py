@@ -339,7 +339,7 @@ def test_texts_too_short_to_mask_are_one_line(tmp_path, capsys):
 def test_word_vector_baseline_is_a_checkpoint_fine_tuning_starts_from(tmp_path):
     pytest.importorskip("fasttext")
     from bench.pretraining import word_vector_checkpoint
-    from inference.classifier import read_pretraining_checkpoint
+    from model.checkpoint import read_pretraining_checkpoint
     from model.classifier import AttentionClassifier
     from training.pretraining import load_encoder
 

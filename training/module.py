@@ -59,6 +59,7 @@ class ClassifierModule(L.LightningModule):
             raise ConfigError(f"model.distillation must be between 0 and 1, got {distillation}")
         if isinstance(network, dict):  # load_from_checkpoint hands back the plain dict the checkpoint stores
             network = NetworkConfig.from_dict(network)
+        network = network.resolved()  # attention "auto" → full or local by max_length; the checkpoint holds that
         self.label_names = list(label_names or [str(c) for c in range(network.num_classes)])
         if len(self.label_names) != network.num_classes:
             raise ValueError(f"{len(self.label_names)} label names for num_classes {network.num_classes}")

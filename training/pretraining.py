@@ -46,6 +46,7 @@ class PretrainModule(L.LightningModule):
             raise ConfigError(f"model.mask_fraction must be between 0 and 1 (exclusive), got {mask_fraction}")
         if isinstance(network, dict):
             network = NetworkConfig.from_dict(network)
+        network = network.resolved()  # attention "auto" → full or local by max_length, as for the classifier
         self.save_hyperparameters(ignore=["network"])
         self.hparams["network"] = network.to_dict()
         self.network = network
