@@ -135,15 +135,20 @@ def word_vector_checkpoint(pretrain_arguments: list[str], target: Path) -> None:
         for i in range(len(split)):
             ids = split.ids[split.offsets[i] : split.offsets[i + 1]].tolist()
             f.write(" ".join(tokenizer.id_to_token(t) for t in ids) + "\n")
+    # fastText's default step first, then smaller ones. fasttext-numpy2 0.10.4 ends some runs with "Encountered
+    # NaN" at random: the same file and settings failed once and passed once here (ChnSentiCorp + unlabeled
+    # reviews, 3M tokens), so each step is tried up to three times.
+    attempts = [lr for lr in (0.05, 0.025, 0.01) for _ in range(3)]
     try:  # whole tokens (no character n-grams: the vocabulary is fixed), one thread as everything here
-        for lr in (0.05, 0.025, 0.01):  # fastText's default first; its SGD can diverge ("Encountered NaN") on
-            try:                    # a small text, then a smaller step
+        for i, lr in enumerate(attempts):
+            try:
                 vectors = fasttext.train_unsupervised(f.name, model="skipgram", dim=network.d_model, epoch=5,
                                                       minCount=1, minn=0, maxn=0, thread=1, verbose=0, lr=lr)
                 break
             except RuntimeError as e:
-                if "NaN" not in str(e) or lr == 0.01:
+                if "NaN" not in str(e) or i == len(attempts) - 1:
                     raise
+                log.warning("fastText: %s (lr %s, attempt %d): trying again", e, lr, i + 1)
     finally:
         os.unlink(f.name)
     table = torch.stack([torch.from_numpy(vectors.get_word_vector(tokenizer.id_to_token(i)).copy())
