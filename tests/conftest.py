@@ -9,12 +9,18 @@ Constants are imported as `from conftest import ROOT, SMOKE, QUIET`.
 """
 
 import csv
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+
+# One intra-op thread in this process and in every process a test starts (they inherit the variable; it must be set
+# before torch is imported): pytest-xdist already keeps both cores busy, and on a busy core OpenMP's spinning threads
+# made the smoke run 4x slower. A value set by the caller is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
