@@ -404,8 +404,8 @@ class TextDataModule(L.LightningDataModule):
         max_length = min(cap, 8 * math.ceil(max(at_percentile, 1) / 8))
         longer = sum(length > max_length for length in lengths) / len(lengths)
         which = "the longest training text" if LENGTH_PERCENTILE == 100 else f"{LENGTH_PERCENTILE}th percentile of training lengths"
-        return max_length, (f"max_length {max_length}: {which} ({at_percentile}{'+' if at_percentile >= cap else ''} "
-                            f"tokens) rounded up to a multiple of 8, at most {cap} ({why}); {100 * longer:.1f}% of "
+        return max_length, (f"max_length {max_length}: {which} ({at_percentile} tokens) "
+                            f"rounded up to a multiple of 8, at most {cap} ({why}); {100 * longer:.1f}% of "
                             "training texts are longer and get cut")
 
     def prepare_data(self):
