@@ -1,6 +1,7 @@
 """Data sources, tokenizer and batching, on small files the tests write."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -219,24 +220,28 @@ def test_bucket_pool_of_one_gives_plain_random_batches():
 TRAIN_IN_A_FRESH_PROCESS = """
 import hashlib, json, sys
 from data.tokenizer import train_tokenizer
-texts, kwargs = json.loads(sys.stdin.read())
-print(hashlib.sha256(train_tokenizer(texts, max_length=32, **kwargs).to_str().encode()).hexdigest())
+texts, cases = json.loads(sys.stdin.read())
+for kwargs in cases:
+    print(hashlib.sha256(train_tokenizer(texts, max_length=32, **kwargs).to_str().encode()).hexdigest())
 """
-
-
-@pytest.mark.parametrize("kwargs", [
+TOKENIZER_CASES = [
     dict(kind="wordpiece", vocab_size=60),
     dict(kind="wordpiece", vocab_size=14, split_cjk=False),  # CJK, an alphabet cut by a small vocab_size
     dict(kind="word", vocab_size=20),
-])
-def test_tokenizer_training_gives_the_same_vocabulary_in_every_process(kwargs):
-    # Hash order differs between processes (not within one), so only fresh processes can show the difference.
+]
+
+
+def test_tokenizer_training_gives_the_same_vocabulary_in_every_process():
+    # Hash order differs between processes (not within one), so only fresh processes can show the difference: four,
+    # each with its own hash seed, each training every case in turn.
     texts = POSITIVE + NEGATIVE + ["酒店的服务很好，房间干净。", "房间很小，服务差。", "服务很好，房间很大。", "位置不错但是早餐一般"]
-    stdin = json.dumps([texts * 3, kwargs])
+    stdin = json.dumps([texts * 3, TOKENIZER_CASES])
     command = [sys.executable, "-c", TRAIN_IN_A_FRESH_PROCESS]
-    runs = [subprocess.run(command, input=stdin, capture_output=True, text=True, cwd=ROOT, check=True).stdout
-            for _ in range(4)]
-    assert len(set(runs)) == 1, runs
+    runs = [subprocess.run(command, input=stdin, capture_output=True, text=True, cwd=ROOT, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout.split() for seed in range(4)]
+    assert all(len(run) == len(TOKENIZER_CASES) for run in runs), runs
+    for case, kwargs in enumerate(TOKENIZER_CASES):
+        assert len({run[case] for run in runs}) == 1, (kwargs, runs)
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "word"])
