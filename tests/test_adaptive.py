@@ -3,16 +3,15 @@ ensembles of checkpoints."""
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+import predict
 import train
-from conftest import QUIET, ROOT, SMOKE
+from conftest import QUIET, SMOKE
 from data import DataError, TextDataModule
 from data.datamodule import MAX_LENGTH_CAP
 from data.sources import load_splits
@@ -161,19 +160,18 @@ def test_ensemble_averages_the_probabilities_of_its_checkpoints(chosen_run):
     assert math.isclose(sum(averaged[0].probabilities.values()), 1.0, rel_tol=1e-6)
 
 
-def test_predict_py_takes_several_checkpoints_and_run_folders(chosen_run):
+def test_predict_py_takes_several_checkpoints_and_run_folders(chosen_run, capsys):
+    # predict.main in this process (tests/test_predict.py runs predict.py as a real process)
     run, _ = chosen_run
     last = run / "checkpoints" / "last.ckpt"
-    result = subprocess.run([sys.executable, str(ROOT / "predict.py"), "--ckpt", str(run), "--ckpt", str(last),
-                             "alpha w3 beta"], capture_output=True, text=True, cwd=ROOT)
-    assert result.returncode == 0, result.stderr
+    assert predict.main(["--ckpt", str(run), "--ckpt", str(last), "alpha w3 beta"]) == 0
     expected = Ensemble.from_checkpoints([run, last], device="cpu").predict(["alpha w3 beta"])[0]
-    out = json.loads(result.stdout)
+    out = json.loads(capsys.readouterr().out)
     assert out["label"] == expected.label
     assert out["probabilities"] == pytest.approx(expected.probabilities, abs=1e-6)
-    refused = subprocess.run([sys.executable, str(ROOT / "predict.py"), "--ckpt", str(run), "--ckpt", str(last),
-                              "--attention", "alpha"], capture_output=True, text=True, cwd=ROOT)
-    assert refused.returncode == 2 and "take one --ckpt" in refused.stderr
+    with pytest.raises(SystemExit) as refused:  # argparse's error: usage and the reason on stderr, exit code 2
+        predict.main(["--ckpt", str(run), "--ckpt", str(last), "--attention", "alpha"])
+    assert refused.value.code == 2 and "take one --ckpt" in capsys.readouterr().err
 
 
 def test_accuracy_bench_scores_a_run_by_its_best_checkpoint_and_keeps_its_validation_curve(chosen_run):
