@@ -95,7 +95,7 @@ def test_the_graph_holds_the_written_formula_and_the_config_says_how_to_use_it(e
 
 
 def test_without_attention_there_is_one_output(tmp_path):
-    ckpt = save_checkpoint(tiny_classifier(), tmp_path / "tiny.ckpt")
+    ckpt = save_checkpoint(tiny_classifier(n_layers=1), tmp_path / "tiny.ckpt")  # one layer: half the tracing
     assert export.main(["--ckpt", str(ckpt), "--out", str(tmp_path / "out")]) == 0
     session = onnxruntime.InferenceSession(str(tmp_path / "out" / "model.onnx"))
     assert [o.name for o in session.get_outputs()] == ["logits"]
