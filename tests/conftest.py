@@ -5,10 +5,11 @@ of two markers comes first, or neither: `LABELS`), so a class index can never pa
 AttentionMonitor draws one validation probe and `PROBE_TEXT`. Everything it wrote is shared by every test that
 asks for it: read it, never change it (copy a checkpoint into tmp_path first).
 
-Constants are imported as `from conftest import ROOT, SMOKE, QUIET`.
+Constants are imported as `from conftest import ROOT, SMOKE, QUIET, ONE_PROBE`.
 """
 
 import csv
+import json
 import os
 import random
 from dataclasses import dataclass
@@ -25,6 +26,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+# smoke.yaml's AttentionMonitor draws 4 probe heatmaps at every validation end, half of a short fit's time. A fit whose
+# claim is not about the probes keeps the monitor (its health figures and verdicts, a probe figure) with one probe.
+ONE_PROBE = ["--trainer.callbacks",
+             json.dumps([{"class_path": "monitor.AttentionMonitor", "init_args": {"num_probes": 1}}])]
 LABELS = ["alpha first", "beta first", "no marker"]  # names, so a class index can never pass for a label
 TEXTS = ["w1 alpha w2 beta w3", "beta w4 alpha", "w5 w6 w7", "alpha beta w8 w9 w10 w11 w12 w13 w14 w15 w16"]
 PROBE_TEXT = "beta w3 w7 alpha w5"  # words of the marker vocabulary

@@ -11,7 +11,7 @@ import yaml
 
 import predict
 import train
-from conftest import QUIET, SMOKE
+from conftest import ONE_PROBE, QUIET, SMOKE
 from data import DataError, TextDataModule
 from data.datamodule import MAX_LENGTH_CAP
 from data.sources import load_splits
@@ -122,7 +122,7 @@ def test_early_stopping_ends_a_run_that_stopped_improving(tmp_path):
 @pytest.fixture(scope="module")
 def chosen_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("chosen")
-    cli = train.main(["fit", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"), *QUIET,
+    cli = train.main(["fit", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"), *QUIET, *ONE_PROBE,
                       "--trainer.logger.init_args.save_dir", str(tmp_path), "--data.max_length", "null",
                       "--data.vocab_size", "null", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "10"])
     return tmp_path / "lightning_logs" / "version_0", cli

@@ -15,6 +15,7 @@ import torch
 import predict
 import train
 from bench import prune_heads
+from conftest import ONE_PROBE
 from data.files import WriteError, write_atomically, write_text
 from inference.classifier import COUNT_CHARACTERS, read_checkpoint
 from model.config import MAX_LENGTH, ConfigError, NetworkConfig
@@ -30,7 +31,7 @@ SYNTHETIC = {"dataset": "synthetic", "data_dir": None, "train_file": None, "val_
 
 def fit(root, *extra):
     return train.main(["fit", "--config", SMOKE, "--data.cache_dir", str(root / "cache"),
-                       "--trainer.default_root_dir", str(root), *QUIET, *SHORT, *extra])
+                       "--trainer.default_root_dir", str(root), *QUIET, *ONE_PROBE, *SHORT, *extra])
 
 
 def error_line(stop: pytest.ExceptionInfo) -> str:
@@ -397,7 +398,7 @@ def test_a_pruned_network_with_other_head_counts_per_layer_is_validated_with_the
     assert sorted(read_checkpoint(pruned)["hyper_parameters"]["network"]["layer_heads"]) == [1, 2]
     cli = train.main(["validate", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
                       "--data.max_length", "12", "--trainer.default_root_dir", str(tmp_path), "--ckpt_path",
-                      str(pruned), *QUIET, *SHORT])
+                      str(pruned), *QUIET, *ONE_PROBE, *SHORT])
     assert "val/acc" in cli.trainer.callback_metrics
     (monitor,) = [c for c in cli.trainer.callbacks if type(c).__name__ == "AttentionMonitor"]
     assert sorted(len(heads) for heads in monitor.figures.verdicts()) == [1, 2]

@@ -12,7 +12,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
-from conftest import QUIET, ROOT, SMOKE
+from conftest import ONE_PROBE, QUIET, ROOT, SMOKE
 from inference import TextClassifier
 
 SHORT = ["--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "2"]
@@ -20,7 +20,7 @@ SHORT = ["--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "2
 
 def fit(root, *extra):
     return train.main(["fit", "--config", SMOKE, "--data.cache_dir", str(root / "cache"),
-                       "--trainer.default_root_dir", str(root), *QUIET, *SHORT, *extra])
+                       "--trainer.default_root_dir", str(root), *QUIET, *ONE_PROBE, *SHORT, *extra])
 
 
 def script(root, *args) -> subprocess.CompletedProcess:

@@ -15,7 +15,7 @@ import torch
 
 import predict
 import train
-from conftest import LABELS, QUIET, ROOT, SMOKE, TEXTS
+from conftest import LABELS, ONE_PROBE, QUIET, ROOT, SMOKE, TEXTS
 from inference import CheckpointError, TextClassifier
 
 
@@ -344,7 +344,7 @@ def test_special_token_strings_get_the_same_ids_and_prediction_in_validate_and_p
     train.main([
         "validate", "--config", SMOKE, "--data.train_file", str(cli.datamodule.hparams.train_file),
         "--data.val_file", str(val_file), "--data.cache_dir", str(tmp_path / "cache"), "--ckpt_path", str(ckpt),
-        "--trainer.default_root_dir", str(tmp_path), *QUIET,
+        "--trainer.default_root_dir", str(tmp_path), *QUIET, *ONE_PROBE,
     ])
     capsys.readouterr()  # validate's table of figures
     classifier = TextClassifier.from_checkpoint(ckpt, device="cpu")
@@ -381,7 +381,7 @@ def test_a_checkpoint_of_the_previous_layout_loads_validates_and_upgrades(run, c
     validated = train.main([
         "validate", "--config", SMOKE, "--data.train_file", str(cli.datamodule.hparams.train_file),
         "--data.cache_dir", str(tmp_path / "cache"), "--ckpt_path", str(old), "--trainer.default_root_dir",
-        str(tmp_path), *QUIET,
+        str(tmp_path), *QUIET, *ONE_PROBE,
     ])
     assert validated.trainer.callback_metrics["val/acc"] == cli.trainer.callback_metrics["val/acc"]
 

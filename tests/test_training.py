@@ -9,14 +9,14 @@ import pytest
 import torch
 
 import train
-from conftest import LABELS, QUIET, ROOT, SMOKE
+from conftest import LABELS, ONE_PROBE, QUIET, ROOT, SMOKE
 from inference import TextClassifier
 from training.module import ClassifierModule
 
 
 def fit(tmp_path, *extra):
     args = ["fit", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
-            "--trainer.logger.init_args.save_dir", str(tmp_path), *QUIET, *extra]
+            "--trainer.logger.init_args.save_dir", str(tmp_path), *QUIET, *ONE_PROBE, *extra]
     return train.main(args)
 
 
@@ -156,7 +156,7 @@ def test_weightless_settings_survive_save_and_load(tmp_path):
 
 def test_default_root_dir_holds_logs_and_checkpoints(tmp_path):
     root = tmp_path / "runs"
-    train.main(["fit", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"), *QUIET,
+    train.main(["fit", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"), *QUIET, *ONE_PROBE,
                 "--trainer.default_root_dir", str(root), "--trainer.max_epochs", "1",
                 "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2"])
     assert (root / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").exists()
