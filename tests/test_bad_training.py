@@ -177,7 +177,7 @@ def test_a_checkpoint_of_the_first_layout_is_refused_with_how_to_upgrade_it(run,
     old = tmp_path / "old.ckpt"
     torch.save(checkpoint, old)
     validate = ["validate", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
-                "--trainer.default_root_dir", str(tmp_path), *QUIET, *SHORT, "--ckpt_path"]
+                "--trainer.default_root_dir", str(tmp_path), *QUIET, *ONE_PROBE, *SHORT, "--ckpt_path"]
     with pytest.raises(SystemExit) as stop:  # train.main's own exit: the line the process prints on stderr
         train.main([*validate, str(old)])
     assert "python -m training.checkpoints upgrade" in str(stop.value.code)

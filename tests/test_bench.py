@@ -21,7 +21,7 @@ import yaml
 
 from bench import ensemble, speed
 from bench.common import best_checkpoint, network_config
-from conftest import ROOT, SMOKE
+from conftest import ONE_PROBE, ROOT, SMOKE
 from data.tokenizer import PAD_ID, UNK_ID
 from inference import CheckpointError
 from model.config import ConfigError, NetworkConfig
@@ -196,7 +196,8 @@ def test_ensemble_missing_config_is_a_one_line_error(smoke_run, tmp_path, capfd)
 def test_fit_and_test_script_reports_time_memory_and_the_best_checkpoint(tmp_path):
     result = subprocess.run(["bash", str(ROOT / "bench" / "fit_and_test.sh"), str(tmp_path / "run"), "--config",
                              SMOKE, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "4",
-                             "--trainer.limit_val_batches", "2", "--data.cache_dir", str(tmp_path / "cache")],
+                             "--trainer.limit_val_batches", "2", "--data.cache_dir", str(tmp_path / "cache"),
+                             *ONE_PROBE],
                             capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable})
     fit_seconds = int(re.search(r"FIT_SECONDS (\d+)", result.stdout).group(1))
     peak = int(re.search(r"PEAK_RSS_MIB (\d+)", result.stdout).group(1))

@@ -101,8 +101,8 @@ def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
 @pytest.mark.slow
 def test_ddp_on_two_cpu_processes(tmp_path):
     result = run_script(
-        tmp_path, "fit", "--config", SMOKE, *QUIET, "--trainer.max_epochs", "2", "--trainer.accelerator", "cpu",
-        "--trainer.strategy", "ddp", "--trainer.devices", "2",
+        tmp_path, "fit", "--config", SMOKE, *QUIET, *ONE_PROBE, "--trainer.max_epochs", "2",
+        "--trainer.accelerator", "cpu", "--trainer.strategy", "ddp", "--trainer.devices", "2",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoint = torch.load(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
