@@ -70,6 +70,14 @@ def pretrained(tmp_path_factory):
     return tmp_path, cli, tmp_path / "pretrain" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
 
 
+@pytest.fixture(scope="module")
+def fine_tuned(pretrained, tmp_path_factory) -> Path:
+    """The classifier checkpoint of one fine-tuning run from `pretrained` (read it, never change it)."""
+    tmp_path = tmp_path_factory.mktemp("fine_tuned")
+    fine_tune(tmp_path, pretrained[2])
+    return tmp_path / "fit" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+
+
 # ---- the objectives -----------------------------------------------------------------------------------------------
 
 def test_masking_picks_only_real_known_tokens_and_at_least_one_per_text():
@@ -236,10 +244,9 @@ def test_fine_tuning_starts_from_exactly_the_pretrained_weights_and_tokenizer(pr
         assert torch.equal(own[name], tensor), name
 
 
-def test_fine_tuned_checkpoint_is_self_contained(pretrained, tmp_path):
+def test_fine_tuned_checkpoint_is_self_contained(pretrained, fine_tuned):
     _, _, last = pretrained
-    fine_tune(tmp_path, last)
-    checkpoint = tmp_path / "fit" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    checkpoint = fine_tuned
     classifier = TextClassifier.from_checkpoint(checkpoint)
     prediction = classifier.predict(["train3 good fine movie 3"], attention=True)[0]
     assert prediction.label in ("0", "1") and prediction.attention is not None
@@ -265,11 +272,8 @@ def run_error(capsys, function, *args, **kwargs) -> str:
     return message
 
 
-def test_fine_tuning_from_a_classifier_checkpoint_is_one_line(pretrained, tmp_path, capsys):
-    _, _, last = pretrained
-    fine_tune(tmp_path / "first", last)
-    classifier = tmp_path / "first" / "fit" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
-    message = run_error(capsys, fine_tune, tmp_path / "second", classifier)
+def test_fine_tuning_from_a_classifier_checkpoint_is_one_line(fine_tuned, tmp_path, capsys):
+    message = run_error(capsys, fine_tune, tmp_path / "second", fine_tuned)
     assert "a classifier checkpoint, not a pretraining one" in message
     assert not (tmp_path / "second" / "fit").exists()  # nothing written
 
@@ -296,11 +300,8 @@ def test_fine_tuning_with_another_vocabulary_is_one_line(pretrained, tmp_path, c
     assert "data.vocab_size 5000 differs from the pretraining checkpoint" in message
 
 
-def test_resuming_pretraining_from_a_classifier_checkpoint_is_one_line(pretrained, tmp_path, capsys):
-    _, _, last = pretrained
-    fine_tune(tmp_path / "first", last)
-    classifier = tmp_path / "first" / "fit" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
-    message = run_error(capsys, pretrain, tmp_path, "--ckpt_path", str(classifier))
+def test_resuming_pretraining_from_a_classifier_checkpoint_is_one_line(fine_tuned, tmp_path, capsys):
+    message = run_error(capsys, pretrain, tmp_path, "--ckpt_path", str(fine_tuned))
     assert "a classifier checkpoint, not a pretraining one" in message
 
 
