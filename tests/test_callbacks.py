@@ -7,7 +7,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
-from conftest import PROBE_TEXT, QUIET, SMOKE, SMOKE_EPOCHS
+from conftest import ONE_PROBE, PROBE_TEXT, QUIET, SMOKE, SMOKE_EPOCHS
 from monitor.callback import AttentionMonitor, pick_probes
 from monitor.health import AttentionHealth
 
@@ -16,7 +16,7 @@ FIGURES = ("entropy", "max_weight", "score_std")
 
 def run(tmp_path, *extra, subcommand="fit"):
     args = [subcommand, "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
-            "--trainer.logger.init_args.save_dir", str(tmp_path), *QUIET, *extra]
+            "--trainer.logger.init_args.save_dir", str(tmp_path), *QUIET, *ONE_PROBE, *extra]
     return train.main(args)
 
 
