@@ -387,7 +387,8 @@ def test_a_special_checkpoint_name_with_nothing_behind_it_is_one_line(tmp_path, 
 def test_a_checkpoint_train_py_did_not_write_is_one_line_in_train_py(tmp_path):
     path = save_checkpoint(tiny_classifier(), tmp_path / "by_hand.ckpt")
     with pytest.raises(SystemExit) as stop:
-        train.main(["validate", "--config", SMOKE, "--ckpt_path", str(path), *QUIET])
+        train.main(["validate", "--config", SMOKE, "--ckpt_path", str(path), "--data.cache_dir", str(tmp_path / "cache"),
+                    *QUIET])
     assert error_line(stop).startswith(f"error: {path}: not written by train.py")
 
 

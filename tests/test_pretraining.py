@@ -171,7 +171,8 @@ def test_pretraining_text_is_train_plus_unlabeled_never_validation_or_test(tmp_p
     unlabeled = write_lines(tmp_path / "more.txt", ["extra one text", "validation3 good fine movie 3",
                                                     "test4 good fine movie 4", "extra two text"])
     data = PretrainDataModule(train_file=str(files["train"]), val_file=str(files["validation"]),
-                              test_file=str(files["test"]), unlabeled_files=[str(unlabeled)], tokenizer="word")
+                              test_file=str(files["test"]), unlabeled_files=[str(unlabeled)], tokenizer="word",
+                              cache_dir=str(tmp_path / "cache"))
     texts, counts = data.pretraining_texts()
     assert sorted(texts) == sorted([f"train{i} good fine movie {i % 7}" for i in range(60)]
                                    + ["extra one text", "extra two text"])
@@ -182,8 +183,8 @@ def test_pretraining_text_is_train_plus_unlabeled_never_validation_or_test(tmp_p
 
 def test_a_carved_validation_split_is_left_out_of_pretraining(tmp_path):
     files = labelled_files(tmp_path)
-    data = PretrainDataModule(train_file=str(files["train"]), val_fraction=0.2)
-    fit_data = train.TextDataModule(train_file=str(files["train"]), val_fraction=0.2)
+    data = PretrainDataModule(train_file=str(files["train"]), val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
+    fit_data = train.TextDataModule(train_file=str(files["train"]), val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
     splits = fit_data._read_splits()
     texts, _ = data.pretraining_texts()
     assert sorted(texts) == sorted(splits.texts["train"]) and not set(texts) & set(splits.texts["validation"])
