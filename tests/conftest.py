@@ -92,3 +92,15 @@ def smoke_run(tmp_path_factory) -> SmokeRun:
     run = root / "lightning_logs" / "version_0"
     (best,) = (run / "checkpoints").glob("best-*.ckpt")
     return SmokeRun(root, run, best, run / "checkpoints" / "last.ckpt", train_file, cli)
+
+
+# The modules that take longest (`--durations=0`), run first: pytest-xdist hands whole modules to the workers in
+# collection order (`--dist loadfile --no-loadscope-reorder`, pyproject.toml), so the long ones start early and the
+# many short ones even out the end. Only the order changes; a module missing here just runs later.
+LONGEST_FIRST = ["test_export.py", "test_training.py", "test_bench.py", "test_bad_training.py", "test_predict.py",
+                 "test_bad_inputs_round2.py", "test_pretraining.py", "test_adaptive.py"]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order otherwise
