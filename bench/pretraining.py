@@ -153,7 +153,7 @@ def word_vector_checkpoint(pretrain_arguments: list[str], target: Path) -> None:
         os.unlink(f.name)
     table = torch.stack([torch.from_numpy(vectors.get_word_vector(tokenizer.id_to_token(i)).copy())
                          for i in range(network.vocab_size)])
-    table = table / table.std()  # the spread of nn.Embedding's initialisation, N(0, 1)
+    table = table / table.std() * network.embedding_std  # the spread the network's own embedding starts with
     state = cli.model.state_dict()
     state["model.token_embedding.weight"] = table
     checkpoint = {

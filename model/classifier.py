@@ -102,6 +102,12 @@ class AttentionEncoder(nn.Module):
         # No padding_idx: padding never reaches the embedding (encode() embeds real tokens only).
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.position_embedding = position_embedding(config.positions, config.max_length, config.d_model)
+        with torch.no_grad():  # N(0, 1) → N(0, embedding_std²), scaled in place: the random stream is unchanged
+            self.token_embedding.weight.mul_(config.embedding_std)
+            if config.positions == "learned":
+                self.position_embedding.weight.mul_(config.embedding_std)
+        # BERT's LayerNorm on token + position: attention sees unit-scale inputs whatever embedding_std starts at.
+        self.embedding_norm = nn.LayerNorm(config.d_model) if config.embedding_norm else None
         self.embedding_dropout = nn.Dropout(config.embedding_dropout)
         self.blocks = nn.ModuleList(Block(config, config.heads_in_layer(i)) for i in range(config.n_layers))
 
@@ -127,6 +133,8 @@ class AttentionEncoder(nn.Module):
         real = ~key_padding_mask.bool()  # (B, L)
         rows, positions = real.nonzero(as_tuple=True)  # (N,) each: the real places, row-major (see forward_packed)
         x = self.token_embedding(token_ids[rows, positions]) + self.position_embedding(positions)  # (N, D)
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
         x = self.embedding_dropout(x)
         attention = []
         for block in self.blocks:

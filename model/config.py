@@ -42,6 +42,10 @@ class NetworkConfig:
         embedding_dropout: on token + position embeddings.
         attention_dropout: on the attention weights.
         head_dropout: on the pooled sentence vector, before the linear head.
+        embedding_std: standard deviation of the token and learned position embeddings at initialisation
+            (1.0 is PyTorch's N(0, 1)). Smaller starting vectors let the few updates a rare word gets outweigh its
+            random start (with embedding_norm, so attention still sees unit-scale vectors).
+        embedding_norm: a LayerNorm on token + position embeddings before the first block (as in BERT).
         pooling: how token vectors become one sentence vector: mean, max, first or attention.
         positions: position vectors added to the token embeddings: learned, sinusoidal or none.
         bias: biases in W_Q, W_K, W_V, W_O (the textbook formula has none).
@@ -78,6 +82,8 @@ class NetworkConfig:
     embedding_dropout: float = 0.1
     attention_dropout: float = 0.0
     head_dropout: float = 0.0
+    embedding_std: float = 1.0
+    embedding_norm: bool = False
     pooling: str = "mean"
     positions: str = "learned"
     bias: bool = False
@@ -142,6 +148,8 @@ class NetworkConfig:
                 if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= self.n_heads:
                     raise ConfigError(f"layer_heads must hold integers in 1..n_heads {self.n_heads}, "
                                       f"got {self.layer_heads}")
+        if not (isinstance(self.embedding_std, (int, float)) and 0 < self.embedding_std <= 10):
+            raise ConfigError(f"embedding_std must be in (0, 10], got {self.embedding_std!r}")
         if self.scale is not None and not self.scale > 0:
             raise ConfigError(f"scale must be > 0 (or null for 1/sqrt(d_head)), got {self.scale}")
         if self.attention == AUTO:

@@ -102,6 +102,33 @@ def test_position_kinds(positions):
     assert trainable == (positions == "learned")
 
 
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_embedding_std_scales_the_starting_vectors_and_nothing_else(positions):
+    torch.manual_seed(0)
+    plain = classifier(vocab_size=500, d_model=64, n_heads=2, positions=positions)
+    torch.manual_seed(0)
+    small = classifier(vocab_size=500, d_model=64, n_heads=2, positions=positions, embedding_std=0.1)
+    assert plain.token_embedding.weight.std().item() == pytest.approx(1.0, abs=0.02)
+    torch.testing.assert_close(small.token_embedding.weight, 0.1 * plain.token_embedding.weight)
+    # learned positions start small too; fixed sinusoids are a table, not a random start, and stay as they are
+    factor = 0.1 if positions == "learned" else 1.0
+    torch.testing.assert_close(small.position_embedding.weight, factor * plain.position_embedding.weight)
+    # the random stream is the same: every other weight is identical
+    others = [(n, p) for n, p in plain.named_parameters() if "embedding" not in n]
+    assert others and all(torch.equal(p, small.get_parameter(n)) for n, p in others)
+
+
+@pytest.mark.parametrize("embedding_norm", [False, True])
+def test_embedding_norm_makes_attention_blind_to_the_embeddings_scale(embedding_norm):
+    model = classifier(vocab_size=20, d_model=16, n_heads=2, positions="none", embedding_norm=embedding_norm).eval()
+    token_ids = torch.tensor([[3, 4, 5, 6]])
+    before = model(token_ids).logits
+    with torch.no_grad():
+        model.token_embedding.weight.mul_(5.0)
+    same = torch.allclose(before, model(token_ids).logits, atol=1e-5)
+    assert same == embedding_norm  # LayerNorm(5·x) = LayerNorm(x); without it the scores grow 25-fold
+
+
 @pytest.mark.parametrize(
     "settings, setting",
     [
@@ -112,6 +139,8 @@ def test_position_kinds(positions):
         ({"causal": True, "pooling": "first"}, "causal"),
         ({"attention_kernel": "flash"}, "attention_kernel"),
         ({"scale": 0.0}, "scale"),
+        ({"embedding_std": 0.0}, "embedding_std"),
+        ({"embedding_std": -1.0}, "embedding_std"),
     ],
 )
 def test_impossible_settings_are_refused_with_one_line_naming_them(settings, setting):
