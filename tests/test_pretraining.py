@@ -295,6 +295,14 @@ def test_fine_tuning_with_another_network_shape_is_one_line(pretrained, tmp_path
     assert not (tmp_path / "fit").exists()
 
 
+def test_fine_tuning_without_the_pretrained_embedding_norm_is_one_line(pretrained, tmp_path, capsys):
+    _, cli, last = pretrained
+    assert cli.model.network.embedding_norm  # configs/pretrain.yaml, as configs/default.yaml
+    message = run_error(capsys, fine_tune, tmp_path, last, "--model.network.embedding_norm", "false")
+    assert "pretrained with embedding_norm True (this config: False)" in message
+    assert not (tmp_path / "fit").exists()
+
+
 def test_fine_tuning_with_another_vocabulary_is_one_line(pretrained, tmp_path, capsys):
     _, _, last = pretrained
     message = run_error(capsys, fine_tune, tmp_path, last, "--data.vocab_size", "5000")
