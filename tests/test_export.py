@@ -95,10 +95,16 @@ def test_the_graph_holds_the_written_formula_and_the_config_says_how_to_use_it(e
 
 
 def test_without_attention_there_is_one_output(tmp_path):
-    ckpt = save_checkpoint(tiny_classifier(n_layers=1), tmp_path / "tiny.ckpt")  # one layer: half the tracing
+    # one layer (half the tracing), with the generic default's embedding LayerNorm, which the graph must hold too
+    classifier = tiny_classifier(n_layers=1, embedding_norm=True, embedding_std=0.1)
+    ckpt = save_checkpoint(classifier, tmp_path / "tiny.ckpt")
     assert export.main(["--ckpt", str(ckpt), "--out", str(tmp_path / "out")]) == 0
-    session = onnxruntime.InferenceSession(str(tmp_path / "out" / "model.onnx"))
-    assert [o.name for o in session.get_outputs()] == ["logits"]
+    _, _, _, outputs = run_onnx(tmp_path / "out", TEXTS)
+    assert list(outputs) == ["logits"]
+    expected = np.array([[p.probabilities[name] for name in classifier.label_names]
+                         for p in classifier.predict(TEXTS)])
+    probabilities = torch.from_numpy(outputs["logits"]).softmax(-1).numpy()
+    np.testing.assert_allclose(probabilities, expected, atol=TOLERANCE)
 
 
 def test_bad_targets_and_failed_exports_are_one_line_errors(tmp_path, capsys, monkeypatch):
