@@ -367,8 +367,10 @@ def test_word_vector_baseline_is_a_checkpoint_fine_tuning_starts_from(tmp_path):
     checkpoint = read_pretraining_checkpoint(target)
     table = checkpoint["state_dict"]["model.token_embedding.weight"]
     assert checkpoint["hyper_parameters"]["objective"] == "fasttext-skipgram"
-    assert table.shape[1] == 16 and abs(float(table.std()) - 1.0) < 1e-4
     network = NetworkConfig.from_dict(checkpoint["hyper_parameters"]["network"])
+    # the spread the network's own embedding starts with (configs/pretrain.yaml: 0.1), not fastText's
+    assert network.embedding_std == 0.1
+    assert table.shape[1] == 16 and abs(float(table.std()) - network.embedding_std) < 1e-4
     classifier = AttentionClassifier(network)
     load_encoder(classifier, str(target))
     assert torch.equal(classifier.token_embedding.weight, table)
