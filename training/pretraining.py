@@ -15,9 +15,9 @@ from training.module import NonFiniteLossError, adamw_with_warmup
 # The settings that decide the encoder's weights and what they mean: a classifier fine-tuned from a pretraining
 # checkpoint must have the same. Dropout rates, pooling, the class head and the kernel may differ.
 ENCODER_SETTINGS = ("vocab_size", "max_length", "d_model", "n_heads", "d_head", "n_layers", "d_ff", "positions",
-                    "embedding_norm", "bias", "scale", "causal", "attention", "window", "projection_length", "global_tokens", "layer_heads")
-# parameter names the classifier shares
-ENCODER_PARTS = ("token_embedding.", "position_embedding.", "embedding_norm.", "blocks.")
+                    "embedding_norm", "bias", "scale", "causal", "attention", "window", "projection_length",
+                    "global_tokens", "layer_heads")
+ENCODER_PARTS = ("token_embedding.", "position_embedding.", "embedding_norm.", "blocks.")  # names the classifier shares
 
 
 class PretrainModule(L.LightningModule):
