@@ -159,6 +159,26 @@ def test_encoded_once_then_cached(tmp_path, monkeypatch):
     assert torch.equal(second.split("train").ids, first.split("train").ids)
 
 
+def test_a_cache_being_built_does_not_hold_up_other_data(tmp_path):
+    """The build lock is per cache file: while one run holds the lock of its data (here: this test, as a run that
+    is still encoding), a run on other settings in the same cache folder goes ahead instead of waiting."""
+    import fcntl
+    import threading
+
+    path = write(tmp_path / "t.csv", rows())
+    cache = str(tmp_path / "cache")
+    busy = TextDataModule(train_file=str(path), vocab_size=100, max_length=8, cache_dir=cache)
+    (tmp_path / "cache").mkdir()
+    with open(busy.cache_path().with_suffix(".lock"), "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        other = TextDataModule(train_file=str(path), vocab_size=100, max_length=16, cache_dir=cache)
+        done = threading.Thread(target=lambda: other.state, daemon=True)
+        done.start()
+        done.join(timeout=60)
+        assert not done.is_alive(), "a run on other settings waited for the lock of another cache file"
+    assert other.cache_path() != busy.cache_path() and other.cache_path().exists()
+
+
 def test_batches_hold_ids_mask_labels_and_little_padding(tmp_path):
     path = write(tmp_path / "t.csv", [(" ".join(["great"] * (1 + i % 20)), "pos" if i % 2 else "neg") for i in range(400)])
     data = TextDataModule(train_file=str(path), vocab_size=100, batch_size=16, cache_dir=str(tmp_path / "cache"))
