@@ -102,6 +102,25 @@ def test_training_length_with_no_max_epochs_gives_small_data_enough_steps(tmp_pa
     assert cli.trainer.max_epochs == 10  # set by the config: kept
 
 
+def stopper(cli):
+    (callback,) = [c for c in cli.trainer.callbacks if type(c).__name__ == "EarlyStopping"]
+    return callback
+
+
+def test_chosen_training_length_gives_early_stopping_enough_steps(tmp_path):
+    # 57 steps per epoch: patience 5 epochs (285 steps) is raised to ceil(300 / 57) = 6, in config.yaml too.
+    cli = train.cli(["--config", SMOKE, "--data.cache_dir", str(tmp_path), "--trainer.max_epochs", "null"], run=False)
+    assert train.PATIENCE_STEPS == 300 and stopper(cli).patience == 6 == cli.config["early_stopping"]["patience"]
+    cli = train.cli(["--config", SMOKE, "--data.cache_dir", str(tmp_path), "--trainer.max_epochs", "null",
+                     "--data.batch_size", "8"], run=False)
+    assert stopper(cli).patience == 5  # 450 steps per epoch: 5 epochs are plenty
+    cli = train.cli(["--config", SMOKE, "--data.cache_dir", str(tmp_path), "--trainer.max_epochs", "null",
+                     "--early_stopping.patience", "20"], run=False)
+    assert stopper(cli).patience == 20  # a longer patience is kept
+    cli = train.cli(["--config", SMOKE, "--data.cache_dir", str(tmp_path)], run=False)
+    assert stopper(cli).patience == 5  # the training length is the config's: so is the patience
+
+
 def test_early_stopping_and_the_attention_monitor_are_on_by_default(tmp_path):
     cli = train.cli(["--data.dataset", "synthetic", "--data.cache_dir", str(tmp_path)], run=False)
     monitors = [c for c in cli.trainer.callbacks if isinstance(c, AttentionMonitor)]
