@@ -262,6 +262,12 @@ def print_table(results: dict) -> None:
 def reproduce(dataset: str, seed: int, out: Path, threads: int | None) -> None:
     recipe = RECIPES[dataset]
     init = None
+    if recipe["setting"].startswith("fasttext"):
+        try:
+            import fasttext  # noqa: F401
+        except ImportError:
+            raise SystemExit(f"the {dataset} recipe starts from fastText word vectors: pip install -e '.[bench]' "
+                             "(fasttext-numpy2) first") from None
     if recipe["setting"] != "scratch":
         init, _ = pretrained_checkpoint(dataset, recipe["setting"], out, None, recipe.get("pretrain", []), threads)
     run_dir = fine_tune(dataset, recipe["setting"], seed, out, init, recipe["fit"], threads)

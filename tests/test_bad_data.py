@@ -134,11 +134,13 @@ def datamodule(tmp_path, **kwargs):
     return TextDataModule(train_file=str(path), cache_dir=str(tmp_path / "cache"), **{"vocab_size": 40, **kwargs})
 
 
-def test_one_lock_file_per_cache_folder_not_per_cache_key(tmp_path):
+def test_one_lock_file_beside_each_cache_file_and_nothing_else(tmp_path):
     datamodule(tmp_path).state, datamodule(tmp_path, vocab_size=30).state  # noqa: B018  (two cache keys)
     cache = tmp_path / "cache"
-    assert len(list(cache.glob("*.pt"))) == 2
-    assert sorted(p.name for p in cache.iterdir() if not p.name.endswith(".pt")) == [".lock"]
+    caches = sorted(p.stem for p in cache.glob("*.pt"))
+    assert len(caches) == 2
+    assert sorted(p.stem for p in cache.iterdir() if not p.name.endswith(".pt")) == caches  # <name>.lock each
+    assert all(p.suffix == ".lock" for p in cache.iterdir() if p.suffix != ".pt")
 
 
 def test_a_cache_dir_that_cannot_be_written_encodes_in_memory_with_a_warning(tmp_path, caplog):
