@@ -268,8 +268,9 @@ class TextDataModule(L.LightningDataModule):
     def _load_or_build(self) -> dict:
         """The encoded data from the cache, or built and cached. One lock file per cache file (`<name>.lock`
         beside it, left in place: removing it would race with a process about to lock it): with several processes
-        (DDP) the first builds, the others wait and load; runs on other data or settings do not wait. A cache folder that cannot be written is not an error: the data are
-        encoded in memory, with a warning (tokenizer training is deterministic, so every process gets the same)."""
+        (DDP) the first builds, the others wait and load; runs on other data or settings do not wait. A cache folder
+        that cannot be written is not an error: the data are encoded in memory, with a warning (tokenizer training is
+        deterministic, so every process gets the same)."""
         path = self.cache_path()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
