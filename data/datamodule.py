@@ -25,7 +25,7 @@ from data.tokenizer import KINDS, UNK_ID, cut, load_tokenizer, pad, stored_form,
 from model.config import ATTENTIONS, AUTO, FULL_ATTENTION_MAX_LENGTH, MAX_LENGTH
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 4  # bump when tokenization changes (4: adaptive max_length/vocab_size, ChnSentiCorp test split)
+CACHE_VERSION = 5  # bump when tokenization changes (4: adaptive sizes, ChnSentiCorp test split; 5: words seen once)
 
 # Adaptive sizes (data.max_length / data.vocab_size left unset), chosen from the training split alone:
 LENGTH_PERCENTILE = 100  # max_length covers the longest training text (batches are padded only to their longest
@@ -37,8 +37,11 @@ LONG_TEXT_SHARE = 0.2   # attention "auto": whole texts with local attention whe
 SHORT_BUCKET_POOL, LONG_BUCKET_POOL = 1, 50  # bucket_pool unset: random batches for short texts, length-sorted
                         # pools for long ones, where padding a batch to its longest text would dominate the cost
 LONG_KINDS = tuple(kind for kind in ATTENTIONS if kind != "full")  # local, linformer, sparse
-MIN_WORD_COUNT = 2      # vocabulary: the words seen at least this often (a word seen once teaches its embedding little)
-VOCAB_SIZE_CAP = 32000
+VOCAB_SIZE_CAP = 32000  # vocab_size unset: the training words seen twice or more, at most this many (the most
+RARE_WORD_SHARE = 0.05  # frequent); those seen once too where they are more than this share of the text: small data,
+                        # where [UNK] would replace them in numbers (1,000 SST-2 phrases: 20% of the words; keeping
+                        # them: +3.4 points), not rare names and typos (ChnSentiCorp 0.15%, SST-2 0.06%, IMDB 0.4%;
+                        # docs/RESULTS.md "Small data: words seen once")
 # Upper bounds on the settings that size memory (model/config.py bounds the network the same way):
 MAX_BATCH_SIZE = 65536
 MAX_VOCAB_SIZE = 1_048_576
@@ -160,7 +163,8 @@ class TextDataModule(L.LightningDataModule):
             batch_size: texts per batch; batches are bucketed by length and padded per batch.
             vocab_size: most tokens the tokenizer trained on the training split may have (fewer if the text has fewer).
                 Unset: the words (split as the tokenizer splits them) seen at least twice in the training split,
-                plus [PAD] and [UNK], at most 32,000 (logged, and written into config.yaml).
+                and those seen once too where they are more than 5% of its words (small data), plus [PAD] and
+                [UNK], at most 32,000, the most frequent (logged, and written into config.yaml).
             tokenizer: "wordpiece" (sub-words, the default) or "word" (whole words).
             split_cjk: one token per Chinese/Japanese/Korean character (True), or learned multi-character pieces
                 (False, wordpiece only): CJK text has no spaces, so a run of characters is one "word" to split.
@@ -379,10 +383,14 @@ class TextDataModule(L.LightningDataModule):
         if not counts:
             raise DataError(f"{splits.sources.get('train', 'train')}: every training text is empty after tokenization "
                             "(no words): cannot choose vocab_size; check text_column")
-        frequent = sum(count >= MIN_WORD_COUNT for count in counts.values())
-        vocab_size = min(VOCAB_SIZE_CAP, max(frequent, 1) + 2)  # + [PAD], [UNK]
-        return vocab_size, (f"vocab_size {vocab_size}: the {frequent} of {len(counts)} distinct training words seen "
-                            f"at least {MIN_WORD_COUNT} times, + [PAD], [UNK] (at most {VOCAB_SIZE_CAP})")
+        once = sum(count == 1 for count in counts.values())
+        share = once / sum(counts.values())  # of the training text's running words
+        keep_once = share > RARE_WORD_SHARE
+        kept = len(counts) if keep_once else len(counts) - once
+        vocab_size = min(VOCAB_SIZE_CAP, max(kept, 1) + 2)  # + [PAD], [UNK]
+        return vocab_size, (f"vocab_size {vocab_size}: {kept} of the {len(counts)} distinct training words, + [PAD], "
+                            f"[UNK] (at most {VOCAB_SIZE_CAP}); the {once} seen once, {100 * share:.1f}% of the text, "
+                            f"{'kept' if keep_once else 'left out'} (kept above {100 * RARE_WORD_SHARE:.0f}%)")
 
     def _choose_max_length(self, splits: Splits, vocab_size: int) -> tuple[int, str]:
         attention = self.hparams.get("attention", "full")

@@ -13,7 +13,7 @@ import predict
 import train
 from conftest import ONE_PROBE, QUIET, SMOKE
 from data import DataError, TextDataModule
-from data.datamodule import MAX_LENGTH_CAP
+from data.datamodule import MAX_LENGTH_CAP, RARE_WORD_SHARE
 from data.sources import load_splits
 from inference import TextClassifier
 from inference.ensemble import Ensemble, resolve_checkpoint
@@ -28,16 +28,40 @@ def write_csv(path: Path, rows) -> Path:
 
 
 def test_vocab_size_is_the_words_seen_twice_and_max_length_the_longest_text_rounded_to_8(tmp_path):
-    # Words: "good" ×6, "bad" ×6, "film" ×4, "plot" ×2 seen twice or more; "rare1".."rare3" once.
-    rows = [("good film", 1), ("good film", 1), ("good plot", 1), ("bad film", 0), ("bad film", 0), ("bad plot", 0),
-            ("good good good rare1 rare2 rare3 bad bad bad x", 1), ("x", 0)] * 1
+    # Words: "good" ×31, "bad" ×30, "film" ×60, "x" ×2; "rare" once: 1 of 124 words, under RARE_WORD_SHARE.
+    rows = [("good film", 1), ("bad film", 0)] * 30 + [("good rare x", 1), ("x", 0)]
     data = TextDataModule(train_file=str(write_csv(tmp_path / "train.csv", rows)),
                           val_file=str(write_csv(tmp_path / "val.csv", [("good", 1), ("bad", 0)])),
                           tokenizer="word", cache_dir=str(tmp_path / "cache"))
-    assert data.vocab_size == 5 + 2  # good, bad, film, plot, x + [PAD], [UNK]
-    assert data.tokenizer.get_vocab_size() == 7
-    assert data.max_length == 16  # the longest training text has 10 words: rounded up to a multiple of 8
+    assert data.vocab_size == 4 + 2  # good, bad, film, x + [PAD], [UNK]
+    assert data.tokenizer.get_vocab_size() == 6 and data.tokenizer.token_to_id("rare") is None
+    assert data.max_length == 8  # the longest training text has 3 words: rounded up to a multiple of 8
     assert data.hparams.max_length is None and data.hparams.vocab_size is None  # chosen, not configured
+
+
+def test_small_data_keeps_the_words_seen_once_too(tmp_path):
+    # "rare1".."rare3" once each: 3 of 23 words (13%), above RARE_WORD_SHARE, so they are kept; "unseen" is only in
+    # the validation file, which does not choose the vocabulary.
+    rows = [("good film", 1), ("good film", 1), ("good plot", 1), ("bad film", 0), ("bad film", 0), ("bad plot", 0),
+            ("good good good rare1 rare2 rare3 bad bad bad x", 1), ("x", 0)]
+    assert RARE_WORD_SHARE < 3 / 23
+    data = TextDataModule(train_file=str(write_csv(tmp_path / "train.csv", rows)),
+                          val_file=str(write_csv(tmp_path / "val.csv", [("good unseen", 1), ("bad", 0)])),
+                          tokenizer="word", cache_dir=str(tmp_path / "cache"))
+    assert data.vocab_size == 8 + 2  # good, bad, film, plot, x, rare1, rare2, rare3 + [PAD], [UNK]
+    assert data.tokenizer.token_to_id("rare1") is not None and data.tokenizer.token_to_id("unseen") is None
+    assert data.max_length == 16  # the longest training text has 10 words: rounded up to a multiple of 8
+
+
+def test_vocab_size_cap_keeps_the_most_frequent_words(tmp_path, monkeypatch):
+    monkeypatch.setattr("data.datamodule.VOCAB_SIZE_CAP", 4)  # [PAD], [UNK] + the two most frequent words
+    rows = [("good good good bad bad film", 1), ("good bad plot", 0), ("bad good x", 1), ("film", 0)]
+    data = TextDataModule(train_file=str(write_csv(tmp_path / "train.csv", rows)),
+                          val_file=str(write_csv(tmp_path / "val.csv", [("good", 1), ("bad", 0)])),
+                          tokenizer="word", cache_dir=str(tmp_path / "cache"))
+    assert data.vocab_size == 4
+    assert {w for w in ("good", "bad", "film", "plot", "x") if data.tokenizer.token_to_id(w) is not None} \
+        == {"good", "bad"}
 
 
 def test_max_length_is_capped(tmp_path):
