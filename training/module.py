@@ -2,6 +2,7 @@
 __init__ arguments are the `model:` section of a config; the network itself is `model: network:` (NetworkConfig)."""
 
 import copy
+import logging
 import math
 
 import lightning as L
@@ -14,6 +15,7 @@ from data.tokenizer import UNK_ID
 from model.classifier import AttentionClassifier
 from model.config import ConfigError, NetworkConfig
 
+log = logging.getLogger(__name__)
 
 class NonFiniteLossError(RuntimeError):
     """Training produced a NaN or infinite loss; training stops before any checkpoint holds broken weights."""
@@ -32,6 +34,7 @@ class ClassifierModule(L.LightningModule):
         ema_decay: float = 0.0,
         distillation: float = 0.0,
         init_from: str | None = None,
+        word_vectors: int | None = 0,
     ):
         """
         Args:
@@ -53,8 +56,16 @@ class ClassifierModule(L.LightningModule):
             init_from: a pretraining checkpoint (`train.py pretrain`): a fresh fit starts from its embedding and
                 attention blocks (training/pretraining.py), and the data use its tokenizer. Resuming, validating and
                 testing read the weights from --ckpt_path instead.
+            word_vectors: epochs of skip-gram word vectors (training/word_vectors.py) trained on the training texts
+                before a fresh fit; they become the token embedding's start, scaled to the spread it starts with
+                (network.embedding_std). 0 = off; not with init_from; a resumed run keeps the weights of its --ckpt_path.
+                None (configs/default.yaml) = chosen from the data by train.py, and written into config.yaml.
         """
         super().__init__()
+        if word_vectors is not None and word_vectors < 0:
+            raise ConfigError(f"model.word_vectors must be 0 (off) or a number of epochs, got {word_vectors}")
+        if word_vectors and init_from:
+            raise ConfigError("model.word_vectors and model.init_from both set the starting embedding: give one")
         if not 0.0 <= distillation <= 1.0:
             raise ConfigError(f"model.distillation must be between 0 and 1, got {distillation}")
         if isinstance(network, dict):  # load_from_checkpoint hands back the plain dict the checkpoint stores
@@ -159,6 +170,26 @@ class ClassifierModule(L.LightningModule):
 
             for network in {id(m): m for m in (self.model, self.online_model)}.values():
                 load_encoder(network, self.hparams.init_from)
+
+    def on_fit_start(self):
+        # After Lightning restored the weights of a --ckpt_path (trainer.ckpt_path is set by then): a resumed run
+        # keeps them.
+        if self.hparams.word_vectors and self.trainer.ckpt_path is None:
+            self.start_from_word_vectors(self.trainer.datamodule.split("train"))
+
+    def start_from_word_vectors(self, split) -> None:
+        """Skip-gram vectors of the training texts (split: an EncodedSplit) as the token embedding's start."""
+        from training.word_vectors import skipgram_vectors
+
+        epochs, config = self.hparams.word_vectors, self.network
+        log.info("word vectors: %d skip-gram epochs on the %d training texts (%d tokens) before the first step",
+                 epochs, len(split), len(split.ids))
+        seed = int(torch.randint(2**31 - 1, ()))  # from the run's seed (seed_everything)
+        table = skipgram_vectors(split.ids, split.offsets, config.vocab_size, config.d_model, epochs=epochs, seed=seed)
+        table = table / table.std() * config.embedding_std
+        with torch.no_grad():
+            for network in {id(m): m for m in (self.model, self.online_model)}.values():
+                network.token_embedding.weight.copy_(table)
 
     def configure_optimizers(self):
         return adamw_with_warmup(self, self.online_model)
