@@ -36,7 +36,6 @@ from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, Mode
 from lightning.pytorch.cli import LightningCLI
 
 from data import DataError, TextDataModule
-from data.datamodule import MAX_LENGTH_CAP
 from data.files import WriteError, reason
 from data.pretraining import PretrainDataModule
 from model.checkpoint import CheckpointError, read_checkpoint, read_pretraining_checkpoint
@@ -55,10 +54,6 @@ MIN_EPOCHS, MIN_STEPS, MAX_EPOCHS = 5, 2000, 40
 # val/acc (early_stopping.patience is raised to the epochs that cover them): 1,000 texts are 15 steps an epoch, and
 # 5 epochs stopped SST-2 subsets before they had learned (docs/RESULTS.md "Small data").
 PATIENCE_STEPS = 300
-# model.word_vectors unset (configs/default.yaml): skip-gram word vectors of the training texts start the embedding,
-# WORD_VECTOR_EPOCHS epochs of them, where the data module chose whole long texts (data.max_length above 256 tokens);
-# docs/RESULTS.md "Word vectors in the generic default".
-WORD_VECTOR_EPOCHS = 5
 ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"  # what `fit` reads first when no --config is given
 PRETRAIN_CONFIG = ROOT / "configs" / "pretrain.yaml"  # and `pretrain`
@@ -158,21 +153,7 @@ class CLI(LightningCLI):
         trainer = config["trainer"]
         if self.subcommand in ("fit", None) and trainer.get("max_epochs") is None and trainer.get("max_steps") in (None, -1):
             trainer["max_epochs"] = kwargs["max_epochs"] = self.training_epochs(config)
-        if config["model"].get("word_vectors", 0) is None:
-            config["model"]["word_vectors"] = self.model.hparams.word_vectors = self.word_vector_epochs(config)
         return super().instantiate_trainer(**kwargs)
-
-    def word_vector_epochs(self, config) -> int:
-        """model.word_vectors from the data: WORD_VECTOR_EPOCHS for whole long texts, else 0 (see there)."""
-        long_texts = self.datamodule.max_length > MAX_LENGTH_CAP
-        epochs = WORD_VECTOR_EPOCHS if long_texts and not config["model"].get("init_from") \
-            and self.subcommand in ("fit", None) else 0
-        log.info("word_vectors %d: %s", epochs,
-                 f"max_length {self.datamodule.max_length} reads whole long texts, so the embedding starts from "
-                 "skip-gram vectors of the training texts" if epochs else
-                 "the embedding starts at random (skip-gram vectors are for whole long texts, above "
-                 f"{MAX_LENGTH_CAP} tokens, and not with init_from)")
-        return epochs
 
     def training_epochs(self, config) -> int:
         """max_epochs from the training split's size; and early stopping's patience in epochs raised to cover
