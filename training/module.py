@@ -17,6 +17,7 @@ from model.config import ConfigError, NetworkConfig
 
 log = logging.getLogger(__name__)
 
+
 class NonFiniteLossError(RuntimeError):
     """Training produced a NaN or infinite loss; training stops before any checkpoint holds broken weights."""
 
