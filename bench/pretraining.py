@@ -13,6 +13,8 @@ where the data have one, else validation; bench/accuracy.py):
     pretrained_unlabeled  the same, plus the dataset's unlabeled files (UNLABELED below)
     fasttext_unlabeled    the baseline: fastText skip-gram word vectors, trained on the same text with the same
                           tokenizer, as the token embedding's starting values (attention blocks from scratch)
+The pretraining run (or the word vectors) gets the network of the fine-tuning arguments after `--` (network_args:
+`-- --config configs/imdb.yaml` pretrains configs/imdb.yaml's network), so the checkpoint fits what starts from it.
 One pretraining run per setting and dataset, reused while one with the same settings is on disk (its folder is
 named by a hash of them). Minutes per stage: config.yaml written → last event of the run.
 
@@ -33,28 +35,26 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 
 from bench.accuracy import fasttext_accuracy, nb_logreg, report_split, score_run, tfidf_logreg
+from bench.common import network_config
 from data.sources import DATA_ROOT_ENV, load_splits
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN_CONFIG = ROOT / "configs" / "pretrain.yaml"
+DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"  # what `train.py fit` reads without a --config
 # Unlabeled text per dataset, under $ATTENTION_DATA_ROOT (../shared/data on the development machines).
 UNLABELED = {"chnsenticorp_htl": ["chinese_reviews_unlabeled/unlabeled.parquet"], "imdb": ["imdb/unsup.parquet"],
              "sst2": []}
 SETTINGS = ("scratch", "pretrained_train", "pretrained_unlabeled", "fasttext_unlabeled")
-# What bench/reproduce.sh runs per dataset: the settings of the headline figure (README "Pretraining on unlabeled
-# text"): pretraining (None: none) and the fine-tuning arguments.
-# IMDB starts from fastText vectors of train + unlabeled reviews; "pretrain" gives the word-vector run the network of
-# its fine-tuning configs (configs/imdb.yaml + imdb_local.yaml), since the vectors must fit its embedding.
-IMDB_NETWORK = ["--data.max_length", "3072", "--data.vocab_size", "30000", "--model.network.d_model", "64",
-                "--model.network.d_ff", "128", "--model.network.n_layers", "1", "--model.network.positions",
-                "sinusoidal", "--model.network.attention", "local", "--model.network.window", "64",
-                "--model.network.embedding_std", "1.0", "--model.network.embedding_norm", "false"]
+# What bench/reproduce.sh runs per dataset: the setting of the headline figure (README "Pretraining on unlabeled
+# text") and the fine-tuning arguments. IMDB starts from fastText vectors of train + unlabeled reviews; its
+# word-vector run is given the network of its fine-tuning configs (network_args), since the vectors must fit it.
 RECIPES = {
     "chnsenticorp_htl": {"setting": "scratch", "fit": []},  # the generic default from scratch (docs/RESULTS.md)
     "sst2": {"setting": "scratch", "fit": ["--config", "configs/sst2.yaml"]},
-    "imdb": {"setting": "fasttext_unlabeled", "pretrain": IMDB_NETWORK,
+    "imdb": {"setting": "fasttext_unlabeled",
              "fit": ["--config", "configs/imdb.yaml", "--config", "configs/imdb_local.yaml"]},
 }
 log = logging.getLogger("bench.pretraining")
@@ -63,6 +63,29 @@ log = logging.getLogger("bench.pretraining")
 def unlabeled_files(dataset: str) -> list[str]:
     root = Path(os.environ.get(DATA_ROOT_ENV, ROOT.parent / "shared" / "data"))
     return [str(root / name) for name in UNLABELED.get(dataset, [])]
+
+
+def network_args(fit_args: list[str]) -> list[str]:
+    """`train.py pretrain` arguments that give configs/pretrain.yaml the network of the fine-tuning run `fit_args`
+    make (its --config files, or configs/default.yaml without one, then its --model.network.* and --data.vocab_size /
+    --data.max_length flags): the settings a pretrained or word-vector checkpoint must share with the network it
+    starts (ENCODER_SETTINGS), and the embedding's starting spread. Only what differs from pretrain.yaml."""
+    from training.pretraining import ENCODER_SETTINGS
+
+    configs = [value for arg, value in zip(fit_args, fit_args[1:]) if arg == "--config"]
+    configs += [arg.removeprefix("--config=") for arg in fit_args if arg.startswith("--config=")]
+    flags = {arg.removeprefix("--model.network.").removeprefix("--data."): yaml.safe_load(value)
+             for arg, value in zip(fit_args, fit_args[1:])
+             if arg.startswith("--model.network.") or arg in ("--data.vocab_size", "--data.max_length")}
+    fit = network_config(*(ROOT / path for path in configs or [DEFAULT_CONFIG]), **flags)  # train.py runs in ROOT
+    pretrain = network_config(PRETRAIN_CONFIG)
+    args = []
+    for name in (*ENCODER_SETTINGS, "embedding_std"):
+        value = getattr(fit, name)
+        if value != getattr(pretrain, name):
+            flag = f"--data.{name}" if name in ("vocab_size", "max_length") else f"--model.network.{name}"
+            args += [flag, value if isinstance(value, str) else json.dumps(value)]
+    return args
 
 
 def pretrain_args(dataset: str, setting: str, minutes: float | None, extra: list[str]) -> list[str]:
@@ -237,7 +260,8 @@ def measure(dataset: str, settings: list[str], seeds: list[int], out: Path, args
         init, pretrain_minutes = None, 0.0
         if setting != "scratch":
             init, pretrain_minutes = pretrained_checkpoint(dataset, setting, out, args.pretrain_minutes,
-                                                           args.pretrain_args, args.threads)
+                                                           [*network_args(args.extra), *args.pretrain_args],
+                                                           args.threads)
         runs = [score_run(fine_tune(dataset, setting, seed, out, init, args.extra, args.threads), split)
                 for seed in seeds]
         row["settings"][setting] = {"pretrain_minutes": pretrain_minutes, "runs": runs,
@@ -269,7 +293,7 @@ def reproduce(dataset: str, seed: int, out: Path, threads: int | None) -> None:
             raise SystemExit(f"the {dataset} recipe starts from fastText word vectors: pip install -e '.[bench]' "
                              "(fasttext-numpy2) first") from None
     if recipe["setting"] != "scratch":
-        init, _ = pretrained_checkpoint(dataset, recipe["setting"], out, None, recipe.get("pretrain", []), threads)
+        init, _ = pretrained_checkpoint(dataset, recipe["setting"], out, None, network_args(recipe["fit"]), threads)
     run_dir = fine_tune(dataset, recipe["setting"], seed, out, init, recipe["fit"], threads)
     splits = load_splits(dataset=dataset, data_dir=None, train_file=None, val_file=None, test_file=None,
                          text_column=None, label_column=None, val_fraction=0.1, seed=0)

@@ -374,3 +374,18 @@ def test_word_vector_baseline_is_a_checkpoint_fine_tuning_starts_from(tmp_path):
     classifier = AttentionClassifier(network)
     load_encoder(classifier, str(target))
     assert torch.equal(classifier.token_embedding.weight, table)
+
+
+def test_pretraining_is_given_the_network_of_the_fine_tuning_configs(tmp_path):
+    from bench.pretraining import network_args
+    from training.pretraining import ENCODER_SETTINGS
+
+    fit = ["--config", "configs/imdb.yaml", "--config", "configs/imdb_local.yaml", "--model.network.n_heads", "2"]
+    common = ["--data.dataset", "synthetic", "--data.cache_dir", str(tmp_path), "--trainer.logger", "false"]
+    tuned = train.cli([*(str(ROOT / a) if a.endswith(".yaml") else a for a in fit), *common], run=False)
+    pretrain = ["pretrain", "--config", str(ROOT / "configs" / "pretrain.yaml"), *network_args(fit), *common]
+    pretrained = train.cli(pretrain, run=False)
+    for name in (*ENCODER_SETTINGS, "embedding_std"):  # what the hand-over checks, and the vectors' spread
+        assert getattr(pretrained.model.network, name) == getattr(tuned.model.network, name), name
+    assert pretrained.model.network.d_model == 64 and pretrained.model.network.n_heads == 2
+    assert network_args([]) == []  # no config: the generic default, whose network pretrain.yaml already is
