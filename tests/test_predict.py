@@ -118,6 +118,21 @@ def test_attention_png_writes_one_readable_heatmap_per_text(ckpt, tmp_path, caps
         assert image.std() > 0  # something was drawn
 
 
+@pytest.mark.parametrize("attention", ["local", "sparse", "linformer"])
+def test_weights_for_heatmaps_alone_put_no_attention_field_in_the_output(attention):
+    from test_explain import tiny_classifier
+
+    classifier = tiny_classifier(attention)
+    texts = ["alpha beta gamma", "beta beta alpha gamma delta"]
+    (plain, _), _ = predict.prediction_outputs(classifier, texts, weights=True)
+    (shown, prediction), _ = predict.prediction_outputs(classifier, texts, attention=True)
+    assert prediction.attention is not None  # the weights were computed (for the heatmap) ...
+    assert set(predict.ATTENTION_FIELDS) & set(shown) == {"tokens", "attention", "attention_keys"} | (
+        {"global_attention"} if attention == "sparse" else set())
+    assert not set(predict.ATTENTION_FIELDS) & set(plain)  # ... and none of them is printed without --attention
+    assert plain["probabilities"] == shown["probabilities"]
+
+
 def test_progress_bar_only_for_large_inputs(ckpt, tmp_path, capsys):
     small, large = tmp_path / "small.txt", tmp_path / "large.txt"
     small.write_text("\n".join(TEXTS * 5) + "\n")
