@@ -165,10 +165,6 @@ def json_line(output: dict) -> str | None:
         return None
 
 
-# What --attention adds to an object (Prediction.to_dict): the long kinds' key columns and global weights too.
-ATTENTION_FIELDS = ("tokens", "attention", "attention_keys", "global_attention")
-
-
 def prediction_outputs(classifier, texts: list[str], *, attention: bool = False, all_heads: bool = False,
                        top_k: int | None = None, batch_size: int = 256, weights: bool = False) -> list[tuple]:
     """The JSON object predict.py prints for each text, in input order, with the Prediction it came from (None for
@@ -184,11 +180,8 @@ def prediction_outputs(classifier, texts: list[str], *, attention: bool = False,
         if prediction is None:
             pairs.append(({"text": text, "error": EMPTY}, None))
             continue
-        out = prediction.to_dict(all_heads=all_heads)
-        if not attention:  # computed for the heatmap only
-            for key in ATTENTION_FIELDS:
-                out.pop(key, None)
-        pairs.append((out, prediction))
+        # Without --attention the weights (if any) were computed for the heatmap only.
+        pairs.append((prediction.to_dict(all_heads=all_heads, attention=attention), prediction))
     return pairs
 
 

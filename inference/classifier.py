@@ -45,16 +45,20 @@ class Prediction:
     attention_keys: torch.Tensor | None = None  # long kinds: (n, K) the token of each column; -1 a projected key
     global_attention: torch.Tensor | None = None  # sparse: (n_layers, H, g, n) the global tokens' rows
 
-    def to_dict(self, all_heads: bool = False, decimals: int = 6) -> dict:
-        """JSON-ready; attention is averaged over heads unless all_heads, and rounded to `decimals`."""
+    def to_dict(self, all_heads: bool = False, decimals: int = 6, attention: bool = True) -> dict:
+        """JSON-ready; attention is averaged over heads unless all_heads, and rounded to `decimals`. attention=False
+        leaves out every attention field (tokens, weights, a long kind's key columns and global weights) even when
+        they were computed (predict.py --attention-png draws them without printing them)."""
         out = {"text": self.text, "label": self.label, "probabilities": self.probabilities}
+        if self.truncated_from is not None:
+            out["truncated_from"] = self.truncated_from
+        if not attention:
+            return out
         if self.tokens is not None:
             out["tokens"] = self.tokens
         if self.attention is not None:
             weights = self.attention if all_heads else self.attention.mean(dim=1)  # (n_layers, [H,] n, n)
             out["attention"] = weights.double().round(decimals=decimals).tolist()  # double: no float32 digits noise
-        if self.truncated_from is not None:
-            out["truncated_from"] = self.truncated_from
         if self.attention_keys is not None:
             out["attention_keys"] = self.attention_keys.tolist()
         if self.global_attention is not None:
