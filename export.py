@@ -74,33 +74,37 @@ def exportable(classifier, attention: bool):
             output = self.model(input_ids, attention_mask == 0, need_weights=attention)
             if not attention:
                 return output.logits
-            layers = output.attention
-            outputs = [output.logits, *[layer.weights for layer in layers]]
-            if hasattr(layers[0], "key_positions"):
-                outputs.append(layers[0].key_positions)
-                if layers[0].global_rows is not None:
-                    outputs += [layer.global_rows.weights for layer in layers]
-            return tuple(outputs)
+            return tuple(named_outputs(self.model, output).values())
 
     return Exported().eval()
+
+
+def named_outputs(model, output) -> dict:
+    """{name: tensor} of what the export hands out, in output order, from one forward's ClassifierOutput: the
+    logits and, when it holds weights, each layer's, in the kind's key layout (model/kinds.py)."""
+    from model.kinds import ATTENTION_KINDS
+
+    outputs = {"logits": output.logits}
+    if output.attention is None:
+        return outputs
+    layers = output.attention
+    outputs.update({f"attention.{i}": layer.weights for i, layer in enumerate(layers)})
+    if ATTENTION_KINDS[model.config.attention].key_layout != "tokens":
+        outputs["attention_keys"] = layers[0].key_positions
+        if layers[0].global_rows is not None:
+            outputs.update({f"global_attention.{i}": layer.global_rows.weights for i, layer in enumerate(layers)})
+    return outputs
 
 
 def output_names(classifier, attention: bool) -> list[str]:
     """The outputs' names, from what the network hands out on the trace inputs (one eager pass)."""
     import torch
 
-    if not attention:
-        return ["logits"]
     config = classifier.model.config
     input_ids, attention_mask = trace_inputs(config.max_length, config.vocab_size)
     with torch.no_grad():
-        layers = classifier.model(input_ids, attention_mask == 0, need_weights=True).attention
-    names = ["logits", *[f"attention.{i}" for i in range(len(layers))]]
-    if hasattr(layers[0], "key_positions"):
-        names.append("attention_keys")
-        if layers[0].global_rows is not None:
-            names += [f"global_attention.{i}" for i in range(len(layers))]
-    return names
+        output = classifier.model(input_ids, attention_mask == 0, need_weights=attention)
+    return list(named_outputs(classifier.model, output))
 
 
 def trace_inputs(max_length: int, vocab_size: int):
@@ -114,14 +118,14 @@ def trace_inputs(max_length: int, vocab_size: int):
     return input_ids.masked_fill(attention_mask == 0, 0), attention_mask
 
 
-def export_onnx(classifier, path: Path, attention: bool) -> None:
-    """model.onnx at path; ExportError (one line) when the network cannot be exported."""
+def export_onnx(classifier, path: Path, names: list[str]) -> None:
+    """model.onnx at path with the outputs `names` (output_names); ExportError (one line) when the network cannot
+    be exported."""
     import torch
 
     config = classifier.model.config
     for block in classifier.model.blocks:
         block.attention.kernel = "manual"  # the written formula in the graph, never scaled_dot_product_attention
-    names = output_names(classifier, attention)
     inputs = trace_inputs(config.max_length, config.vocab_size)
     axes = {"input_ids": {0: "batch", 1: "length"}, "attention_mask": {0: "batch", 1: "length"}}
     try:
@@ -129,7 +133,7 @@ def export_onnx(classifier, path: Path, attention: bool) -> None:
             warnings.simplefilter("ignore")
             logging.getLogger("torch").setLevel(logging.ERROR)
             program = torch.onnx.export(
-                exportable(classifier, attention), inputs, input_names=["input_ids", "attention_mask"],
+                exportable(classifier, attention=len(names) > 1), inputs, input_names=["input_ids", "attention_mask"],
                 output_names=names, dynamic_axes=axes, opset_version=OPSET, dynamo=True, verbose=False,
             )
     except Exception as e:  # torch.export / onnxscript raise many kinds; the first line says which step failed
@@ -153,13 +157,14 @@ def export_tokenizer(classifier, max_length: int):
     return tokenizer
 
 
-def export_config(classifier, checkpoint_name: str, attention: bool) -> dict:
+def export_config(classifier, checkpoint_name: str, names: list[str]) -> dict:
     from data.tokenizer import CHARS_PER_TOKEN_BOUND, PAD, PAD_ID, UNK, UNK_ID
 
     config = classifier.model.config
-    names = output_names(classifier, attention)
     layouts = {"logits": "B × classes, in the order of labels; softmax gives the probabilities"}
-    long_kind = config.attention in ("local", "sparse", "linformer")
+    from model.kinds import ATTENTION_KINDS
+
+    long_kind = ATTENTION_KINDS[config.attention].key_layout != "tokens"
     for name in names[1:]:
         if name.startswith("attention."):
             layouts[name] = ("B × H × L × K: query rows over the K columns attention_keys names (predict.py "
@@ -226,10 +231,11 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for name in ("model.onnx", "tokenizer.json", "config.json"):
         check_target(out / name, name, inputs=[ckpt])
-    export_onnx(classifier, out / "model.onnx", args.attention)
+    names = output_names(classifier, args.attention)
+    export_onnx(classifier, out / "model.onnx", names)
     tokenizer = export_tokenizer(classifier, classifier.max_length)
     write_text(out / "tokenizer.json", tokenizer.to_str(pretty=True), what="tokenizer")
-    config = export_config(classifier, ckpt.name, args.attention)
+    config = export_config(classifier, ckpt.name, names)
     write_text(out / "config.json", json.dumps(config, ensure_ascii=False, indent=2) + "\n", what="config")
     log.info("exported %s (%s attention%s) to %s: model.onnx, tokenizer.json, config.json", ckpt,
              classifier.model.config.attention, ", with its weights as outputs" if args.attention else "", out)

@@ -39,11 +39,13 @@ from bench.speed import TransformerEncoderClassifier, alternate, peak_memory
 from data.files import write_atomically
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
+from model.kinds import ATTENTION_KINDS
 
 log = logging.getLogger("bench.long")
 
-SIDES = ("full", "fused", "local", "linformer", "sparse", "peer")
-LONG_KINDS = ("local", "linformer", "sparse")
+# The kinds that never build L × L (their hand-out is not token × token), each against full attention.
+LONG_KINDS = tuple(name for name, kind in ATTENTION_KINDS.items() if kind.key_layout != "tokens")
+SIDES = ("full", "fused", *LONG_KINDS, "peer")
 PLANS = {
     "default": dict(lengths=(128, 256, 512, 1024, 2048, 4096, 8192), warmup=2, repeats=5, batch=2),
     "quick": dict(lengths=(128, 256, 512, 1024, 2048), warmup=1, repeats=1, batch=2),

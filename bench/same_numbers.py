@@ -14,8 +14,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from model.kinds import ATTENTION_KINDS
+
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("full", "local", "sparse", "linformer")
+KINDS = tuple(ATTENTION_KINDS)
 # Run in each tree: NetworkConfig and AttentionClassifier(config)(ids, padding_mask).logits exist in both.
 PROBE = """
 import sys, torch

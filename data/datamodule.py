@@ -22,7 +22,8 @@ from data.files import WriteError, describe, write_atomically
 from data.sources import DataError, Splits, load_splits, local_copy_dir
 from data.teacher import out_of_fold_probabilities
 from data.tokenizer import KINDS, UNK_ID, cut, load_tokenizer, pad, stored_form, train_tokenizer, word_counts
-from model.config import ATTENTIONS, AUTO, FULL_ATTENTION_MAX_LENGTH, MAX_LENGTH
+from model.config import AUTO, FULL_ATTENTION_MAX_LENGTH, MAX_LENGTH
+from model.kinds import ATTENTION_KINDS
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 5  # bump when tokenization changes (4: adaptive sizes, ChnSentiCorp test split; 5: words seen once)
@@ -36,7 +37,6 @@ LONG_TEXT_SHARE = 0.2   # attention "auto": whole texts with local attention whe
                         # training texts is longer than MAX_LENGTH_CAP (IMDB 41%; ChnSentiCorp 10%, SST-2 0%)
 SHORT_BUCKET_POOL, LONG_BUCKET_POOL = 1, 50  # bucket_pool unset: random batches for short texts, length-sorted
                         # pools for long ones, where padding a batch to its longest text would dominate the cost
-LONG_KINDS = tuple(kind for kind in ATTENTIONS if kind != "full")  # local, linformer, sparse
 VOCAB_SIZE_CAP = 32000  # vocab_size unset: the training words seen twice or more, at most this many (the most
 RARE_WORD_SHARE = 0.05  # frequent); those seen once too where they are more than this share of the text: small data,
                         # where [UNK] would replace them in numbers (1,000 SST-2 phrases: 20% of the words; keeping
@@ -187,8 +187,8 @@ class TextDataModule(L.LightningDataModule):
         super().__init__()
         if not 0.0 < val_fraction < 1.0:
             raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
-        if attention not in (*ATTENTIONS, AUTO):
-            raise DataError(f"attention must be full, auto or one of {', '.join(LONG_KINDS)}, got {attention!r}")
+        if attention not in (*ATTENTION_KINDS, AUTO):
+            raise DataError(f"attention must be one of {', '.join((*ATTENTION_KINDS, AUTO))}, got {attention!r}")
         if bucket_pool is not None and bucket_pool < 1:
             raise DataError(f"bucket_pool must be >= 1 (or null: chosen from max_length), got {bucket_pool}")
         if teacher not in (None, "ngram"):

@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 from data.tokenizer import CHARS_PER_TOKEN_BOUND, UNK_ID, cut, pad
 from model.checkpoint import CheckpointError, network_config, read_checkpoint, stored_label_names
 from model.classifier import AttentionClassifier
+from model.kinds import ATTENTION_KINDS
 
 
 # A text cut before tokenizing has its own length in tokens counted on at most this many characters (a fraction of
@@ -195,10 +196,10 @@ class TextClassifier:
         if attention:  # each layer's own weights, (B, n_layers, H, L, L) or in a long kind's layout
             layers = output.attention
             weights = torch.stack([layer.weights for layer in layers], dim=1).float().cpu()
-            if hasattr(layers[0], "key_positions"):
+            if ATTENTION_KINDS[self.model.config.attention].key_layout != "tokens":
                 keys = layers[0].key_positions.cpu()
-            if getattr(layers[0], "global_rows", None) is not None:
-                global_weights = torch.stack([layer.global_rows.weights for layer in layers], dim=1).float().cpu()
+                if layers[0].global_rows is not None:
+                    global_weights = torch.stack([layer.global_rows.weights for layer in layers], dim=1).float().cpu()
         return probabilities, (weights, keys, global_weights)
 
     def _label_probabilities(self, probabilities: list[float], top_k: int | None) -> dict[str, float]:

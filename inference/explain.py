@@ -36,7 +36,8 @@ from captum.attr import FeatureAblation, InputXGradient, IntegratedGradients
 
 from data.tokenizer import UNK_ID
 from inference.classifier import length_is_lower_bound
-from monitor.views import has_virtual_keys, token_window
+from model.kinds import ATTENTION_KINDS
+from monitor.views import token_window
 
 MAX_IG_STEPS = 1024  # Integrated Gradients converges within tens to a few hundred steps; more only costs time
 TOKENS_PER_PASS = 16384  # tokens of one text's copies per forward pass (see texts_per_pass)
@@ -87,7 +88,7 @@ def method_notes(model) -> dict[str, str]:
                                 "baseline: every token embedding replaced by [UNK]'s (positions kept); target p(class)",
         "occlusion": "exact: p(class) minus p(class) with the token replaced by [UNK] (Captum FeatureAblation)",
     }
-    if config.attention == "linformer":
+    if ATTENTION_KINDS[config.attention].key_layout == "virtual":
         for method in ("attention", "rollout"):
             notes[method] = "not applicable: linformer's keys are projections of the whole text, not tokens"
     return notes
@@ -137,7 +138,8 @@ def explain_ids(model, ids: list[int], ig_steps: int = 32, seed: int = 0) -> dic
     target = int(probabilities.argmax())
     scores: dict[str, np.ndarray | None] = {}
 
-    layers = None if has_virtual_keys(output.attention[0]) else [token_window(a, 0, n)[0] for a in output.attention]
+    key_layout = ATTENTION_KINDS[model.config.attention].key_layout
+    layers = None if key_layout == "virtual" else [token_window(a, key_layout, 0, n)[0] for a in output.attention]
     if layers is None:
         scores["attention"] = scores["rollout"] = None
     else:

@@ -62,6 +62,27 @@ def attention(q, k, v, blocked=None, *, scale: float, dropout: nn.Module | None 
 
 
 class MultiHeadSelfAttention(nn.Module):
+    """Full attention, the "full" kind (model/kinds.py): every query sees all L keys."""
+
+    # What the layer hands out with need_weights: "tokens" is AttentionWeights (B, H, L, L), column j = token j.
+    # The long kinds hand out LongAttentionWeights instead: "band" (columns named by key_positions, global_rows
+    # for sparse) or "virtual" (projected keys, no token). The monitor, heatmaps, prediction and export read this.
+    key_layout = "tokens"
+
+    @classmethod
+    def check(cls, config) -> None:
+        """Raises ConfigError (one line) when this kind cannot work with the config's settings; full takes any."""
+
+    @classmethod
+    def settings(cls, config) -> dict:
+        """The constructor arguments of this kind beyond those every kind takes, read from the config."""
+        return {}
+
+    @classmethod
+    def extra_parameters(cls, config) -> int:
+        """Weights one layer of this kind has beyond W_Q, W_K, W_V, W_O (for the config's size bound)."""
+        return 0
+
     def __init__(
         self,
         *,

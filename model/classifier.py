@@ -12,7 +12,8 @@ from torch import nn
 
 from model.attention import AttentionWeights, MultiHeadSelfAttention, unpack
 from model.config import NetworkConfig
-from model.long_attention import LinformerSelfAttention, LocalSelfAttention, LongAttentionWeights, SparseSelfAttention
+from model.kinds import ATTENTION_KINDS
+from model.long_attention import LongAttentionWeights
 
 
 class ClassifierOutput(NamedTuple):
@@ -21,20 +22,15 @@ class ClassifierOutput(NamedTuple):
 
 
 def attention_layer(config: NetworkConfig, n_heads: int | None = None) -> MultiHeadSelfAttention:
-    """The attention kind the config names: full (model/attention.py) or a long-text kind (model/long_attention.py),
-    with n_heads heads (default config.n_heads; fewer in a pruned layer) of config.head_size each."""
-    shared = dict(
+    """The attention kind the config names (model/kinds.py), with n_heads heads (default config.n_heads; fewer in a
+    pruned layer) of config.head_size each."""
+    kind = ATTENTION_KINDS[config.attention]
+    return kind(
         d_model=config.d_model, n_heads=n_heads or config.n_heads, d_head=config.head_size,
         dropout=config.attention_dropout,
         bias=config.bias, scale=config.scale, causal=config.causal, kernel=config.attention_kernel,
+        **kind.settings(config),
     )
-    if config.attention == "local":
-        return LocalSelfAttention(window=config.window, **shared)
-    if config.attention == "sparse":
-        return SparseSelfAttention(window=config.window, global_tokens=config.global_tokens, **shared)
-    if config.attention == "linformer":
-        return LinformerSelfAttention(projection_length=config.projection_length, max_length=config.max_length, **shared)
-    return MultiHeadSelfAttention(**shared)
 
 
 class Block(nn.Module):

@@ -8,10 +8,12 @@ the network with `NetworkConfig(**that_dict)`. A new option is a new field here 
 
 from dataclasses import asdict, dataclass, fields, replace
 
+from model.errors import ConfigError
+from model.kinds import ATTENTION_KINDS
+
 POOLINGS = ("mean", "max", "first", "attention")
 POSITIONS = ("learned", "sinusoidal", "none")
 KERNELS = ("manual", "fused")
-ATTENTIONS = ("full", "local", "linformer", "sparse")
 AUTO = "auto"  # attention: full up to FULL_ATTENTION_MAX_LENGTH tokens, local beyond (NetworkConfig.resolved)
 FULL_ATTENTION_MAX_LENGTH = 256  # full attention costs L²: beyond this, "auto" reads texts with local attention
 
@@ -19,10 +21,6 @@ FULL_ATTENTION_MAX_LENGTH = 256  # full attention costs L²: beyond this, "auto"
 # Upper bounds on what sizes memory, checked before anything is built (a typo must not allocate 240 GB):
 MAX_LENGTH = 65536  # tokens per text (position table rows; attention costs grow with it)
 MAX_PARAMETERS = 1_000_000_000  # weights of the whole network (4 GB in float32), from vocab_size, d_model, d_ff, ...
-
-
-class ConfigError(ValueError):
-    """A setting that cannot work; the message is one line naming the setting and its value."""
 
 
 @dataclass(frozen=True)
@@ -115,24 +113,12 @@ class NetworkConfig:
         _one_of("pooling", self.pooling, POOLINGS)
         _one_of("positions", self.positions, POSITIONS)
         _one_of("attention_kernel", self.attention_kernel, KERNELS)
-        _one_of("attention", self.attention, (*ATTENTIONS, AUTO))
+        _one_of("attention", self.attention, (*ATTENTION_KINDS, AUTO))
         _at_least("window", self.window, 1)
         _at_least("projection_length", self.projection_length, 1)
         _at_least("global_tokens", self.global_tokens, 0)
-        if self.attention not in ("full", AUTO) and self.attention_kernel != "manual":
-            raise ConfigError(f"attention_kernel {self.attention_kernel} applies to attention: full only, "
-                              f"not {self.attention} (use attention_kernel: manual)")
-        if self.attention == "linformer" and self.projection_length > self.max_length:
-            raise ConfigError(f"projection_length {self.projection_length} is larger than max_length "
-                              f"{self.max_length}: there are not that many tokens to project")
-        if self.attention == "linformer" and self.causal:
-            raise ConfigError("causal: true with attention: linformer is not meaningful: each projected key mixes "
-                              "every token, future ones included (use local or sparse)")
-        if self.attention == "sparse" and self.global_tokens > self.max_length:
-            raise ConfigError(f"global_tokens {self.global_tokens} is larger than max_length {self.max_length}")
-        if self.attention in ("local", "sparse") and self.window > self.max_length:
-            raise ConfigError(f"window {self.window} is larger than max_length {self.max_length}: a block of w "
-                              f"queries scores 3w keys whatever the text's length (use window <= {self.max_length})")
+        if self.attention != AUTO:
+            ATTENTION_KINDS[self.attention].check(self)  # the kind's own rules (window, projection, causal, ...)
         if self.max_length > MAX_LENGTH:
             raise ConfigError(f"max_length {self.max_length} is larger than {MAX_LENGTH} tokens")
         parameters = self.parameter_count()
@@ -167,9 +153,9 @@ class NetworkConfig:
         """About how many weights the network has (biases and LayerNorms left out), for the upper bound."""
         inner = self.n_heads * self.head_size
         layer = 4 * self.d_model * inner + 2 * self.d_model * self.d_ff
-        projections = 2 * self.projection_length * self.max_length if self.attention == "linformer" else 0
+        extra = 0 if self.attention == AUTO else ATTENTION_KINDS[self.attention].extra_parameters(self)
         embeddings = (self.vocab_size + self.max_length + self.num_classes) * self.d_model  # tokens, positions, head
-        return embeddings + self.n_layers * (layer + projections)
+        return embeddings + self.n_layers * (layer + extra)
 
     def resolved(self) -> "NetworkConfig":
         """This config with attention "auto" made concrete: full up to FULL_ATTENTION_MAX_LENGTH tokens, local

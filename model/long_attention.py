@@ -39,6 +39,7 @@ from torch import nn
 
 import model.attention as core
 from model.attention import AttentionWeights, MultiHeadSelfAttention
+from model.errors import ConfigError
 
 
 class LongAttentionWeights(NamedTuple):
@@ -55,10 +56,11 @@ class LongAttentionWeights(NamedTuple):
 class LongAttention(MultiHeadSelfAttention):
     """What the three kinds share: no fused kernel (it computes L × L), and the padding mask handed to attend."""
 
-    def __init__(self, **kwargs):
-        if kwargs.get("kernel", "manual") != "manual":
-            raise ValueError(f"the fused kernel applies to full attention only, not to {type(self).__name__}")
-        super().__init__(**kwargs)
+    @classmethod
+    def check(cls, config) -> None:
+        if config.attention_kernel != "manual":
+            raise ConfigError(f"attention_kernel {config.attention_kernel} applies to attention: full only, "
+                              f"not {config.attention} (use attention_kernel: manual)")
 
     def mask(self, key_padding_mask: torch.Tensor | None, L: int, device=None) -> torch.Tensor | None:
         """(B, L) bool, True at padding, or None: each kind builds its own blocked places from it."""
@@ -69,10 +71,21 @@ class LongAttention(MultiHeadSelfAttention):
 
 
 class LocalSelfAttention(LongAttention):
+    key_layout = "band"
+
+    @classmethod
+    def check(cls, config) -> None:
+        super().check(config)
+        if config.window > config.max_length:
+            raise ConfigError(f"window {config.window} is larger than max_length {config.max_length}: a block of w "
+                              f"queries scores 3w keys whatever the text's length (use window <= {config.max_length})")
+
+    @classmethod
+    def settings(cls, config) -> dict:
+        return {"window": config.window}
+
     def __init__(self, *, window: int, **kwargs):
         super().__init__(**kwargs)
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
         self.window = window
 
     @property
@@ -141,10 +154,18 @@ class SparseSelfAttention(LocalSelfAttention):
     """Local attention plus the first g tokens as global tokens (Longformer / BigBird style): every query scores
     the g global keys besides its window, and the g global queries score all L keys."""
 
+    @classmethod
+    def check(cls, config) -> None:
+        super().check(config)
+        if config.global_tokens > config.max_length:
+            raise ConfigError(f"global_tokens {config.global_tokens} is larger than max_length {config.max_length}")
+
+    @classmethod
+    def settings(cls, config) -> dict:
+        return {**super().settings(config), "global_tokens": config.global_tokens}
+
     def __init__(self, *, global_tokens: int, **kwargs):
         super().__init__(**kwargs)
-        if global_tokens < 0:
-            raise ValueError(f"global_tokens must be >= 0, got {global_tokens}")
         self.global_tokens = global_tokens
 
     def attend(self, q, k, v, padding, need_weights: bool = False):
@@ -213,12 +234,28 @@ class LinformerSelfAttention(LongAttention):
     look-ahead mask: each virtual key mixes the whole text, future tokens included.
     """
 
+    key_layout = "virtual"
+
+    @classmethod
+    def check(cls, config) -> None:
+        super().check(config)
+        if config.projection_length > config.max_length:
+            raise ConfigError(f"projection_length {config.projection_length} is larger than max_length "
+                              f"{config.max_length}: there are not that many tokens to project")
+        if config.causal:
+            raise ConfigError("causal: true with attention: linformer is not meaningful: each projected key mixes "
+                              "every token, future ones included (use local or sparse)")
+
+    @classmethod
+    def settings(cls, config) -> dict:
+        return {"projection_length": config.projection_length, "max_length": config.max_length}
+
+    @classmethod
+    def extra_parameters(cls, config) -> int:
+        return 2 * config.projection_length * config.max_length  # E and F
+
     def __init__(self, *, projection_length: int, max_length: int, **kwargs):
         super().__init__(**kwargs)
-        if self.causal:
-            raise ValueError("linformer cannot use the look-ahead mask (causal): each projected key mixes every token")
-        if not 1 <= projection_length <= max_length:
-            raise ValueError(f"projection_length must be in [1, max_length {max_length}], got {projection_length}")
         # Entries N(0, 1/k), as the paper's random projections; learned from there.
         self.key_projection = nn.Parameter(torch.randn(projection_length, max_length) / math.sqrt(projection_length))
         self.value_projection = nn.Parameter(torch.randn(projection_length, max_length) / math.sqrt(projection_length))

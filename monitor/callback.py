@@ -25,6 +25,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from data.datamodule import collate
 from data.tokenizer import UNK_ID
 from model.config import ConfigError
+from model.kinds import ATTENTION_KINDS
 from monitor.health import AttentionHealth, HealthThresholds, verdict_table_markdown, warning_line
 from monitor.heatmap import attention_figure, figure_to_array, shown_weights
 
@@ -153,8 +154,9 @@ class AttentionMonitor(Callback):
         weights = torch.stack([F.pad(layer.weights.float(), (0, 0, 0, 0, 0, most - layer.weights.shape[1]),
                                      value=math.nan) for layer in layers], dim=1).cpu()
         # A long kind's layout (model/long_attention.py): which token each column is, and sparse's global rows.
-        key_positions = getattr(layers[0], "key_positions", None)
-        global_rows = getattr(layers[0], "global_rows", None)
+        key_positions = global_rows = None
+        if ATTENTION_KINDS[model.config.attention].key_layout != "tokens":
+            key_positions, global_rows = layers[0].key_positions, layers[0].global_rows
         if global_rows is not None:
             global_rows = torch.stack([F.pad(layer.global_rows.weights.float(),
                                              (0, 0, 0, 0, 0, most - layer.global_rows.weights.shape[1]),
@@ -220,7 +222,8 @@ class AttentionMonitor(Callback):
         if attention is None:
             raise RuntimeError("AttentionMonitor needs a LightningModule whose validation_step returns "
                                "{'attention': ...} when keep_validation_attention is set (training/module.py)")
-        self.health.update(attention, batch["padding_mask"])
+        key_layout = ATTENTION_KINDS[pl_module.model.config.attention].key_layout
+        self.health.update(attention, batch["padding_mask"], key_layout=key_layout)
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking or not trainer.is_global_zero or self.health.sums is None:

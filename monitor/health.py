@@ -156,9 +156,11 @@ class AttentionHealth:
         self.generator = None
 
     @torch.no_grad()
-    def update(self, attention: Sequence[AttentionWeights], key_padding_mask: torch.Tensor | None = None) -> None:
+    def update(self, attention: Sequence[AttentionWeights], key_padding_mask: torch.Tensor | None = None, *,
+               key_layout: str = "tokens") -> None:
         """attention: one AttentionWeights (or LongAttentionWeights) per layer, as the network handed them out for
-        this batch (`model(ids, key_padding_mask, need_weights=True).attention`); all layers share one mask."""
+        this batch (`model(ids, key_padding_mask, need_weights=True).attention`); all layers share one mask.
+        key_layout: the kind's (`ATTENTION_KINDS[config.attention].key_layout`, model/kinds.py)."""
         weights = attention[0].weights
         if self.sums is None:
             # A pruned network's layers may have different head counts: figures are (n_layers, most heads).
@@ -166,14 +168,17 @@ class AttentionHealth:
             zeros = torch.zeros(len(attention), max(self.heads), dtype=torch.float64, device=weights.device)
             self.sums = {name: zeros.clone() for name in ("entropy", "max_weight", "squared_deviation", "distance")}
             self.generator = torch.Generator(device=weights.device).manual_seed(self.seed)
-        self.update_rows(attention, key_padding_mask)
-        global_rows = [getattr(layer, "global_rows", None) for layer in attention]
-        if global_rows[0] is not None:  # the sparse kind's global queries, over all L keys
+        key_positions = None if key_layout == "tokens" else attention[0].key_positions
+        self.update_rows(attention, key_padding_mask, key_positions)
+        if key_layout != "tokens" and attention[0].global_rows is not None:  # sparse's global queries, over all L keys
+            global_rows = [layer.global_rows for layer in attention]
             g = global_rows[0].weights.shape[2]
-            self.update_rows(global_rows, None if key_padding_mask is None else key_padding_mask[:, :g])
+            self.update_rows(global_rows, None if key_padding_mask is None else key_padding_mask[:, :g], None)
 
-    def update_rows(self, attention: Sequence[AttentionWeights], query_padding: torch.Tensor | None) -> None:
-        """Adds one set of query rows, (B, H, L, K) per layer, sharing one mask; query_padding (B, L) or None."""
+    def update_rows(self, attention: Sequence[AttentionWeights], query_padding: torch.Tensor | None,
+                    key_positions: torch.Tensor | None) -> None:
+        """Adds one set of query rows, (B, H, L, K) per layer, sharing one mask; query_padding (B, L) or None;
+        key_positions (L, K), the token of each column, or None when column k is token k."""
         B, H, L, K = attention[0].weights.shape
         device = attention[0].weights.device
         allowed = allowed_keys(attention[0].blocked, K, device)  # (B or 1, 1, L or 1, K)
@@ -188,7 +193,7 @@ class AttentionHealth:
         share = total / len(batch_index)  # counted rows each row read stands for
         row_allowed = allowed.expand(B, 1, L, K)[batch_index, 0, query_index]  # (R, K)
         n_keys = row_allowed.sum(dim=-1, keepdim=True)  # (R, 1)
-        distance = key_distance(attention[0], query_index, K).to(device)  # (R, K)
+        distance = key_distance(key_positions, query_index, K).to(device)  # (R, K)
         for layer, part in enumerate(attention):
             # Rows first: (B, H, L, K)[b, :, i] with R pairs (b, i) → (R, H, K); only these are read.
             w = part.weights[batch_index, :, query_index].double()  # (R, H, K)
@@ -237,10 +242,9 @@ class AttentionHealth:
         )
 
 
-def key_distance(attention, query_index: torch.Tensor, n_keys: int) -> torch.Tensor:
+def key_distance(positions: torch.Tensor | None, query_index: torch.Tensor, n_keys: int) -> torch.Tensor:
     """(R, K) float64: |query − key| in tokens for each read row's K columns, in the layer's key layout
-    (`key_positions` for the long kinds, column = token otherwise); NaN for a virtual (projected) key."""
-    positions = getattr(attention, "key_positions", None)
+    (`key_positions` (L, K) for the long kinds, None: column = token); NaN for a virtual (projected) key."""
     if positions is None:
         keys = torch.arange(n_keys, device=query_index.device).expand(len(query_index), n_keys)  # (R, K)
     else:

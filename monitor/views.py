@@ -12,11 +12,6 @@ from model.attention import AttentionWeights
 from model.long_attention import LongAttentionWeights
 
 
-def has_virtual_keys(attention: AttentionWeights | LongAttentionWeights) -> bool:
-    """True when the columns are projected keys (linformer), not tokens of the text."""
-    return isinstance(attention, LongAttentionWeights) and bool((attention.key_positions < 0).all())
-
-
 def dense_window(
     weights: torch.Tensor, key_positions: torch.Tensor, start: int, size: int, global_weights: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -41,10 +36,12 @@ def dense_window(
     return dense
 
 
-def token_window(attention: AttentionWeights | LongAttentionWeights, start: int, size: int) -> torch.Tensor:
-    """Any layer's hand-out (B, H, L, K) → (B, H, m, m) over tokens start..start+m-1 (see dense_window); full
-    attention is simply cut; linformer gives (B, H, m, k)."""
-    if not isinstance(attention, LongAttentionWeights):
+def token_window(
+    attention: AttentionWeights | LongAttentionWeights, key_layout: str, start: int, size: int
+) -> torch.Tensor:
+    """Any layer's hand-out (B, H, L, K) in the kind's key_layout (model/kinds.py) → (B, H, m, m) over tokens
+    start..start+m-1 (see dense_window); full attention is simply cut; linformer gives (B, H, m, k)."""
+    if key_layout == "tokens":
         return attention.weights[..., start : start + size, start : start + size]
     global_rows = attention.global_rows.weights if attention.global_rows is not None else None
     return dense_window(attention.weights, attention.key_positions, start, size, global_rows)

@@ -13,10 +13,11 @@ from inference import TextClassifier
 from inference.explain import METHODS, EmbeddingForward, explain_ids, rollout, spearman
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
+from model.kinds import ATTENTION_KINDS
 
 WORDS = [f"w{i}" for i in range(20)] + ["alpha", "beta", "好", "差"]
-KINDS = {"full": {}, "local": {"window": 2}, "sparse": {"window": 2, "global_tokens": 1},
-         "linformer": {"projection_length": 4}}
+SMALL = dict(window=2, global_tokens=1, projection_length=4)  # each kind reads the settings it takes
+KINDS = list(ATTENTION_KINDS)
 
 
 def tiny_classifier(attention="full", pooling="mean", n_layers=2, seed=0, **overrides) -> TextClassifier:
@@ -27,7 +28,7 @@ def tiny_classifier(attention="full", pooling="mean", n_layers=2, seed=0, **over
     torch.manual_seed(seed)
     config = NetworkConfig(vocab_size=64, num_classes=2, max_length=12, d_model=16, n_heads=2, n_layers=n_layers,
                            d_ff=32, dropout=0.0, embedding_dropout=0.0, pooling=pooling, attention=attention,
-                           **(KINDS[attention] | overrides))
+                           **(SMALL | overrides))
     return TextClassifier(AttentionClassifier(config), tokenizer, ["neg", "pos"], device="cpu")
 
 

@@ -13,7 +13,8 @@ import model.attention
 import train
 from data.tokenizer import train_tokenizer
 from inference import TextClassifier
-from model.config import ATTENTIONS, NetworkConfig
+from model.config import NetworkConfig
+from model.kinds import ATTENTION_KINDS
 from monitor.health import AttentionHealth
 from training.module import ClassifierModule
 
@@ -62,11 +63,12 @@ def everything_the_paths_give(module, classifier, batch):
     module.keep_validation_attention = True  # as the monitor sets it: validation_step hands out the attention
     health = AttentionHealth()
     with torch.no_grad():
-        health.update(module.validation_step(batch, 0)["attention"], batch["padding_mask"])
+        health.update(module.validation_step(batch, 0)["attention"], batch["padding_mask"],
+                      key_layout=ATTENTION_KINDS[module.model.config.attention].key_layout)
     return loss, plain, [p.probabilities for p in with_weights], health.compute().entropy.mean().item()
 
 
-@pytest.mark.parametrize("kind", ATTENTIONS)
+@pytest.mark.parametrize("kind", list(ATTENTION_KINDS))
 def test_an_edit_of_the_formula_reaches_training_prediction_and_monitor_alike(kind, monkeypatch):
     module, classifier, batch = tiny_model(kind)
     before = everything_the_paths_give(module, classifier, batch)
@@ -84,7 +86,7 @@ def test_an_edit_of_the_formula_reaches_training_prediction_and_monitor_alike(ki
     assert entropy_after < entropy_before - 0.01  # and the monitor: sharper scores, lower entropy
 
 
-@pytest.mark.parametrize("kind", ATTENTIONS)
+@pytest.mark.parametrize("kind", list(ATTENTION_KINDS))
 @pytest.mark.parametrize("causal", [False, True])
 def test_no_kind_calls_the_fused_kernel_by_default(kind, causal, monkeypatch):
     if kind == "linformer" and causal:

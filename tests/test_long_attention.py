@@ -9,19 +9,15 @@ import torch
 from model.attention import MultiHeadSelfAttention
 from model.classifier import AttentionClassifier
 from model.config import ConfigError, NetworkConfig
-from model.long_attention import (
-    LinformerSelfAttention,
-    LocalSelfAttention,
-    LongAttentionWeights,
-    SparseSelfAttention,
-)
+from model.kinds import ATTENTION_KINDS
+from model.long_attention import LocalSelfAttention, LongAttentionWeights
 from monitor.health import AttentionHealth, normalized_entropy
 from monitor.heatmap import attention_figure
 from monitor.views import token_window
 
 B, L, D, H = 3, 11, 16, 4
 LENGTHS = [11, 7, 3]
-KINDS = ["local", "linformer", "sparse"]
+KINDS = [name for name, kind in ATTENTION_KINDS.items() if kind.key_layout != "tokens"]  # the long kinds
 
 
 def padding_mask(lengths, L=L):
@@ -35,21 +31,18 @@ def full_layer(seed=0, causal=False, dtype=torch.float32):
 
 def long_layer(kind, causal=False, window=2, projection_length=5, global_tokens=2, max_length=L, seed=0):
     """A long kind with the projections of full_layer(seed): the same W_Q, W_K, W_V, W_O."""
-    settings = {
-        "local": dict(window=window),
-        "sparse": dict(window=window, global_tokens=global_tokens),
-        "linformer": dict(projection_length=projection_length, max_length=max_length),
-    }[kind]
-    kind_class = {"local": LocalSelfAttention, "sparse": SparseSelfAttention, "linformer": LinformerSelfAttention}[kind]
+    kind_class = ATTENTION_KINDS[kind]
+    config = NetworkConfig(max_length=max_length, window=window, projection_length=projection_length,
+                           global_tokens=global_tokens)  # the kind's own settings, read as the classifier reads them
     torch.manual_seed(seed)
-    layer = kind_class(d_model=D, n_heads=H, causal=causal, **settings).eval()
+    layer = kind_class(d_model=D, n_heads=H, causal=causal, **kind_class.settings(config)).eval()
     layer.load_state_dict(full_layer(seed, causal).state_dict(), strict=False)
     return layer
 
 
 def dense(attention, L=L):
     """The hand-out as a (B, H, L, L) token × token matrix."""
-    return token_window(attention, 0, L)
+    return token_window(attention, "band", 0, L)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -98,14 +91,13 @@ def test_linformer_with_k_equal_l_and_identity_projections_equals_full_attention
     torch.testing.assert_close(attention.weights, expected_weights.weights)  # virtual key r is token r here
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", list(ATTENTION_KINDS))
 def test_gradcheck(kind):
     """Gradients of forward() and forward_packed() against finite differences, on the smallest input that still
     crosses every path: 3 blocks of w = 2 (the last one cut short), a global token, 4 projected keys, and a padded
     query whose whole window is padding (an empty row)."""
-    settings = {"local": dict(window=2), "sparse": dict(window=2, global_tokens=1),
-                "linformer": dict(projection_length=4, max_length=5)}[kind]
-    kind_class = {"local": LocalSelfAttention, "sparse": SparseSelfAttention, "linformer": LinformerSelfAttention}[kind]
+    kind_class = ATTENTION_KINDS[kind]
+    settings = kind_class.settings(NetworkConfig(max_length=5, window=2, global_tokens=1, projection_length=4))
     torch.manual_seed(0)
     layer = kind_class(d_model=4, n_heads=2, **settings).double().eval()
     x = torch.randn(2, 5, 4, dtype=torch.double, requires_grad=True)
@@ -185,7 +177,7 @@ def test_causal_local_hands_out_the_window_before_each_token():
     assert attention.key_positions[5].tolist() == [2, 3, 4, 5]
 
 
-@pytest.mark.parametrize("kind", ["full", *KINDS])
+@pytest.mark.parametrize("kind", list(ATTENTION_KINDS))
 def test_health_entropy_is_over_the_keys_a_query_can_see(kind):
     """With W_Q = 0 every score is 0: each row is uniform over the keys it may see, so the normalized entropy is
     exactly 1 whatever the layout; a wrong count of visible keys (a band place outside the text, a padded key)
@@ -199,7 +191,7 @@ def test_health_entropy_is_over_the_keys_a_query_can_see(kind):
     mask = padding_mask(LENGTHS)
     attention = model(ids, mask, need_weights=True).attention
     health = AttentionHealth()
-    health.update(attention, mask)
+    health.update(attention, mask, key_layout=ATTENTION_KINDS[kind].key_layout)
     figures = health.compute()
     torch.testing.assert_close(figures.entropy, torch.ones_like(figures.entropy))
     torch.testing.assert_close(normalized_entropy(attention[0], mask), torch.ones(H))
@@ -214,16 +206,16 @@ def test_health_reads_a_fixed_sample_of_rows_and_estimates_the_whole():
     attention = [LongAttentionWeights(scores.softmax(-1), scores, None, torch.arange(40).expand(40, 40))]
     exact, sampled = AttentionHealth(rows_per_batch=None), AttentionHealth(rows_per_batch=160)
     for health in (exact, sampled):
-        health.update(attention)
+        health.update(attention, key_layout="band")
     assert sampled.rows_read == 160 and exact.rows_read == sampled.rows == exact.rows == 16 * 40
     for name in ("entropy", "max_weight", "score_std"):
         torch.testing.assert_close(getattr(sampled.compute(), name), getattr(exact.compute(), name), rtol=0.05, atol=0)
     again = AttentionHealth(rows_per_batch=160)
-    again.update(attention)
+    again.update(attention, key_layout="band")
     torch.testing.assert_close(again.compute().entropy, sampled.compute().entropy)  # the same rows every time
 
 
-@pytest.mark.parametrize("kind", ["full", *KINDS])
+@pytest.mark.parametrize("kind", list(ATTENTION_KINDS))
 def test_classifier_padded_batch_equals_each_text_alone(kind):
     config = NetworkConfig(vocab_size=30, d_model=D, n_heads=H, n_layers=2, d_ff=8, max_length=L, attention=kind,
                            window=2, projection_length=4, global_tokens=1, pooling="mean")
@@ -298,8 +290,6 @@ def test_impossible_long_settings_are_refused_with_one_line_naming_them(settings
 def test_settings_of_other_kinds_do_not_get_in_the_way():
     NetworkConfig(max_length=64)  # the default projection_length 128 matters to linformer only
     assert NetworkConfig.from_dict({"max_length": 64}).attention == "full"  # checkpoints from before: full attention
-    with pytest.raises(ValueError, match="look-ahead"):
-        LinformerSelfAttention(d_model=D, n_heads=H, causal=True, projection_length=4, max_length=8)
     assert math.isclose(sum(p.numel() for p in long_layer("local").parameters()),
                         sum(p.numel() for p in full_layer().parameters()))  # local adds no parameter
 

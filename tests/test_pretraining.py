@@ -14,7 +14,8 @@ from data.sources import DataError
 from data.tokenizer import stored_form
 from inference import TextClassifier
 from inference.classifier import CheckpointError
-from model.config import ATTENTIONS, NetworkConfig
+from model.config import NetworkConfig
+from model.kinds import ATTENTION_KINDS
 from model.pretraining import FIRST_WORD_ID, MASK_ID, PretrainingNetwork, choose, corrupt
 from training.pretraining import ENCODER_PARTS, encoder_state
 
@@ -151,7 +152,7 @@ def test_the_loss_goes_down_on_a_repetitive_text(objective):
     assert correct.mean() > 0.9
 
 
-@pytest.mark.parametrize("attention", ATTENTIONS)
+@pytest.mark.parametrize("attention", list(ATTENTION_KINDS))
 @pytest.mark.parametrize("objective", ["masked", "replaced"])
 def test_every_attention_kind_takes_a_pretraining_step(attention, objective):
     network = PretrainingNetwork(tiny_network(attention=attention), objective)

@@ -1,0 +1,18 @@
+"""The attention kinds by name: the one place a kind is named (as transformers' BERT_SELF_ATTENTION_CLASSES).
+
+Each class carries what the rest of the project asks of a kind: `check(config)` (its own rules on the settings,
+ConfigError on a bad one), `settings(config)` (its constructor arguments), `extra_parameters(config)` and
+`key_layout` (what it hands out with need_weights: "tokens", "band" or "virtual"; model/attention.py). The config,
+the classifier, the monitor, prediction, export, the benches and the tests look kinds up here. A new kind is a
+MultiHeadSelfAttention subclass and one line below.
+"""
+
+from model.attention import MultiHeadSelfAttention
+from model.long_attention import LinformerSelfAttention, LocalSelfAttention, SparseSelfAttention
+
+ATTENTION_KINDS: dict[str, type[MultiHeadSelfAttention]] = {
+    "full": MultiHeadSelfAttention,
+    "local": LocalSelfAttention,
+    "linformer": LinformerSelfAttention,
+    "sparse": SparseSelfAttention,
+}
