@@ -5,7 +5,7 @@ of two markers comes first, or neither: `LABELS`), so a class index can never pa
 AttentionMonitor draws one validation probe and `PROBE_TEXT`. Everything it wrote is shared by every test that
 asks for it: read it, never change it (copy a checkpoint into tmp_path first).
 
-Constants are imported as `from conftest import ROOT, SMOKE, QUIET, ONE_PROBE`.
+Constants and helpers are imported as `from conftest import ROOT, SMOKE, QUIET, ONE_PROBE, refuses_causal`.
 """
 
 import csv
@@ -35,6 +35,17 @@ TEXTS = ["w1 alpha w2 beta w3", "beta w4 alpha", "w5 w6 w7", "alpha beta w8 w9 w
 PROBE_TEXT = "beta w3 w7 alpha w5"  # words of the marker vocabulary
 SMOKE_EPOCHS = 4  # validation accuracy about 0.93: the order of the markers is learned (only attention sees it)
 SMOKE_ROWS = 4000  # 3,600 training and 400 validation texts, as many as the synthetic dataset of smoke.yaml
+
+
+def refuses_causal(kind: str) -> bool:
+    """True when the attention kind refuses the look-ahead mask (its own rule, model/kinds.py)."""
+    from model.config import ConfigError, NetworkConfig
+
+    try:
+        NetworkConfig(attention=kind, causal=True)
+    except ConfigError:
+        return True
+    return False
 
 
 def marker_rows(n: int, seed: int = 0, labels=LABELS) -> list[tuple[str, str]]:

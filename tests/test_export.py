@@ -12,6 +12,7 @@ import torch
 from tokenizers import Tokenizer
 
 import export
+from model.kinds import ATTENTION_KINDS
 from test_explain import KINDS, save_checkpoint, tiny_classifier
 
 pytestmark = pytest.mark.slow  # torch.export and ONNX conversion: ~10-30 s per kind on 2 cores
@@ -59,9 +60,10 @@ def test_onnxruntime_gives_pytorchs_probabilities_and_weights(exported):
         assert config["labels"][int(probabilities[row].argmax())] == prediction.label
         for layer in range(layers):
             weights = outputs[f"attention.{layer}"][row, :, :n]  # (H, n, L or K)
-            weights = weights if kind != "full" else weights[..., :n]
+            tokens = ATTENTION_KINDS[kind].key_layout == "tokens"  # columns are the L tokens, not the kind's K keys
+            weights = weights[..., :n] if tokens else weights
             assert np.abs(weights - prediction.attention[layer].numpy()).max() < TOLERANCE
-            if kind == "full":  # padded keys get exactly 0 from every real query
+            if tokens:  # padded keys get exactly 0 from every real query
                 assert not outputs[f"attention.{layer}"][row, :, :n, n:].any()
         if prediction.attention_keys is not None:
             assert (outputs["attention_keys"][:n] == prediction.attention_keys.numpy()).all()
