@@ -108,9 +108,10 @@ def load_classifier(paths: list[str], device: str):
 
 
 def model_metadata(paths: list[str]) -> dict:
-    """What GET /info says about the model, read from the checkpoints (safely: model/checkpoint.py)."""
+    """What GET /info says about the model, read from the checkpoints (safely: data/checkpoint.py)."""
     from inference.ensemble import resolve_checkpoint
-    from model.checkpoint import network_config, read_checkpoint, stored_label_names
+    from data.checkpoint import read_checkpoint, stored_label_names
+    from model.config import network_config
 
     members = []
     for path in paths:

@@ -38,11 +38,12 @@ from lightning.pytorch.cli import LightningCLI
 from data import DataError, TextDataModule
 from data.files import WriteError, reason
 from data.pretraining import PretrainDataModule
-from model.checkpoint import CheckpointError, read_checkpoint, read_pretraining_checkpoint
+from data.checkpoint import CheckpointError, read_checkpoint, read_pretraining_checkpoint
 from model.config import ConfigError, NetworkConfig
 from training.checkpoints import SPECIAL_NAMES, check_fits, check_layout, resolve
 from training.module import ClassifierModule, NonFiniteLossError
-from training.pretraining import PretrainModule, check_pretrained
+from training.encoder import check_pretrained
+from training.pretraining import PretrainModule
 
 log = logging.getLogger("train")
 

@@ -70,7 +70,7 @@ def network_args(fit_args: list[str]) -> list[str]:
     make (its --config files, or configs/default.yaml without one, then its --model.network.* and --data.vocab_size /
     --data.max_length flags): the settings a pretrained or word-vector checkpoint must share with the network it
     starts (ENCODER_SETTINGS), and the embedding's starting spread. Only what differs from pretrain.yaml."""
-    from training.pretraining import ENCODER_SETTINGS
+    from training.encoder import ENCODER_SETTINGS
 
     configs = [value for arg, value in zip(fit_args, fit_args[1:]) if arg == "--config"]
     configs += [arg.removeprefix("--config=") for arg in fit_args if arg.startswith("--config=")]
@@ -205,7 +205,7 @@ def linear_probe(checkpoint: Path, dataset: str, fresh: bool = False) -> dict:
     from sklearn.linear_model import LogisticRegression
 
     from data.datamodule import TextDataModule
-    from model.checkpoint import read_pretraining_checkpoint
+    from data.checkpoint import read_pretraining_checkpoint
     from model.config import NetworkConfig
     from model.pretraining import PretrainingNetwork
 

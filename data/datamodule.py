@@ -18,6 +18,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from data.checkpoint import read_pretraining_checkpoint
 from data.files import WriteError, describe, write_atomically
 from data.sources import DataError, Splits, load_splits, local_copy_dir
 from data.teacher import out_of_fold_probabilities
@@ -354,8 +355,6 @@ class TextDataModule(L.LightningDataModule):
     def _pretrained_tokenizer(self):
         """The tokenizer, vocab_size and max_length of the pretraining checkpoint `tokenizer_from`: fine-tuning reads
         text exactly as pretraining did. data.vocab_size / data.max_length, when set, must be the same."""
-        from model.checkpoint import read_pretraining_checkpoint
-
         path, hp = self.hparams.tokenizer_from, self.hparams
         checkpoint = read_pretraining_checkpoint(path)
         saved = checkpoint["PretrainDataModule"]

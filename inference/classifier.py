@@ -5,7 +5,7 @@
     classifier.predict(["a charming and affecting journey"])[0].label
 
 A checkpoint is self-contained: the network's settings and label names (hyper_parameters), its weights
-(state_dict) and the tokenizer (under "TextDataModule"), each stored once (model/checkpoint.py, which reads it safely:
+(state_dict) and the tokenizer (under "TextDataModule"), each stored once (data/checkpoint.py, which reads it safely:
 anything that is not such a checkpoint raises CheckpointError with one line naming the file and what is wrong).
 """
 
@@ -15,8 +15,9 @@ import torch
 from tokenizers import Tokenizer
 
 from data.tokenizer import CHARS_PER_TOKEN_BOUND, UNK_ID, cut, pad
-from model.checkpoint import CheckpointError, network_config, read_checkpoint, stored_label_names
+from data.checkpoint import CheckpointError, read_checkpoint, stored_label_names
 from model.classifier import AttentionClassifier
+from model.config import network_config
 from model.kinds import ATTENTION_KINDS
 
 

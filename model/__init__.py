@@ -1,7 +1,7 @@
 """The network, plain PyTorch (no Lightning, no data, no matplotlib): the hand-written attention
 (model/attention.py: `attention()`, the one formula; model/long_attention.py: the kinds for long texts), the
-classifier around it (model/classifier.py), its one configuration (model/config.py), and reading a checkpoint of it
-safely (model/checkpoint.py)."""
+classifier around it (model/classifier.py), its one configuration (model/config.py), which also rebuilds it from a checkpoint's
+settings (a checkpoint is read safely by data/checkpoint.py)."""
 
 from model.attention import AttentionWeights, MultiHeadSelfAttention
 from model.classifier import AttentionClassifier, ClassifierOutput

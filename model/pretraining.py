@@ -12,7 +12,7 @@ Two objectives, on the same AttentionEncoder (model/classifier.py) the classifie
                token, binary cross-entropy over all of them (ELECTRA's discriminator, without its generator).
 
 The encoder's parameters keep the classifier's names (token_embedding, position_embedding, blocks), so fine-tuning
-copies them as they are (training/pretraining.py: encoder_state).
+copies them as they are (training/encoder.py: encoder_state).
 
 Letters in the shape comments: B batch, L tokens, N real tokens, M chosen tokens, D width, V vocabulary.
 """

@@ -222,7 +222,7 @@ def test_a_read_only_log_folder_is_one_line(tmp_path):
 
 
 def test_a_checkpoint_of_another_max_length_or_other_labels_is_refused_in_one_line():
-    from model.checkpoint import CheckpointError
+    from data.checkpoint import CheckpointError
     from model.config import NetworkConfig
     from training.checkpoints import check_fits
 

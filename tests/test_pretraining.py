@@ -17,7 +17,7 @@ from inference.classifier import CheckpointError
 from model.config import NetworkConfig
 from model.kinds import ATTENTION_KINDS
 from model.pretraining import FIRST_WORD_ID, MASK_ID, PretrainingNetwork, choose, corrupt
-from training.pretraining import ENCODER_PARTS, encoder_state
+from training.encoder import ENCODER_PARTS, encoder_state
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
@@ -350,9 +350,9 @@ def test_texts_too_short_to_mask_are_one_line(tmp_path, capsys):
 def test_word_vector_baseline_is_a_checkpoint_fine_tuning_starts_from(tmp_path):
     pytest.importorskip("fasttext")
     from bench.pretraining import word_vector_checkpoint
-    from model.checkpoint import read_pretraining_checkpoint
+    from data.checkpoint import read_pretraining_checkpoint
     from model.classifier import AttentionClassifier
-    from training.pretraining import load_encoder
+    from training.encoder import load_encoder
 
     files = labelled_files(tmp_path)
     rows = ["text,label"] + [f"w{i % 37} w{i % 11} good fine movie w{i % 5},{i % 2}" for i in range(600)]
@@ -379,7 +379,7 @@ def test_word_vector_baseline_is_a_checkpoint_fine_tuning_starts_from(tmp_path):
 
 def test_pretraining_is_given_the_network_of_the_fine_tuning_configs(tmp_path):
     from bench.pretraining import network_args
-    from training.pretraining import ENCODER_SETTINGS
+    from training.encoder import ENCODER_SETTINGS
 
     fit = ["--config", "configs/imdb.yaml", "--config", "configs/imdb_local.yaml", "--model.network.n_heads", "2"]
     common = ["--data.dataset", "synthetic", "--data.cache_dir", str(tmp_path), "--trainer.logger", "false"]

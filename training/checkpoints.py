@@ -1,5 +1,5 @@
 """Checks on a checkpoint handed to train.py (resume, validate, test, predict), made before anything is written,
-and the upgrade of a checkpoint from an older layout to the current one (model/checkpoint.py):
+and the upgrade of a checkpoint from an older layout to the current one (data/checkpoint.py):
 
     python -m training.checkpoints upgrade old.ckpt new.ckpt
 """
@@ -12,7 +12,8 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from data.files import WriteError, check_target, write_atomically
 from data.tokenizer import stored_form
-from model.checkpoint import CheckpointError, network_config, read_checkpoint, stored_label_names
+from data.checkpoint import CheckpointError, read_checkpoint, stored_label_names
+from model.config import network_config
 
 SPECIAL_NAMES = ("last", "best", "hpc", "registry")  # Lightning resolves these itself
 

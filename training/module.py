@@ -14,6 +14,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 from data.tokenizer import UNK_ID
 from model.classifier import AttentionClassifier
 from model.config import ConfigError, NetworkConfig
+from training.encoder import load_encoder
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class ClassifierModule(L.LightningModule):
             distillation: weight α of the teacher in the training loss, (1 - α)·CE(labels) + α·CE(teacher's
                 probabilities); needs data.teacher (data/teacher.py). 0 = labels only.
             init_from: a pretraining checkpoint (`train.py pretrain`): a fresh fit starts from its embedding and
-                attention blocks (training/pretraining.py), and the data use its tokenizer. Resuming, validating and
+                attention blocks (training/encoder.py), and the data use its tokenizer. Resuming, validating and
                 testing read the weights from --ckpt_path instead.
             word_vectors: epochs of skip-gram word vectors (training/word_vectors.py) trained on the training texts
                 before a fresh fit; they become the token embedding's start, scaled to the spread it starts with
@@ -168,8 +169,6 @@ class ClassifierModule(L.LightningModule):
     def setup(self, stage):
         # Before Lightning restores a --ckpt_path (which then overwrites these weights when resuming).
         if stage == "fit" and self.hparams.init_from:
-            from training.pretraining import load_encoder
-
             for network in {id(m): m for m in (self.model, self.online_model)}.values():
                 load_encoder(network, self.hparams.init_from)
 

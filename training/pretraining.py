@@ -1,23 +1,13 @@
-"""The Lightning system of `train.py pretrain` (model/pretraining.py's objectives on unlabeled text), and the hand-over
-of its encoder to a classifier (`train.py fit --model.init_from <pretraining checkpoint>`)."""
-
-from pathlib import Path
+"""The Lightning system of `train.py pretrain` (model/pretraining.py's objectives on unlabeled text); the hand-over of
+its encoder to a classifier is training/encoder.py."""
 
 import lightning as L
 import torch
 from torchmetrics import MeanMetric
 
-from model.checkpoint import CheckpointError, read_pretraining_checkpoint
 from model.config import ConfigError, NetworkConfig
 from model.pretraining import OBJECTIVES, PretrainingNetwork, corrupt
 from training.module import NonFiniteLossError, adamw_with_warmup
-
-# The settings that decide the encoder's weights and what they mean: a classifier fine-tuned from a pretraining
-# checkpoint must have the same. Dropout rates, pooling, the class head and the kernel may differ.
-ENCODER_SETTINGS = ("vocab_size", "max_length", "d_model", "n_heads", "d_head", "n_layers", "d_ff", "positions",
-                    "embedding_norm", "bias", "scale", "causal", "attention", "window", "projection_length",
-                    "global_tokens", "layer_heads")
-ENCODER_PARTS = ("token_embedding.", "position_embedding.", "embedding_norm.", "blocks.")  # names the classifier shares
 
 
 class PretrainModule(L.LightningModule):
@@ -84,45 +74,3 @@ class PretrainModule(L.LightningModule):
 
     def configure_optimizers(self):
         return adamw_with_warmup(self, self.model)
-
-
-def check_pretrained(path: str, network: NetworkConfig) -> dict:
-    """The pretraining checkpoint at `path`, if a classifier with `network` can start from it; else CheckpointError
-    naming what differs."""
-    checkpoint = read_pretraining_checkpoint(path)
-    try:
-        trained = NetworkConfig.from_dict(checkpoint["hyper_parameters"]["network"])
-    except (ValueError, TypeError) as e:
-        raise CheckpointError(f"{path}: {e}") from e
-    differences = [f"{name} {getattr(trained, name)!r} (this config: {getattr(network, name)!r})"
-                   for name in ENCODER_SETTINGS if getattr(trained, name) != getattr(network, name)]
-    if differences:
-        raise CheckpointError(f"{path}: pretrained with {', '.join(differences)}; give the fine-tuning run the same "
-                              "model.network settings as the pretraining run (its run's config.yaml)")
-    return checkpoint
-
-
-def encoder_state(checkpoint: dict) -> dict[str, torch.Tensor]:
-    """The pretrained encoder's weights, named as in AttentionClassifier (token_embedding, position_embedding,
-    blocks); the objective's head stays behind."""
-    state = {name.removeprefix("model."): tensor for name, tensor in checkpoint["state_dict"].items()}
-    return {name: tensor for name, tensor in state.items() if name.startswith(ENCODER_PARTS)}
-
-
-def load_encoder(model: torch.nn.Module, path: str) -> int:
-    """Copy the encoder weights of the pretraining checkpoint at `path` into `model` (an AttentionClassifier, or
-    the module's EMA twin); returns how many tensors were copied. Every encoder parameter must be there."""
-    checkpoint = check_pretrained(path, model.config)
-    state = encoder_state(checkpoint)
-    expected = {name for name in model.state_dict() if name.startswith(ENCODER_PARTS)}
-    missing = sorted(expected - set(state))
-    if missing or not state:
-        raise CheckpointError(f"{Path(path)}: the pretrained encoder lacks {', '.join(missing[:3]) or 'every weight'}")
-    with torch.no_grad():
-        own = model.state_dict()
-        for name in expected:
-            if own[name].shape != state[name].shape:
-                raise CheckpointError(f"{path}: {name} has shape {tuple(state[name].shape)}, this network "
-                                      f"{tuple(own[name].shape)}")
-            own[name].copy_(state[name])
-    return len(expected)

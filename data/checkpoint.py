@@ -1,7 +1,7 @@
 """Reading a checkpoint that train.py wrote, safely: for training (resume, validate, test) and inference alike.
 
 A checkpoint holds each fact once:
-    hyper_parameters["network"]      the NetworkConfig (model/config.py): vocab_size, num_classes, max_length, ...
+    hyper_parameters["network"]      the NetworkConfig (model/config.py, network_config): vocab_size, num_classes, ...
     hyper_parameters["label_names"]  the class names, index = class id
     state_dict                       the weights, keys prefixed "model."
     TextDataModule["tokenizer"]      the tokenizer's JSON, without truncation (texts are cut to the network's
@@ -13,18 +13,15 @@ and max_length under "TextDataModule" and max_length in the tokenizer's truncati
 settings flat in hyper_parameters; inference reads it as it is, train.py asks for the upgrade.
 
 Read with `torch.load(weights_only=True)` only, so a file from a stranger cannot run code; anything that is not such
-a checkpoint raises CheckpointError with one line naming the file and what is wrong. Plain PyTorch: imported by
-training/ and inference/ alike.
+a checkpoint raises CheckpointError with one line naming the file and what is wrong. Plain PyTorch, nothing of the
+network: imported by data/ (a pretraining checkpoint's tokenizer), training/ and inference/ alike.
 """
 
 import pickle
 import zipfile
-from dataclasses import fields
 from pathlib import Path
 
 import torch
-
-from model.config import NetworkConfig
 
 
 class CheckpointError(ValueError):
@@ -115,18 +112,3 @@ def stored_label_names(checkpoint: dict) -> list[str]:
     names = checkpoint["hyper_parameters"].get("label_names") or (checkpoint.get("TextDataModule") or {}).get(
         "label_names")
     return list(names or [])
-
-
-def network_config(hparams: dict, label_names: list[str]) -> NetworkConfig:
-    """The NetworkConfig a checkpoint stores under hyper_parameters["network"]. Checkpoints written before it
-    existed kept the same settings flat in hyper_parameters; they are read the same way."""
-    if "network" in hparams:
-        config = NetworkConfig.from_dict(hparams["network"])
-    elif "vocab_size" in hparams:  # the flat layout of the first version
-        names = {f.name for f in fields(NetworkConfig)}
-        config = NetworkConfig(**{k: v for k, v in hparams.items() if k in names} | {"num_classes": len(label_names)})
-    else:
-        raise ValueError("hyper_parameters has no 'network' settings")
-    if config.num_classes != len(label_names):
-        raise ValueError(f"num_classes {config.num_classes} but {len(label_names)} label names")
-    return config
