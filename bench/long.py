@@ -56,7 +56,7 @@ PLANS = {
 def network(vocab_size: int, max_length: int, smoke: bool) -> NetworkConfig:
     """configs/imdb.yaml's network with the long kinds' own settings from their overlays (dropout off: the bench
     times the arithmetic, not the random masks); each side then picks its attention kind."""
-    overlays = [CONFIGS / f"imdb_{kind}.yaml" for kind in LONG_KINDS]
+    overlays = [path for kind in LONG_KINDS if (path := CONFIGS / f"imdb_{kind}.yaml").exists()]
     tiny = dict(d_model=16, n_heads=2, d_ff=32, window=4, projection_length=8) if smoke else {}
     return network_config(CONFIGS / "imdb.yaml", *overlays, **tiny, attention="full", vocab_size=vocab_size,
                           max_length=max_length, dropout=0.0, embedding_dropout=0.0, attention_dropout=0.0)

@@ -17,7 +17,8 @@ Local attention is computed by blocks (lucidrains/local-attention): the sequence
 and each block of queries scores its own block and the one before it (and after it): (B, H, n, w, 3w). Nothing of
 size L × L is ever made, so time and memory grow as L·w.
 
-What a layer hands out (`LongAttentionWeights`), in the kind's own key layout, K keys per query row:
+What a layer hands out (`LongAttentionWeights`), in the kind's own key layout (its class's `key_layout`: "band" for
+local and sparse, "virtual" for linformer), K keys per query row:
     local      (B, H, L, 2w+1), column o of row i is key i − w + o      causal: (B, H, L, w+1), the same formula
     linformer  (B, H, L, k), column r is the projected ("virtual") key r: row r of E K
     sparse     (B, H, L, g + 2w+1): columns 0..g-1 the global keys, then the band as for local; the g global query
