@@ -19,7 +19,7 @@ def test_smoke_run_ends_with_the_summary_and_writes_the_plot(tmp_path, capsys):
     bench.main(["--smoke", "--threads", "1", "--plot", str(tmp_path / "long.png")])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["largest_common_length"] == 32
-    for kind in ("local", "linformer", "sparse"):
+    for kind in bench.LONG_KINDS:
         for key in ("speedup", "memory_ratio", "inference_speedup", "inference_memory_ratio"):
             assert summary[f"{kind}_{key}"] > 0
     assert set(summary["growth_exponent"]) == set(bench.SIDES)
