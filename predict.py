@@ -103,8 +103,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def read_inputs(args) -> list[str]:
     """The texts, one per TEXT argument or per line of --file; undecodable bytes are replaced, with a note."""
     if args.texts:
-        # Undecodable bytes in argv arrive as lone surrogates, which cannot be written as UTF-8.
-        raw = [text.encode("utf-8", "surrogateescape") for text in args.texts]
+        raw = [argument_bytes(text) for text in args.texts]
         where = "text"
     elif args.file == "-":
         if sys.stdin is None:  # started with standard input closed (`<&-`)
@@ -126,6 +125,16 @@ def read_inputs(args) -> list[str]:
         shown = ", ".join(map(str, replaced[:NOTES_SHOWN])) + (", ..." if len(replaced) > NOTES_SHOWN else "")
         log.info("%d input(s) held bytes that are not UTF-8, replaced by U+FFFD (%s %s)", len(replaced), where, shown)
     return texts
+
+
+def argument_bytes(text: str) -> bytes:
+    """The bytes of a TEXT argument. Undecodable bytes in argv arrive as lone surrogates U+DC80..U+DCFF
+    (surrogateescape), which give the bytes back; any other lone surrogate (a Python caller's "\\ud800") becomes
+    the three bytes UTF-8 would give it, which are not UTF-8 either: both are then replaced like any such bytes."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
 
 
 def split_lines(data: bytes) -> list[bytes]:
