@@ -53,7 +53,8 @@ def test_the_callback_is_still_found_where_configs_name_it():
 def test_the_faces_share_code_through_inference_only_and_inference_has_no_circle():
     """serve.py loads no predict.py (nor the reverse); explain.py loads no classifier.py (classifier.py asks
     explain.py for explanations: one direction)."""
-    (explain,), (predict,), (serve,) = (loaded_after_each((name,)) for name in ("inference.explain", "predict", "serve"))
+    names = ("inference.explain", "predict", "serve")
+    (explain,), (predict,), (serve,) = (loaded_after_each((name,)) for name in names)
     assert "inference.classifier" not in explain and "inference.explain" in explain
     assert "serve" not in predict and "predict" not in serve and "inference.request" in serve
 
