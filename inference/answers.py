@@ -10,15 +10,16 @@ batched, and answered in its place with {"text", "error"}; a model whose numbers
 only fail itself.
 """
 
+import json
 import logging
 from pathlib import Path
 
-from inference.texts import EMPTY, length_is_lower_bound, problem, writable
+from inference.texts import length_is_lower_bound, problem, writable
 
 log = logging.getLogger("inference")
 NON_FINITE = "the model produced non-finite probabilities (NaN/inf): the checkpoint's weights are broken"
 
-__all__ = ["EMPTY", "NON_FINITE", "load", "prediction_outputs", "explanation_outputs", "finite", "answer_batch",
+__all__ = ["NON_FINITE", "load", "prediction_outputs", "explanation_outputs", "finite", "answer_batch",
            "truncation_note", "model_info"]
 
 
@@ -63,8 +64,6 @@ def explanation_outputs(classifier, texts: list[str], *, attention: bool = False
 
 def finite(out: dict) -> dict:
     """out, or {"text", "error"} when a number in it is NaN or infinite (not JSON, and a broken model)."""
-    import json
-
     try:
         json.dumps(out, allow_nan=False)
     except ValueError:
