@@ -251,14 +251,14 @@ def run_explain(args, classifier, texts: list[str]) -> int:
         if not any(text.strip() for text in texts):
             raise InputError(f"{args.html}: not written: every input is empty, there is nothing to explain")
         check_target(args.html, "report", inputs=[args.file] if args.file not in (None, "-") else [])
-    from inference.answers import NON_FINITE, explanation_outputs, truncation_note
+    from inference.answers import NON_FINITE, explanation_outputs, token_count
 
     pairs = explanation_outputs(classifier, texts, attention=args.attention, ig_steps=args.ig_steps)
     for i, (out, explanation) in enumerate(pairs):
         sys.stdout.write(json_line(out) or json_line({"text": out["text"], "error": NON_FINITE}))
         if explanation is not None and explanation.truncated_from is not None:
-            log.info("%s %d: %s; explained as the model saw it", where, i + 1,
-                     truncation_note(texts[i], explanation.truncated_from, classifier.max_length))
+            log.info("%s %d: %s; explained as the model saw it, its first %d", where, i + 1,
+                     token_count(texts[i], explanation.truncated_from), classifier.max_length)
     note_unread([(i + 1, out["error"]) for i, (out, explanation) in enumerate(pairs) if explanation is None], where)
     if args.html:
         from inference.report import write_report

@@ -20,7 +20,7 @@ log = logging.getLogger("inference")
 NON_FINITE = "the model produced non-finite probabilities (NaN/inf): the checkpoint's weights are broken"
 
 __all__ = ["NON_FINITE", "load", "prediction_outputs", "explanation_outputs", "finite", "answer_batch",
-           "truncation_note", "model_info"]
+           "token_count", "truncation_note", "model_info"]
 
 
 def load(paths: list, device: str = "auto"):
@@ -71,10 +71,14 @@ def finite(out: dict) -> dict:
     return out
 
 
+def token_count(text: str, length: int) -> str:
+    """A cut text's own length in tokens, as a note says it ("at least" past what is counted)."""
+    return f"{'at least ' if length_is_lower_bound(text) else ''}{length} tokens"
+
+
 def truncation_note(text: str, length: int, max_length: int) -> str:
     """What a note says about a text cut to max_length tokens."""
-    at_least = "at least " if length_is_lower_bound(text) else ""
-    return f"{at_least}{length} tokens, truncated to the model's max_length of {max_length}"
+    return f"{token_count(text, length)}, truncated to the model's max_length of {max_length}"
 
 
 # ---- the server's answers -----------------------------------------------------------------------------------------
