@@ -49,13 +49,18 @@ TRACE_BATCH, TRACE_LENGTH = 3, 13
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="export.py", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ckpt", required=True, metavar="PATH",
-                        help="checkpoint written by train.py, or a run folder (its best checkpoint)")
+    parser.add_argument("--ckpt", required=True, metavar="PATH", action="append",
+                        help="checkpoint written by train.py, or a run folder (its best checkpoint); one only")
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for model.onnx, tokenizer.json, "
                                                                     "config.json (created if missing)")
     parser.add_argument("--attention", action="store_true", help="add each layer's attention weights as outputs")
     parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if len(args.ckpt) > 1:
+        parser.error("--ckpt given more than once: an export is one network (predict.py and serve.py average an "
+                     "ensemble outside the networks); export each checkpoint to its own --out")
+    args.ckpt = args.ckpt[0]
+    return args
 
 
 def exportable(classifier, attention: bool):
@@ -219,16 +224,13 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    from data.files import check_target, write_text
+    from data.files import check_target, make_folder, write_text
     from inference import TextClassifier
     from inference.ensemble import resolve_checkpoint
 
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"{out}: exists and is not a folder")
     ckpt = resolve_checkpoint(args.ckpt)
     classifier = TextClassifier.from_checkpoint(ckpt, device="cpu")
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_folder(args.out, "export folder")
     for name in ("model.onnx", "tokenizer.json", "config.json"):
         check_target(out / name, name, inputs=[ckpt])
     names = output_names(classifier, args.attention)

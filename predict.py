@@ -13,14 +13,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from inference.limits import BATCH_SIZE, IG_STEPS, POSITIVE
+from inference.texts import EMPTY
+
 log = logging.getLogger("predict")
 PROGRESS_BAR_ABOVE = 1000  # inputs; below this a bar shows only when stderr is a terminal
 TEXTS_PER_STEP = 16  # batches predicted (and written out) at a time, so output streams and memory stays flat
 NOTES_SHOWN = 10  # per kind of note; the rest are counted
-MAX_IG_STEPS = 1024  # inference/explain.py's bound, repeated so --help answers without importing torch
-MAX_BATCH_SIZE = 65536  # texts per forward pass; above this one batch of long texts is gigabytes
-EMPTY = "empty text"  # the error of an empty or whitespace-only input
-NON_FINITE = "the model produced non-finite probabilities (NaN/inf): the checkpoint's weights are broken"
 
 DESCRIPTION = """\
 Classify texts with a checkpoint from train.py. Prints one JSON object per input on stdout:
@@ -57,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "a run folder (lightning_logs/version_0: its best checkpoint); given several times, "
                              "an ensemble: their probabilities averaged")
     parser.add_argument("--file", metavar="F", help="read one text per line from F; '-' reads standard input")
-    parser.add_argument("--top-k", type=positive_int, metavar="K",
+    parser.add_argument("--top-k", type=POSITIVE.argument(), metavar="K",
                         help="keep only the K most likely labels in probabilities, most likely first (default: all, "
                              "in label order)")
     parser.add_argument("--attention", action="store_true",
@@ -81,10 +80,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "page draws (null for linformer)")
     parser.add_argument("--html", metavar="FILE",
                         help="with --explain, also write one self-contained HTML page for the texts to FILE")
-    parser.add_argument("--ig-steps", type=bounded_int(MAX_IG_STEPS), default=32, metavar="N",
-                        help=f"with --explain, Integrated Gradients steps, 1..{MAX_IG_STEPS} (default: 32)")
-    parser.add_argument("--batch-size", type=bounded_int(MAX_BATCH_SIZE), default=256, metavar="N",
-                        help=f"texts per forward pass, 1..{MAX_BATCH_SIZE} (default: 256); texts are batched by "
+    parser.add_argument("--ig-steps", type=IG_STEPS.argument(), default=32, metavar="N",
+                        help=f"with --explain, Integrated Gradients steps, {IG_STEPS} (default: 32)")
+    parser.add_argument("--batch-size", type=BATCH_SIZE.argument(), default=256, metavar="N",
+                        help=f"texts per forward pass, {BATCH_SIZE} (default: 256); texts are batched by "
                              "length internally")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="where the network runs; auto picks cuda when available (default: auto)")
@@ -101,30 +100,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return number
-
-
-def bounded_int(most: int):
-    """An argparse type: an integer in 1..most (options that size memory are bounded before any work)."""
-    def parse(value: str) -> int:
-        number = int(value)
-        if not 1 <= number <= most:
-            raise argparse.ArgumentTypeError(f"must be in 1..{most}, got {value}")
-        return number
-
-    parse.__name__ = "integer"  # argparse names the type in its message: "invalid integer value: 'x'"
-    return parse
-
-
 def read_inputs(args) -> list[str]:
     """The texts, one per TEXT argument or per line of --file; undecodable bytes are replaced, with a note."""
     if args.texts:
-        # Undecodable bytes in argv arrive as lone surrogates, which cannot be written as UTF-8.
-        raw = [text.encode("utf-8", "surrogateescape") for text in args.texts]
+        raw = [argument_bytes(text) for text in args.texts]
         where = "text"
     elif args.file == "-":
         if sys.stdin is None:  # started with standard input closed (`<&-`)
@@ -148,6 +127,16 @@ def read_inputs(args) -> list[str]:
     return texts
 
 
+def argument_bytes(text: str) -> bytes:
+    """The bytes of a TEXT argument. Undecodable bytes in argv arrive as lone surrogates U+DC80..U+DCFF
+    (surrogateescape), which give the bytes back; any other lone surrogate (a Python caller's "\\ud800") becomes
+    the three bytes UTF-8 would give it, which are not UTF-8 either: both are then replaced like any such bytes."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+
+
 def split_lines(data: bytes) -> list[bytes]:
     r"""Lines split at \n only, one trailing \r of a \r\n ending removed. bytes.splitlines would also split at
     a lone \r, \v, \f and \x1c-\x1e, so output line N would no longer belong to input line N."""
@@ -163,40 +152,6 @@ def json_line(output: dict) -> str | None:
         return json.dumps(output, ensure_ascii=False, allow_nan=False) + "\n"
     except ValueError:
         return None
-
-
-def prediction_outputs(classifier, texts: list[str], *, attention: bool = False, all_heads: bool = False,
-                       top_k: int | None = None, batch_size: int = 256, weights: bool = False) -> list[tuple]:
-    """The JSON object predict.py prints for each text, in input order, with the Prediction it came from (None for
-    an empty text, whose object is {"text", "error": "empty text"}). serve.py answers with the same objects.
-    weights: compute the attention for the Prediction (heatmaps) without putting it in the object."""
-    real = [i for i, text in enumerate(texts) if text.strip()]
-    predictions = classifier.predict([texts[i] for i in real], attention=attention or weights, top_k=top_k,
-                                     batch_size=batch_size)
-    by_index = dict(zip(real, predictions))
-    pairs = []
-    for i, text in enumerate(texts):
-        prediction = by_index.get(i)
-        if prediction is None:
-            pairs.append(({"text": text, "error": EMPTY}, None))
-            continue
-        # Without --attention the weights (if any) were computed for the heatmap only.
-        pairs.append((prediction.to_dict(all_heads=all_heads, attention=attention), prediction))
-    return pairs
-
-
-def explanation_outputs(classifier, texts: list[str], *, attention: bool = False, ig_steps: int = 32) -> list[tuple]:
-    """--explain: the object for each text with its Explanation (None for an empty text); attention adds each
-    layer's per-head weights (the explanation page draws them)."""
-    real = [i for i, text in enumerate(texts) if text.strip()]
-    explanations = dict(zip(real, classifier.explain([texts[i] for i in real], ig_steps=ig_steps)))
-    return [(explanations[i].to_dict(attention=attention), explanations[i]) if i in explanations
-            else ({"text": text, "error": EMPTY}, None) for i, text in enumerate(texts)]
-
-
-def finite(out: dict) -> dict:
-    """out, or {"text", "error"} when a number in it is NaN or infinite (not JSON, and a broken model)."""
-    return out if json_line(out) is not None else {"text": out["text"], "error": NON_FINITE}
 
 
 class InputError(ValueError):
@@ -224,15 +179,10 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
     # Imported here, not at the top, so --help and argument errors answer without loading torch.
-    from inference import TextClassifier
-
-    from inference.ensemble import Ensemble, resolve_checkpoint
+    from inference.answers import NON_FINITE, load, prediction_outputs, truncation_note
 
     texts = read_inputs(args)
-    if len(args.ckpt) == 1:
-        classifier = TextClassifier.from_checkpoint(resolve_checkpoint(args.ckpt[0]), device=args.device)
-    else:
-        classifier = Ensemble.from_checkpoints(args.ckpt, device=args.device)
+    classifier = load(args.ckpt, device=args.device)
     if args.explain:
         return run_explain(args, classifier, texts)
     png_dir = Path(args.attention_png) if args.attention_png else None
@@ -243,7 +193,7 @@ def run(args) -> int:
             raise InputError(f"{png_dir}: cannot create the heatmap folder: {e.strerror}") from e
     digits = max(4, len(str(len(texts) - 1)))
     where = "text" if args.texts else "line"
-    empty, truncated, broken = [], [], []
+    unread, truncated, broken = [], [], []
     show_bar = len(texts) > PROGRESS_BAR_ABOVE or sys.stderr.isatty()
     step = args.batch_size * TEXTS_PER_STEP
     with tqdm(total=len(texts), unit="text", file=sys.stderr, disable=not show_bar) as bar:
@@ -256,7 +206,7 @@ def run(args) -> int:
             encoded = []
             for i, (out, prediction) in zip(window, pairs):
                 if prediction is None:
-                    empty.append(i + 1)
+                    unread.append((i + 1, out["error"]))
                 else:
                     if png_dir is not None:
                         out["attention_png"] = str(write_png(prediction, png_dir / f"{i:0{digits}d}.png"))
@@ -265,33 +215,30 @@ def run(args) -> int:
                 text = json_line(out)
                 if text is None:
                     broken.append(i + 1)
-                    text = json_line({"text": texts[i], "error": NON_FINITE})
+                    text = json_line({"text": out["text"], "error": NON_FINITE})
                 encoded.append(text)
             sys.stdout.write("".join(encoded))
             sys.stdout.flush()
             bar.update(len(window))
     for number, length in truncated[:NOTES_SHOWN]:
-        log.info("%s %d: %s%d tokens, truncated to the model's max_length of %d", where, number,
-                 at_least(texts[number - 1]), length, classifier.max_length)
+        log.info("%s %d: %s", where, number, truncation_note(texts[number - 1], length, classifier.max_length))
     if len(truncated) > NOTES_SHOWN:
         log.info("... %d texts truncated in all", len(truncated))
     if broken:
         shown = ", ".join(map(str, broken[:NOTES_SHOWN])) + (", ..." if len(broken) > NOTES_SHOWN else "")
         log.info("%d input(s) reported as errors: %s (%s %s)", len(broken), NON_FINITE, where, shown)
-    note_empty(empty, where)
+    note_unread(unread, where)
     return 0
 
 
-def note_empty(empty: list[int], where: str) -> None:
+def note_unread(unread: list[tuple[int, str]], where: str) -> None:
+    """A note per kind of input the model cannot read (empty, not Unicode), counting them."""
+    empty = [number for number, error in unread if error == EMPTY]
     if empty:
         shown = ", ".join(map(str, empty[:NOTES_SHOWN])) + (", ..." if len(empty) > NOTES_SHOWN else "")
         log.info('%d empty input(s) reported as {"error": "empty text"} (%s %s)', len(empty), where, shown)
-
-
-def at_least(text: str) -> str:
-    from inference.classifier import length_is_lower_bound
-
-    return "at least " if length_is_lower_bound(text) else ""
+    for number, error in [item for item in unread if item[1] != EMPTY][:NOTES_SHOWN]:
+        log.info("%s %d: %s", where, number, error)
 
 
 def run_explain(args, classifier, texts: list[str]) -> int:
@@ -304,13 +251,15 @@ def run_explain(args, classifier, texts: list[str]) -> int:
         if not any(text.strip() for text in texts):
             raise InputError(f"{args.html}: not written: every input is empty, there is nothing to explain")
         check_target(args.html, "report", inputs=[args.file] if args.file not in (None, "-") else [])
+    from inference.answers import NON_FINITE, explanation_outputs, token_count
+
     pairs = explanation_outputs(classifier, texts, attention=args.attention, ig_steps=args.ig_steps)
     for i, (out, explanation) in enumerate(pairs):
-        sys.stdout.write(json_line(out) or json_line({"text": texts[i], "error": NON_FINITE}))
+        sys.stdout.write(json_line(out) or json_line({"text": out["text"], "error": NON_FINITE}))
         if explanation is not None and explanation.truncated_from is not None:
-            log.info("%s %d: %s%d tokens; explained as the model saw it, its first %d", where, i + 1,
-                     at_least(texts[i]), explanation.truncated_from, classifier.max_length)
-    note_empty([i + 1 for i, (_, explanation) in enumerate(pairs) if explanation is None], where)
+            log.info("%s %d: %s; explained as the model saw it, its first %d", where, i + 1,
+                     token_count(texts[i], explanation.truncated_from), classifier.max_length)
+    note_unread([(i + 1, out["error"]) for i, (out, explanation) in enumerate(pairs) if explanation is None], where)
     if args.html:
         from inference.report import write_report
 

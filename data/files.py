@@ -1,6 +1,7 @@
 """Writing a file so that nothing already saved is lost: every writer of the project goes through here.
 
     write_atomically("pruned.ckpt", lambda path: torch.save(checkpoint, path), what="checkpoint", inputs=[source])
+    make_folder("exported/", what="export folder")  # a folder to write into, or one line saying why not
 
 The target is checked first (check_target: not a directory, not one of the files being read, in a folder that
 exists and can be written), so a command can refuse it in one line before any computation. Then the content is
@@ -39,6 +40,22 @@ def check_target(target, what: str = "file", inputs: Iterable = ()) -> Path:
     if target.exists() and not os.access(target, os.W_OK):
         raise WriteError(f"{target}: cannot write the {what}: the file is read-only")
     return target
+
+
+def make_folder(folder, what: str = "folder") -> Path:
+    """`folder` created with its parents if missing, or WriteError (one line naming it and why: a read-only
+    filesystem, no permission, a path through a file). An existing folder is left as it is."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise WriteError(f"{folder}: exists and is not a folder")
+    blocking = next((parent for parent in folder.parents if parent.exists() and not parent.is_dir()), None)
+    if blocking is not None:
+        raise WriteError(f"{folder}: cannot create the {what}: {blocking} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteError(f"{folder}: cannot create the {what}: {reason(e)}") from e
+    return folder
 
 
 def write_atomically(target, write: Callable[[Path], object], what: str = "file", inputs: Iterable = ()) -> Path:

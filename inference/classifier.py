@@ -16,22 +16,12 @@ from tokenizers import Tokenizer
 
 from data.tokenizer import CHARS_PER_TOKEN_BOUND, UNK_ID, cut, pad
 from data.checkpoint import CheckpointError, read_checkpoint, stored_label_names
+from inference.texts import COUNT_CHARACTERS, check_texts
 from model.classifier import AttentionClassifier
 from model.config import network_config
 from model.kinds import ATTENTION_KINDS
 
-
-# A text cut before tokenizing has its own length in tokens counted on at most this many characters (a fraction of
-# a second); a longer one reports the length of those, a lower bound.
-COUNT_CHARACTERS = 1_000_000
-
-__all__ = ["CheckpointError", "Prediction", "TextClassifier", "length_is_lower_bound", "network_config",
-           "read_checkpoint"]
-
-
-def length_is_lower_bound(text: str) -> bool:
-    """True when a truncated text's reported length in tokens is a lower bound (see TextClassifier.encode)."""
-    return len(text) > COUNT_CHARACTERS
+__all__ = ["CheckpointError", "Prediction", "TextClassifier", "network_config", "read_checkpoint"]
 
 
 @dataclass
@@ -140,15 +130,7 @@ class TextClassifier:
         self, texts: list[str], attention: bool = False, top_k: int | None = None, batch_size: int = 256
     ) -> list[Prediction]:
         """One Prediction per text, in input order. Texts are batched by length (little padding), then put back."""
-        if isinstance(texts, str):
-            raise TypeError("predict takes a list of texts; wrap a single text in a list")
-        texts = list(texts)
-        not_text = [f"{i} ({type(text).__name__})" for i, text in enumerate(texts) if not isinstance(text, str)]
-        if not_text:
-            raise TypeError(f"texts must be strings; not a string at position(s) {', '.join(not_text[:10])}")
-        empty = [i for i, text in enumerate(texts) if not text.strip()]
-        if empty:
-            raise ValueError(f"empty or whitespace-only text at position(s) {', '.join(map(str, empty[:10]))}")
+        texts = check_texts(texts, "predict")
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         if batch_size < 1:

@@ -35,11 +35,11 @@ import torch
 from captum.attr import FeatureAblation, InputXGradient, IntegratedGradients
 
 from data.tokenizer import UNK_ID
-from inference.classifier import length_is_lower_bound
+from inference.limits import IG_STEPS
+from inference.texts import check_texts, length_is_lower_bound
 from model.kinds import ATTENTION_KINDS
 from monitor.views import token_window
 
-MAX_IG_STEPS = 1024  # Integrated Gradients converges within tens to a few hundred steps; more only costs time
 TOKENS_PER_PASS = 16384  # tokens of one text's copies per forward pass (see texts_per_pass)
 METHODS = ("attention", "rollout", "grad_x_input", "integrated_gradients", "occlusion")
 DELETION_KS = (1, 2, 3, 4, 5)
@@ -116,8 +116,7 @@ def probabilities_of(model, token_ids: torch.Tensor) -> torch.Tensor:
 
 
 def check_ig_steps(ig_steps: int) -> None:
-    if not 1 <= ig_steps <= MAX_IG_STEPS:
-        raise ValueError(f"ig_steps (Integrated Gradients steps) must be in 1..{MAX_IG_STEPS}, got {ig_steps}")
+    IG_STEPS.check("ig_steps (Integrated Gradients steps)", ig_steps)
 
 
 def explain_ids(model, ids: list[int], ig_steps: int = 32, seed: int = 0) -> dict:
@@ -253,15 +252,7 @@ def ranks(values: np.ndarray) -> np.ndarray:
 def explain(classifier, texts: list[str], ig_steps: int = 32) -> list[Explanation]:
     """One Explanation per text (TextClassifier.explain). Texts longer than max_length are explained as the model
     saw them: their first max_length tokens, with truncated_from set."""
-    if isinstance(texts, str):
-        raise TypeError("explain takes a list of texts; wrap a single text in a list")
-    texts = list(texts)
-    not_text = [str(i) for i, text in enumerate(texts) if not isinstance(text, str)]
-    if not_text:
-        raise TypeError(f"texts must be strings; not a string at position(s) {', '.join(not_text[:10])}")
-    empty = [i for i, text in enumerate(texts) if not text.strip()]
-    if empty:
-        raise ValueError(f"empty or whitespace-only text at position(s) {', '.join(map(str, empty[:10]))}")
+    texts = check_texts(texts, "explain")
     check_ig_steps(ig_steps)
     model = classifier.model
     notes = method_notes(model)

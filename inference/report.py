@@ -9,184 +9,36 @@ outlines that query's row in every map of the text. Texts are HTML-escaped and t
 
 One design, two pages: the cards are drawn in the browser from the JSON objects `predict.py --explain --attention`
 prints, embedded in the file (render), or fetched from serve.py's POST /predict by its page at GET / (live_page).
+The page is a Jinja template with its style and script beside it (inference/templates/): restyle it there.
 """
 
-import html
-import json
+from functools import cache
+from pathlib import Path
 
 from data.files import write_text
 from inference.explain import METHODS
 
 TITLES = {"attention": "attention (last layer)", "rollout": "attention rollout", "grad_x_input": "gradient × input",
           "integrated_gradients": "Integrated Gradients", "occlusion": "occlusion (exact)"}
-
-CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, "Noto Sans", "Noto Sans CJK SC", "Source Han Sans SC",
-       "WenQuanYi Micro Hei", "Microsoft YaHei", "PingFang SC", "Hiragino Sans GB", sans-serif;
-       margin: 1.5em; color: #222; background: #fff; }
-h1 { font-size: 1.3em; } .card { border: 1px solid #ccc; border-radius: 6px; padding: 1em; margin: 1em 0; }
-#switch button { margin-right: .4em; padding: .3em .7em; border: 1px solid #888; background: #f4f4f4; cursor: pointer; }
-#switch button.active { background: #333; color: #fff; }
-.tokens { line-height: 2.2em; font-size: 1.1em; }
-.tok { padding: .15em .25em; margin: 0 .1em; border-radius: 3px; border: 2px solid transparent; cursor: default; }
-.tok.hl { border-color: #000; }
-.probs span { display: inline-block; margin-right: 1em; } .label { font-weight: bold; }
-.note { color: #666; font-size: .85em; } table.faith { border-collapse: collapse; font-size: .85em; margin: .5em 0; }
-table.faith td, table.faith th { border: 1px solid #ddd; padding: .15em .5em; text-align: right; }
-.maps { display: flex; flex-wrap: wrap; gap: .8em; } .map { font-size: .8em; text-align: center; }
-canvas { border: 1px solid #999; image-rendering: pixelated; } .hover { min-height: 1.3em; font-size: .9em; }
-.error { color: #b00; }
-"""
-
-SCRIPT = """
-const STATE = {methods: [], titles: {}, texts: []};
-let method = null;
-function el(tag, cls, text) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (text !== undefined) e.textContent = text;
-  return e;
-}
-function shade(v, top) {
-  const a = top > 0 ? Math.min(1, Math.abs(v) / top) : 0;
-  return v >= 0 ? `rgba(255,140,0,${a.toFixed(3)})` : `rgba(30,110,255,${a.toFixed(3)})`;
-}
-function paintTokens() {
-  document.querySelectorAll('#switch button').forEach(b => b.classList.toggle('active', b.dataset.method === method));
-  STATE.texts.forEach((t, i) => {
-    if (!t.scores) return;
-    const s = t.scores[method];
-    const top = s ? Math.max(...s.map(Math.abs)) : 0;
-    document.querySelectorAll(`#text${i} .tok`).forEach((e, j) => {
-      e.style.backgroundColor = s ? shade(s[j], top) : 'transparent';
-      e.title = s ? `${method}: ${s[j].toFixed(4)}` : `${method}: not applicable`;
-    });
-    document.querySelector(`#text${i} .method-note`).textContent = t.notes[method] || '';
-  });
-}
-function drawMap(canvas, m, cell, row) {
-  const ctx = canvas.getContext('2d'); const n = m.length, k = m[0].length;
-  const top = Math.max(1e-9, ...m.map(r => Math.max(...r)));
-  for (let i = 0; i < n; i++) for (let j = 0; j < k; j++) {
-    const v = m[i][j] / top; const c = Math.round(255 * (1 - v));
-    ctx.fillStyle = `rgb(${c},${Math.round(255 - 155 * v)},255)`; ctx.fillRect(j * cell, i * cell, cell, cell);
-  }
-  if (row !== null && row < n) {
-    ctx.strokeStyle = '#e00'; ctx.lineWidth = 2; ctx.strokeRect(1, row * cell + 1, k * cell - 2, cell - 2);
-  }
-}
-function highlight(i, row) {
-  const t = STATE.texts[i];
-  document.querySelectorAll(`#text${i} .tok`).forEach((e, j) => e.classList.toggle('hl', j === row));
-  document.querySelectorAll(`#text${i} canvas`).forEach(c => {
-    drawMap(c, t.attention[+c.dataset.layer][+c.dataset.head], +c.dataset.cell, row);
-    c.dataset.row = row === null ? '' : row;
-  });
-  const info = document.querySelector(`#text${i} .hover`);
-  if (row === null || !t.attention) { info.textContent = ''; return; }
-  const parts = t.attention.map((layer, l) => {
-    const avg = layer[0][0].map((_, j) => layer.reduce((s, h) => s + h[row][j], 0) / layer.length);
-    const best = avg.map((v, j) => [v, j]).sort((a, b) => b[0] - a[0]).slice(0, 3);
-    return `layer ${l}: ` + best.map(([v, j]) => `${t.tokens[j]} ${v.toFixed(2)}`).join(', ');
-  });
-  info.textContent = `query "${t.tokens[row]}" looks at (mean of heads) — ` + parts.join(' | ');
-}
-function faithfulnessTable(f) {
-  const table = el('table', 'faith'), head = el('tr');
-  const names = ['method', 'Spearman with occlusion', ...f.ks.map(k => `drop k=${k}`)];
-  names.forEach(h => head.appendChild(el('th', '', h)));
-  table.appendChild(head);
-  Object.entries(f.deletion).forEach(([m, drops]) => {
-    const tr = el('tr'), name = el('th', '', STATE.titles[m] || m), r = f.spearman[m];
-    name.style.textAlign = 'left'; tr.appendChild(name);
-    tr.appendChild(el('td', '', r === null || r === undefined ? '—' : r.toFixed(2)));
-    drops.forEach(d => tr.appendChild(el('td', '', d === null ? '—' : d.toFixed(3))));
-    table.appendChild(tr);
-  });
-  return table;
-}
-// One card per text, drawn from the JSON object `predict.py --explain --attention` prints (serve.py answers the same).
-function card(t, i) {
-  const box = el('div', 'card'); box.id = `text${i}`;
-  box.appendChild(el('div', 'note', `text ${i}`)); box.appendChild(el('p', '', t.text));
-  if (t.error) { box.appendChild(el('p', 'error', t.error)); return box; }
-  if (t.notes.truncated) box.appendChild(el('p', 'note', t.notes.truncated));
-  const probs = el('p', 'probs'); probs.appendChild(el('span', 'label', `predicted: ${t.label}`));
-  Object.entries(t.probabilities).forEach(([name, p]) => probs.appendChild(el('span', '', `${name}: ${p.toFixed(3)}`)));
-  box.appendChild(probs);
-  const toks = el('div', 'tokens'); box.appendChild(toks); box.appendChild(el('p', 'note method-note'));
-  const details = el('details'); details.open = true;
-  details.appendChild(el('summary', '', 'faithfulness for this text (occlusion is the truth)'));
-  details.appendChild(faithfulnessTable(t.faithfulness)); box.appendChild(details);
-  box.appendChild(el('h3', '', 'attention per layer and head'));
-  box.appendChild(el('div', 'hover note')); const maps = el('div', 'maps'); box.appendChild(maps);
-  t.tokens.forEach((tok, j) => {
-    const e = el('span', 'tok', tok);
-    e.onmouseenter = () => highlight(i, j); e.onmouseleave = () => highlight(i, null); toks.appendChild(e);
-  });
-  if (!t.attention) {
-    maps.textContent = t.notes.attention || 'no token × token attention for this model';
-    return box;
-  }
-  const n = t.tokens.length, cell = Math.max(3, Math.min(24, Math.floor(260 / n)));
-  t.attention.forEach((layer, l) => layer.forEach((m, h) => {
-    const map = el('div', 'map'), c = el('canvas');
-    c.width = m[0].length * cell; c.height = m.length * cell;
-    Object.assign(c.dataset, {layer: l, head: h, cell: cell, row: ''});
-    c.onmousemove = e => highlight(i, Math.min(n - 1, Math.floor(e.offsetY / cell)));
-    c.onmouseleave = () => highlight(i, null);
-    map.appendChild(c); map.appendChild(el('br')); map.appendChild(document.createTextNode(`layer ${l} head ${h}`));
-    maps.appendChild(map); drawMap(c, m, cell, null);
-  }));
-  return box;
-}
-function show(data) {
-  Object.assign(STATE, data);
-  const sw = document.getElementById('switch');
-  if (!sw.childElementCount) STATE.methods.forEach(m => {
-    const b = el('button', '', STATE.titles[m]); b.dataset.method = m; b.type = 'button';
-    b.onclick = () => { method = m; paintTokens(); }; sw.appendChild(b);
-  });
-  if (!method) method = STATE.methods.find(m => STATE.texts.some(t => t.scores && t.scores[m])) || STATE.methods[0];
-  document.getElementById('cards').replaceChildren(...STATE.texts.map(card));
-  paintTokens();
-}
-const PAGE = JSON.parse(document.getElementById('data').textContent);
-show(PAGE);
-"""
-
-# serve.py's page: the same cards, filled from POST /predict {"explain": true, "attention": true}.
-LIVE_SCRIPT = """
-document.getElementById('ask').onsubmit = async event => {
-  event.preventDefault();
-  const status = document.getElementById('status'), text = document.getElementById('input').value;
-  status.textContent = 'explaining…';
-  try {
-    const answer = await fetch('predict', {method: 'POST', headers: {'Content-Type': 'application/json'},
-      body: JSON.stringify({texts: [text], explain: true, attention: true})});
-    const body = await answer.json();
-    if (!answer.ok) { status.textContent = `error ${answer.status}: ${body.error}`; return; }
-    status.textContent = body.notes.join(' ');
-    show({texts: body.predictions});
-  } catch (e) { status.textContent = `no answer from the server: ${e}`; }
-};
-"""
-
-INTRO = ("<p class='note'>Token shading: orange supports the predicted class, blue speaks against it; each method is "
-         "scaled to its own largest |score| in the text. Hover a token (or a heatmap row) to outline its row.</p>")
+TEMPLATES = Path(__file__).parent / "templates"  # page.html, its style page.css, its script page.js and live.js
 
 
-def page(title: str, texts: list[dict], top: str = "", script: str = "") -> str:
+@cache
+def template():
+    import jinja2
+
+    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
+                                     undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    # tojson escapes <, >, & and ' (the data cannot close its script tag); keys keep their order (labels, methods).
+    environment.policies["json.dumps_kwargs"] = {"sort_keys": False, "ensure_ascii": False}
+    return environment.get_template("page.html")
+
+
+def page(title: str, texts: list[dict], model: dict | None = None) -> str:
     """The one page design: the method switch and a card per text (`texts`: the objects `predict.py --explain
-    --attention` prints), with `top` above them and `script` run after the page is drawn."""
+    --attention` prints); with `model` (serve.py's /info model) the live page's text box above them."""
     data = {"methods": list(METHODS), "titles": TITLES, "texts": texts}
-    payload = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
-    return (
-        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
-        f"<h1>{html.escape(title)}</h1>{top}{INTRO}<div id='switch'></div><div id='cards'></div>"
-        f"<script type='application/json' id='data'>{payload}</script><script>{SCRIPT}{script}</script></body></html>\n"
-    )
+    return template().render(title=title, data=data, live=model is not None, model=model)
 
 
 def render(explanations, title: str = "Why did it predict that?") -> str:
@@ -195,14 +47,9 @@ def render(explanations, title: str = "Why did it predict that?") -> str:
     return page(title, [e.to_dict(attention=True, decimals=3) for e in explanations])
 
 
-def live_page(metadata: dict) -> str:
+def live_page(model: dict) -> str:
     """serve.py's page: a text box above the same cards; submitting asks POST /predict for an explanation."""
-    labels = ", ".join(metadata["labels"])
-    top = ("<form id='ask'><textarea id='input' rows='3' cols='80' placeholder='a text to classify'></textarea><br>"
-           "<button id='submit' type='submit'>explain</button> <span id='status' class='note'></span></form>"
-           f"<p class='note'>model: {html.escape(str(metadata['attention']))} attention, max_length "
-           f"{metadata['max_length']} tokens, labels: {html.escape(labels)}</p>")
-    return page("Why did it predict that? (live)", [], top, LIVE_SCRIPT)
+    return page("Why did it predict that? (live)", [], model)
 
 
 def write_report(explanations, path) -> None:

@@ -241,6 +241,7 @@ def test_closed_standard_input_is_a_one_line_error(checkpoint):
 
 def test_broken_weights_give_an_error_per_text_never_nan_in_the_json(checkpoint, tmp_path, capsys):
     import predict
+    from inference.answers import NON_FINITE
 
     state = torch.load(checkpoint, weights_only=True)
     state["state_dict"] = {name: torch.full_like(value, float("nan")) if value.is_floating_point() else value
@@ -249,5 +250,5 @@ def test_broken_weights_give_an_error_per_text_never_nan_in_the_json(checkpoint,
     torch.save(state, broken)
     code, outputs, err = predict_cli(capsys, "--ckpt", broken, "alpha w1 beta", "   ")
     assert code == 0
-    assert outputs == [{"text": "alpha w1 beta", "error": predict.NON_FINITE}, {"text": "   ", "error": "empty text"}]
+    assert outputs == [{"text": "alpha w1 beta", "error": NON_FINITE}, {"text": "   ", "error": "empty text"}]
     assert "1 input(s) reported as errors" in err

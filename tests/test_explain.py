@@ -3,6 +3,7 @@ attention kinds, bad input, and predict.py --explain / --html."""
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -161,7 +162,7 @@ def test_deletion_curve_and_spearman():
 
 def test_bad_input_is_a_one_line_error():
     classifier = tiny_classifier()
-    with pytest.raises(ValueError, match="empty or whitespace-only text at position"):
+    with pytest.raises(ValueError, match="cannot be classified .*: 1: empty text"):
         classifier.explain(["w1", "   "])
     with pytest.raises(ValueError, match=r"ig_steps .* must be in 1\.\.1024, got 0"):
         classifier.explain(["w1"], ig_steps=0)
@@ -188,6 +189,16 @@ def test_cli_explain_writes_json_and_a_self_contained_page(tmp_path, capsys):
     html = page.read_text(encoding="utf-8")
     assert "好" in html and "<script src" not in html and "<link" not in html and "http://" not in html
     assert "https://" not in html
+
+
+def test_the_page_is_its_template_with_the_style_and_script_beside_it_inlined():
+    from inference import report
+
+    page = report.render(tiny_classifier().explain(["w1 alpha </script><b>x</b>"], ig_steps=2))
+    for name in ("page.css", "page.js"):  # what a restyle edits is what the page holds
+        assert (report.TEMPLATES / name).read_text(encoding="utf-8").strip() in page
+    assert "<b>x</b>" not in page and page.count("</script>") == 2  # the data cannot close its script tag
+    assert "<html" not in Path(report.__file__).read_text()  # no markup inside Python strings
 
 
 def test_cli_rejects_html_without_explain_and_zero_ig_steps(tmp_path, capsys):

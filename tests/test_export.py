@@ -124,3 +124,33 @@ def test_bad_targets_and_failed_exports_are_one_line_errors(tmp_path, capsys, mo
     assert len(lines) == 3 and "file: exists and is not a folder" in lines[0] and "file not found" in lines[1]
     assert lines[2].startswith("error: the full attention of this checkpoint cannot be exported to ONNX: Could not")
     assert not (tmp_path / "o" / "model.onnx").exists()
+
+
+def test_an_export_folder_that_cannot_be_made_is_one_line_and_an_earlier_export_stays(tmp_path, capsys, monkeypatch):
+    ckpt = save_checkpoint(tiny_classifier(), tmp_path / "tiny.ckpt")
+    earlier = tmp_path / "exported"
+    earlier.mkdir()
+    for name in ("model.onnx", "tokenizer.json", "config.json"):
+        (earlier / name).write_bytes(b"earlier " + name.encode())
+    before = {path.name: path.read_bytes() for path in earlier.iterdir()}
+    assert export.main(["--ckpt", str(ckpt), "--out", str(earlier / "config.json" / "sub")]) == 2
+
+    def read_only(self, *args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(type(tmp_path), "mkdir", read_only)
+    assert export.main(["--ckpt", str(ckpt), "--out", str(tmp_path / "new")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2
+    assert lines[0] == f"error: {earlier}/config.json/sub: cannot create the export folder: {earlier}/config.json " \
+                       "is a file, not a folder"
+    assert lines[1] == f"error: {tmp_path}/new: cannot create the export folder: Read-only file system"
+    assert {path.name: path.read_bytes() for path in earlier.iterdir()} == before
+
+
+def test_several_checkpoints_are_refused_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        export.main(["--ckpt", "a.ckpt", "--ckpt", "b.ckpt", "--out", str(tmp_path / "out")])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith("export.py: error: --ckpt given more than once")
+    assert not (tmp_path / "out").exists()

@@ -16,8 +16,6 @@ ROOT = Path(__file__).resolve().parents[1]
 LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric", "torchmetrics")
 NETWORK = ("model", "model.attention", "model.long_attention", "model.kinds", "model.classifier", "model.config")
 PACKAGES = ("model", "data", "training", "inference", "monitor", "bench")
-# A circle another change removes (inference/ builds every answer, issue 33); none may be added.
-KNOWN_CIRCLES = [{"inference.classifier", "inference.explain"}]
 FIGURES_AND_INFERENCE = ("monitor", "monitor.health", "monitor.heatmap", "monitor.views", "inference", "predict")
 
 
@@ -112,4 +110,18 @@ def test_no_import_circles():
     graph = our_imports()
     assert graph["training.module"] and graph["model.classifier"]  # the graph sees the imports
     assert circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [{"a", "b"}]  # and the search finds a circle
-    assert [circle for circle in circles(graph) if circle not in KNOWN_CIRCLES] == []
+    assert circles(graph) == []
+
+
+def test_the_faces_share_code_through_inference_only_and_inference_has_no_circle():
+    """serve.py loads no predict.py (nor the reverse); explain.py loads no classifier.py (classifier.py asks
+    explain.py for explanations: one direction)."""
+    names = ("inference.explain", "predict", "serve")
+    (explain,), (predict,), (serve,) = (loaded_after_each((name,)) for name in names)
+    assert "inference.classifier" not in explain and "inference.explain" in explain
+    assert "serve" not in predict and "predict" not in serve and "inference.request" in serve
+
+
+def test_the_limits_load_nothing_heavy():
+    (limits,) = loaded_after_each(("inference.limits", "inference.texts"))
+    assert {"torch", "tokenizers", "pydantic"} & {name.split(".")[0] for name in limits} == set()

@@ -17,6 +17,7 @@ import predict
 import train
 from conftest import LABELS, ONE_PROBE, QUIET, ROOT, SMOKE, TEXTS
 from inference import CheckpointError, TextClassifier
+from inference.answers import prediction_outputs
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +125,8 @@ def test_weights_for_heatmaps_alone_put_no_attention_field_in_the_output(attenti
 
     classifier = tiny_classifier(attention)
     texts = ["alpha beta gamma", "beta beta alpha gamma delta"]
-    (plain, _), _ = predict.prediction_outputs(classifier, texts, weights=True)
-    (shown, prediction), _ = predict.prediction_outputs(classifier, texts, attention=True)
+    (plain, _), _ = prediction_outputs(classifier, texts, weights=True)
+    (shown, prediction), _ = prediction_outputs(classifier, texts, attention=True)
     fields = {"tokens", "attention", "attention_keys", "global_attention"}
     assert prediction.attention is not None  # the weights were computed (for the heatmap) ...
     assert fields & set(shown) == {"tokens", "attention", "attention_keys"} | (
@@ -181,6 +182,30 @@ def test_api_rejects_empty_texts_and_a_bare_string(classifier):
         classifier.predict(["alpha beta", "   "])
     with pytest.raises(TypeError):
         classifier.predict("alpha beta")
+
+
+def test_a_lone_surrogate_is_its_own_error_in_the_api_and_never_fails_the_other_texts(classifier):
+    texts = ["alpha beta", "\ud800 lone surrogate", "w1 alpha"]
+    with pytest.raises(ValueError, match=r"1: not Unicode text: a lone surrogate U\+D800 at character 0"):
+        classifier.predict(texts)
+    with pytest.raises(ValueError, match="lone surrogate"):
+        classifier.explain(texts)
+    outputs = [out for out, _ in prediction_outputs(classifier, texts)]
+    assert outputs[1] == {"text": "\ufffd lone surrogate", "error": outputs[1]["error"]}
+    assert outputs[1]["error"].startswith("not Unicode text: a lone surrogate U+D800")
+    alone = classifier.predict([texts[0], texts[2]])
+    assert [outputs[0]["probabilities"], outputs[2]["probabilities"]] == [p.probabilities for p in alone]
+
+
+def test_a_lone_surrogate_through_predict_py_is_replaced_like_any_bad_bytes(ckpt, tmp_path, capsys, monkeypatch):
+    code, outputs, err = predict_cli(capsys, "--ckpt", ckpt, "\ud800 lone surrogate", "alpha beta")
+    assert code == 0 and outputs[0]["text"] == "\ufffd" * 3 + " lone surrogate" and outputs[0]["label"] in LABELS
+    assert "not UTF-8" in err and "text 1" in err
+    data = "\ud800 lone surrogate\nalpha beta\n".encode("utf-8", "surrogatepass")  # bytes ED A0 80: not UTF-8
+    (tmp_path / "texts.txt").write_bytes(data)
+    assert predict_cli(capsys, "--ckpt", ckpt, "--file", tmp_path / "texts.txt")[1] == outputs
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    assert predict_cli(capsys, "--ckpt", ckpt, "--file", "-")[1] == outputs
 
 
 # --- inputs ---------------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,8 @@ def ckpt(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(ckpt, tmp_path_factory):
+def server_process(ckpt, tmp_path_factory):
+    """(port, the serve.py process, its log file)."""
     port = free_port()
     log = tmp_path_factory.mktemp("serve_log") / "serve.log"
     command = [sys.executable, str(ROOT / "serve.py"), "--ckpt", ckpt, "--port", str(port),
@@ -55,7 +57,7 @@ def server(ckpt, tmp_path_factory):
             assert process.poll() is None, f"serve.py exited with {process.returncode}: {log.read_text()[-2000:]}"
             assert time.monotonic() < deadline, f"serve.py not healthy after 120 s: {log.read_text()[-2000:]}"
             time.sleep(0.3)
-        yield port
+        yield port, process, log
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -66,6 +68,11 @@ def server(ckpt, tmp_path_factory):
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@pytest.fixture(scope="module")
+def server(server_process):
+    return server_process[0]
 
 
 def request(port: int, method: str, path: str, body: bytes | None = None, headers=None) -> tuple[int, bytes]:
@@ -145,6 +152,45 @@ def test_health_and_metadata(server):
     assert {"epochs", "global_step"} <= set(model["checkpoints"][0]["training"])
 
 
+def test_info_tells_the_limits_that_hold(server):
+    limits = json.loads(get(server, "/info")[1])["server"]
+    assert limits["max_texts"] == MAX_TEXTS and limits["max_bytes"] == MAX_BYTES and limits["ig_steps"] == 8
+    assert limits["request_timeout"] == 120 and "timeout" not in limits and "max_payload_size" not in limits
+    assert post(server, {"texts": ["a"] * limits["max_texts"]})[0] == 200
+    assert post(server, {"texts": ["a"] * (limits["max_texts"] + 1)})[0] == 422
+
+
+def test_info_names_the_files_a_model_was_trained_on():
+    from inference.answers import training_figures
+
+    data = {"dataset": "sst2", "train_file": "good.csv", "val_file": None}  # the dataset name: a default, ignored
+    figures = training_figures({"epoch": 1, "global_step": 8, "datamodule_hyper_parameters": data})
+    assert figures["train_file"] == "good.csv" and "dataset" not in figures
+    figures = training_figures({"datamodule_hyper_parameters": {"dataset": "imdb", "train_file": None}})
+    assert figures["dataset"] == "imdb" and "train_file" not in figures
+
+
+POISON = b'{"texts": ["\\ud800 lone surrogate", "w1 alpha"]}'  # valid JSON; the text is not Unicode
+
+
+def test_a_text_that_cannot_be_encoded_fails_no_other_request(server):
+    status, answer = post(server, POISON)
+    assert status == 200 and answer["predictions"][1]["label"]
+    assert answer["predictions"][0] == {"text": "\ufffd lone surrogate", "error": answer["predictions"][0]["error"]}
+    assert "lone surrogate U+D800" in answer["predictions"][0]["error"]
+
+    def valid(i):
+        return post(server, {"texts": [f"w{i % 9} alpha beta", "w2 w3"]})[0]
+
+    def poison(_):
+        return post(server, POISON)[0]
+
+    with ThreadPoolExecutor(16) as pool:  # requests batched across clients, the poison among them
+        futures = [pool.submit(poison if i % 4 == 0 else valid, i) for i in range(160)]
+        statuses = [future.result() for future in futures]
+    assert statuses == [200] * len(statuses)
+
+
 @pytest.mark.parametrize("body, status, says", [
     (b'{"texts": ["a"', 400, "not valid JSON"),
     (b"\xff\xfe", 400, "not valid JSON"),
@@ -156,7 +202,7 @@ def test_health_and_metadata(server):
     ({"texts": ["a"], "explain": 1}, 422, '"explain" must be a boolean'),
     ({"texts": []}, 422, '"texts" is empty'),
     ({"texts": ["a"] * (MAX_TEXTS + 1)}, 422, f"at most {MAX_TEXTS} per request"),
-    ({"texts": ["a"], "ckpt": "/etc/passwd"}, 422, "unknown field(s) 'ckpt'"),
+    ({"texts": ["a"], "ckpt": "/etc/passwd"}, 422, 'unknown field "ckpt"'),
     ({"texts": ["a" * MAX_BYTES]}, 413, f"over {MAX_BYTES} bytes"),
 ])
 def test_a_bad_request_gets_a_4xx_json_error_and_the_server_keeps_serving(server, body, status, says):
@@ -220,18 +266,40 @@ def test_screenshot_of_the_served_page(tab, tmp_path):
 
 
 def test_an_ensemble_answers_averaged_probabilities_and_refuses_attention(tmp_path):
-    import serve
+    from inference.answers import answer_batch
     from inference.ensemble import Ensemble
+    from inference.limits import ServerLimits
+    from inference.request import BadRequest, PredictRequest, parse_request
 
     members = [tiny_classifier(seed=seed) for seed in (0, 1)]
-    answers = serve.answer_batch(Ensemble(members), [{"texts": ["w1 alpha", " "], "attention": False,
-                                                      "explain": False}])
+    answers = answer_batch(Ensemble(members), [PredictRequest(texts=["w1 alpha", " "])])
     first, second = (m.predict(["w1 alpha"])[0].probabilities for m in members)
     served = answers[0]["predictions"]
     assert served[0]["probabilities"]["pos"] == pytest.approx((first["pos"] + second["pos"]) / 2, abs=1e-6)
     assert served[1] == {"text": " ", "error": "empty text"}
-    with pytest.raises(serve.BadRequest, match="attention belongs to one network"):
-        serve.check_request(b'{"texts": ["a"], "attention": true}', max_texts=4, ensemble=True)
+    with pytest.raises(BadRequest, match="attention belongs to one network"):
+        parse_request(b'{"texts": ["a"], "attention": true}', ServerLimits(), ensemble=True)
+
+
+def test_a_request_the_model_fails_on_fails_alone():
+    from inference.answers import answer_batch
+    from inference.request import PredictRequest
+
+    classifier = tiny_classifier()
+    predict = classifier.predict
+
+    def breaks_on_boom(texts, **options):
+        if any("boom" in text for text in texts):
+            raise RuntimeError("a fault this text causes")
+        return predict(texts, **options)
+
+    classifier.predict = breaks_on_boom
+    requests = [PredictRequest(texts=["w1 alpha"]), PredictRequest(texts=["boom w2"]),
+                PredictRequest(texts=["w3", "beta"], attention=True)]
+    answers = answer_batch(classifier, requests)
+    assert "error" in answers[1] and "predictions" not in answers[1]
+    assert answers[0]["predictions"][0]["probabilities"] == predict(["w1 alpha"])[0].probabilities
+    assert [p["label"] for p in answers[2]["predictions"]] == [p.label for p in predict(["w3", "beta"])]
 
 
 def test_bad_command_lines_are_one_line_errors(tmp_path, capsys):
@@ -242,5 +310,44 @@ def test_bad_command_lines_are_one_line_errors(tmp_path, capsys):
     assert serve.main(["--ckpt", str(tmp_path / "junk.ckpt")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and "file not found" in lines[0] and "not a checkpoint written by train.py" in lines[1]
-    with pytest.raises(SystemExit):
-        serve.main(["--ckpt", "x", "--request-timeout", "0"])
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--ig-steps", "100000"], "argument --ig-steps: must be in 1..1024, got 100000"),
+    (["--port", "80"], "argument --port: must be in 1024..65535, got 80"),
+    (["--port", "70000"], "argument --port: must be in 1024..65535, got 70000"),
+    (["--host", "10.1.2.3"], "argument --host: must be 127.0.0.1"),
+    (["--host", "localhost"], "argument --host: must be 127.0.0.1"),
+    (["--request-timeout", "0"], "argument --request-timeout: must be in"),
+    (["--batch-timeout", "3", "--request-timeout", "2"], "--batch-timeout (3) must be less than --request-timeout"),
+    (["--max-texts", "0"], "argument --max-texts: must be in 1..65536, got 0"),
+])
+def test_every_argument_is_checked_before_anything_loads(flags, says, capsys):
+    import serve
+
+    with pytest.raises(SystemExit) as stop:
+        serve.main(["--ckpt", "missing.ckpt", *flags])  # the checkpoint is never looked at
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and says in lines[-1] and "missing.ckpt" not in lines[-1]
+
+
+def test_a_device_the_machine_lacks_is_one_line_before_any_checkpoint_is_read(capsys, monkeypatch):
+    import torch
+
+    import serve
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert serve.main(["--ckpt", "missing.ckpt", "--device", "cuda"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["error: device cuda asked for, but CUDA is not available on this machine (use --device cpu or "
+                     "auto)"]
+
+
+def test_a_stop_leaves_one_line_at_most_and_no_traceback(server_process):
+    """Last in the module: it stops the module's server."""
+    port, process, log = server_process
+    before = log.read_text().splitlines()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) is not None
+    after = log.read_text().splitlines()[len(before):]
+    assert len(after) <= 1 and "Traceback" not in log.read_text() and "KeyboardInterrupt" not in log.read_text()

@@ -1,0 +1,176 @@
+"""Every answer the faces give, built once: predict.py prints these objects, serve.py sends them.
+
+    classifier = load(["lightning_logs/version_0"], device="cpu")
+    [out for out, _ in prediction_outputs(classifier, ["not bad", "  "])]
+    # [{"text": "not bad", "label": ..., "probabilities": {...}}, {"text": "  ", "error": "empty text"}]
+
+A text the model cannot read (empty, or not Unicode: inference/texts.py) is found on its own before the others are
+batched, and answered in its place with {"text", "error"}; a model whose numbers are NaN or infinite gives
+{"text", "error": NON_FINITE}, never NaN. answer_batch answers the server's batched requests so that one request can
+only fail itself.
+"""
+
+import json
+import logging
+from pathlib import Path
+
+from inference.texts import length_is_lower_bound, problem, writable
+
+log = logging.getLogger("inference")
+NON_FINITE = "the model produced non-finite probabilities (NaN/inf): the checkpoint's weights are broken"
+
+__all__ = ["NON_FINITE", "load", "prediction_outputs", "explanation_outputs", "finite", "answer_batch",
+           "token_count", "truncation_note", "model_info"]
+
+
+def load(paths: list, device: str = "auto"):
+    """One checkpoint (or run folder): a TextClassifier; several: an Ensemble, their probabilities averaged."""
+    from inference.classifier import TextClassifier
+    from inference.ensemble import Ensemble, resolve_checkpoint
+
+    if len(paths) == 1:
+        return TextClassifier.from_checkpoint(resolve_checkpoint(paths[0]), device=device)
+    return Ensemble.from_checkpoints(paths, device=device)
+
+
+def readable(texts: list[str]) -> tuple[list[int], dict[int, dict]]:
+    """The positions of the texts the model can read, and the error object of each other one."""
+    problems = {i: problem(text) for i, text in enumerate(texts)}
+    errors = {i: {"text": writable(texts[i]), "error": why} for i, why in problems.items() if why is not None}
+    return [i for i in range(len(texts)) if i not in errors], errors
+
+
+def prediction_outputs(classifier, texts: list[str], *, attention: bool = False, all_heads: bool = False,
+                       top_k: int | None = None, batch_size: int = 256, weights: bool = False) -> list[tuple]:
+    """The JSON object of each text, in input order, with the Prediction it came from (None for a text the model
+    cannot read, whose object is {"text", "error"}). weights: compute the attention for the Prediction (heatmaps)
+    without putting it in the object."""
+    real, errors = readable(texts)
+    predictions = classifier.predict([texts[i] for i in real], attention=attention or weights, top_k=top_k,
+                                     batch_size=batch_size)
+    by_index = dict(zip(real, predictions))
+    return [(errors[i], None) if i in errors else
+            (by_index[i].to_dict(all_heads=all_heads, attention=attention), by_index[i]) for i in range(len(texts))]
+
+
+def explanation_outputs(classifier, texts: list[str], *, attention: bool = False, ig_steps: int = 32) -> list[tuple]:
+    """The explanation object of each text with its Explanation (None for a text the model cannot read); attention
+    adds each layer's per-head weights (the explanation page draws them)."""
+    real, errors = readable(texts)
+    explanations = dict(zip(real, classifier.explain([texts[i] for i in real], ig_steps=ig_steps)))
+    return [(errors[i], None) if i in errors else (explanations[i].to_dict(attention=attention), explanations[i])
+            for i in range(len(texts))]
+
+
+def finite(out: dict) -> dict:
+    """out, or {"text", "error"} when a number in it is NaN or infinite (not JSON, and a broken model)."""
+    try:
+        json.dumps(out, allow_nan=False)
+    except ValueError:
+        return {"text": out["text"], "error": NON_FINITE}
+    return out
+
+
+def token_count(text: str, length: int) -> str:
+    """A cut text's own length in tokens, as a note says it ("at least" past what is counted)."""
+    return f"{'at least ' if length_is_lower_bound(text) else ''}{length} tokens"
+
+
+def truncation_note(text: str, length: int, max_length: int) -> str:
+    """What a note says about a text cut to max_length tokens."""
+    return f"{token_count(text, length)}, truncated to the model's max_length of {max_length}"
+
+
+# ---- the server's answers -----------------------------------------------------------------------------------------
+
+
+def answer_batch(classifier, requests: list, ig_steps: int = 32) -> list[dict]:
+    """The answers to a batch of checked requests (inference.request.PredictRequest), in order: {"predictions",
+    "notes"} each, or {"error"} for a request the model failed on. The texts of all requests that ask for the same
+    thing go through the model together; when that fails, each request is answered alone, so a failure (and its
+    error) belongs to the request that caused it, never to the others in its batch."""
+    try:
+        return answer_together(classifier, requests, ig_steps)
+    except Exception:
+        if len(requests) == 1:
+            return [failed(requests[0])]
+    answers = []
+    for request in requests:
+        try:
+            answers += answer_together(classifier, [request], ig_steps)
+        except Exception:
+            answers.append(failed(request))
+    return answers
+
+
+def answer_together(classifier, requests: list, ig_steps: int) -> list[dict]:
+    answers: list[dict | None] = [None] * len(requests)
+    for attention in (False, True):
+        group = [i for i, r in enumerate(requests) if not r.explain and r.attention == attention]
+        if not group:
+            continue
+        texts = [text for i in group for text in requests[i].texts]
+        pairs = iter(prediction_outputs(classifier, texts, attention=attention))
+        for i in group:
+            answers[i] = answer(classifier, [next(pairs) for _ in requests[i].texts])
+    for i, request in enumerate(requests):
+        if request.explain:
+            answers[i] = answer(classifier, explanation_outputs(classifier, request.texts,
+                                                                attention=request.attention, ig_steps=ig_steps))
+    return answers
+
+
+def failed(request) -> dict:
+    log.exception("the model failed on a request of %d text(s)", len(request.texts))
+    return {"error": "the model failed on this request (the server's log has the traceback); the other requests "
+                     "are answered as usual"}
+
+
+def answer(classifier, pairs: list[tuple]) -> dict:
+    """{"predictions": the objects (NaN/inf ones as errors), "notes": a line per truncated text}."""
+    notes = [f"text {i}: {truncation_note(out['text'], result.truncated_from, classifier.max_length)}"
+             for i, (out, result) in enumerate(pairs) if result is not None and result.truncated_from is not None]
+    return {"predictions": [finite(out) for out, _ in pairs], "notes": notes}
+
+
+def model_info(paths: list) -> dict:
+    """What GET /info says about the model, read from the checkpoints (safely: data/checkpoint.py)."""
+    from inference.ensemble import resolve_checkpoint
+    from data.checkpoint import read_checkpoint, stored_label_names
+    from model.config import network_config
+
+    members = []
+    for path in paths:
+        file = resolve_checkpoint(path)
+        checkpoint = read_checkpoint(file)
+        labels = stored_label_names(checkpoint)
+        config = network_config(checkpoint["hyper_parameters"], labels)
+        members.append({"checkpoint": Path(file).name, "labels": labels, "attention": config.attention,
+                        "max_length": config.max_length, "network": config.to_dict(),
+                        "training": training_figures(checkpoint)})
+    first = members[0]
+    return {"labels": first["labels"], "attention": first["attention"],
+            "max_length": min(member["max_length"] for member in members), "ensemble": len(members) > 1,
+            "checkpoints": members}
+
+
+def training_figures(checkpoint: dict) -> dict:
+    """Epochs, steps, the data it was trained on and the monitored validation figure a train.py checkpoint records.
+    The data: its own files when train.py was given --data.train_file (the dataset name is then a default the run
+    ignored), else the registered dataset."""
+    figures = {"epochs": checkpoint.get("epoch", -1) + 1, "global_step": checkpoint.get("global_step")}
+    data = checkpoint.get("datamodule_hyper_parameters")
+    if isinstance(data, dict):
+        if data.get("train_file"):
+            figures["train_file"] = str(data["train_file"])
+            figures["val_file"] = None if data.get("val_file") is None else str(data["val_file"])
+        else:
+            figures["dataset"] = data.get("dataset")
+    for name, state in (checkpoint.get("callbacks") or {}).items():
+        if name.startswith("ModelCheckpoint") and isinstance(state, dict) and state.get("monitor"):
+            score = state.get("best_model_score")
+            figures["monitor"] = state["monitor"]
+            figures["best_score"] = None if score is None else round(float(score), 6)
+            current = state.get("current_score")
+            figures["last_score"] = None if current is None else round(float(current), 6)
+    return figures
