@@ -37,8 +37,8 @@ from lightning.pytorch.cli import LightningCLI
 
 from data import DataError, TextDataModule
 from data.files import WriteError, reason
-from data.pretraining import PretrainDataModule
-from data.checkpoint import CheckpointError, read_checkpoint, read_pretraining_checkpoint
+from data.pretraining import PretrainDataModule, check_known
+from data.checkpoint import CheckpointError, load_safely, read_checkpoint, read_pretraining_checkpoint
 from model.config import ConfigError, NetworkConfig
 from training.checkpoints import SPECIAL_NAMES, check_fits, check_layout, resolve
 from training.module import ClassifierModule, NonFiniteLossError
@@ -182,6 +182,7 @@ class CLI(LightningCLI):
                        resume=self.subcommand == "fit")
         if self.subcommand == "fit" and self.model.hparams.init_from:
             check_pretrained(self.model.hparams.init_from, self.model.network)
+            check_known(self.datamodule.split("train"), self.model.hparams.init_from)
         self.checkpoint = None  # Lightning restores it from the file; no need to hold it for the whole run
 
     before_validate = before_test = before_predict = before_fit
@@ -203,7 +204,15 @@ class PretrainCLI(CLI):
             self.read(ckpt_path)
 
     def load_checkpoint(self, path: Path) -> dict:
-        return read_pretraining_checkpoint(path)
+        try:
+            return read_pretraining_checkpoint(path)
+        except CheckpointError:
+            if not isinstance(load_safely(path).get("TextDataModule"), dict):
+                raise
+            raise CheckpointError(f"--ckpt_path {path}: a classifier checkpoint; `train.py pretrain --ckpt_path` "
+                                  "resumes a pretraining run from its own checkpoint (give last, or a checkpoint "
+                                  f"`train.py pretrain` wrote); to continue this classifier: train.py fit --ckpt_path "
+                                  f"{path}") from None
 
     def before_fit(self):
         path = resolve(self.config["fit"].get("ckpt_path"), self.trainer)

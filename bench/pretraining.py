@@ -3,7 +3,7 @@
     python -m bench.pretraining --datasets chnsenticorp_htl --seeds 0 1 2
     python -m bench.pretraining --datasets chnsenticorp_htl --settings scratch pretrained_unlabeled --seeds 0 \\
         --pretrain-minutes 20 -- --trainer.max_epochs 8
-    python -m bench.pretraining --reproduce chnsenticorp_htl --seed 0     # bench/reproduce.sh: last line test_acc
+    python -m bench.pretraining --reproduce imdb --seed 0                 # bench/reproduce.sh: last line test_acc
 
 Settings, each fine-tuned with `train.py fit --data.dataset <name>` and no config (the generic default, as a user
 without a config gets it) for every seed, its best-validation checkpoint scored once on the reported split (test
@@ -11,14 +11,16 @@ where the data have one, else validation; bench/accuracy.py):
     scratch               no initialisation
     pretrained_train      `train.py pretrain` (configs/pretrain.yaml) on the training split's own texts
     pretrained_unlabeled  the same, plus the dataset's unlabeled files (UNLABELED below)
-    fasttext_unlabeled    the baseline: fastText skip-gram word vectors, trained on the same text with the same
-                          tokenizer, as the token embedding's starting values (attention blocks from scratch)
-The pretraining run (or the word vectors) gets the network of the fine-tuning arguments after `--` (network_args:
+    skipgram_unlabeled    the baseline: skip-gram word vectors (training/word_vectors.py, seed 0, deterministic)
+                          of the same text with the same tokenizer, as the token embedding's starting values
+                          (attention blocks from scratch)
+The pretraining run (or the word-vector run) gets the network of the fine-tuning arguments after `--` (network_args:
 `-- --config configs/imdb.yaml` pretrains configs/imdb.yaml's network), so the checkpoint fits what starts from it.
 One pretraining run per setting and dataset, reused while one with the same settings is on disk (its folder is
 named by a hash of them). Minutes per stage: config.yaml written → last event of the run.
 
-Needs the `bench` extra (scikit-learn, fasttext-numpy2).
+The peers' fastText classifier needs the `bench` extra (fasttext-numpy2); --model-only and --reproduce do not.
+Runs use Lightning's accelerator "auto": the GPU where CUDA is present.
 """
 
 import argparse
@@ -30,7 +32,6 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,7 +40,10 @@ import yaml
 
 from bench.accuracy import fasttext_accuracy, nb_logreg, report_split, score_run, tfidf_logreg
 from bench.common import network_config
-from data.sources import DATA_ROOT_ENV, load_splits
+from data.checkpoint import CheckpointError
+from data.files import WriteError
+from data.sources import DATA_ROOT_ENV, DataError, load_splits
+from model.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN_CONFIG = ROOT / "configs" / "pretrain.yaml"
@@ -47,14 +51,15 @@ DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"  # what `train.py fit` reads 
 # Unlabeled text per dataset, under $ATTENTION_DATA_ROOT (../shared/data on the development machines).
 UNLABELED = {"chnsenticorp_htl": ["chinese_reviews_unlabeled/unlabeled.parquet"], "imdb": ["imdb/unsup.parquet"],
              "sst2": []}
-SETTINGS = ("scratch", "pretrained_train", "pretrained_unlabeled", "fasttext_unlabeled")
+SETTINGS = ("scratch", "pretrained_train", "pretrained_unlabeled", "skipgram_unlabeled")
+WORD_VECTOR_EPOCHS, WORD_VECTOR_SEED = 5, 0  # one table of vectors per dataset and network, shared by every seed
 # What bench/reproduce.sh runs per dataset: the setting of the headline figure (README "Pretraining on unlabeled
-# text") and the fine-tuning arguments. IMDB starts from fastText vectors of train + unlabeled reviews; its
+# text") and the fine-tuning arguments. IMDB starts from skip-gram vectors of train + unlabeled reviews; its
 # word-vector run is given the network of its fine-tuning configs (network_args), since the vectors must fit it.
 RECIPES = {
     "chnsenticorp_htl": {"setting": "scratch", "fit": []},  # the generic default from scratch (docs/RESULTS.md)
     "sst2": {"setting": "scratch", "fit": ["--config", "configs/sst2.yaml"]},
-    "imdb": {"setting": "fasttext_unlabeled",
+    "imdb": {"setting": "skipgram_unlabeled",
              "fit": ["--config", "configs/imdb.yaml", "--config", "configs/imdb_local.yaml"]},
 }
 log = logging.getLogger("bench.pretraining")
@@ -107,6 +112,9 @@ def run(command: list[str], threads: int | None) -> None:
     log.info("running %s", " ".join(command))
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, check=False)
     if result.returncode != 0:
+        lines = result.stderr.strip().splitlines()
+        if lines and lines[-1].startswith("error: "):  # train.py's one line for bad input: it says what to do
+            raise SystemExit(f"{lines[-1]} (from: {' '.join(command)})")
         raise SystemExit(f"failed: {' '.join(command)}\n{result.stderr[-3000:]}")
 
 
@@ -129,13 +137,13 @@ def pretrained_checkpoint(dataset: str, setting: str, out: Path, minutes: float 
                           threads: int | None) -> tuple[Path, float]:
     """The pretraining (or word-vector) checkpoint of a setting, made unless one with the same settings exists;
     and the minutes it took."""
-    args = pretrain_args(dataset, setting.replace("fasttext", "pretrained"), minutes, extra)
-    if setting.startswith("fasttext"):
-        folder = run_folder(out, "fasttext", args)
+    args = pretrain_args(dataset, setting.replace("skipgram", "pretrained"), minutes, extra)
+    if setting.startswith("skipgram"):
+        folder = run_folder(out, "skipgram", args)
         checkpoint = folder / "word_vectors.ckpt"
         if not checkpoint.exists():
             start = time.perf_counter()
-            word_vector_checkpoint(args, checkpoint)
+            word_vector_checkpoint(args, checkpoint, threads)
             (folder / "minutes").write_text(f"{(time.perf_counter() - start) / 60:.1f}")
         return checkpoint, float((folder / "minutes").read_text())
     folder = run_folder(out, "pretrain", args)
@@ -149,51 +157,30 @@ def pretrained_checkpoint(dataset: str, setting: str, out: Path, minutes: float 
     return done / "checkpoints" / "last.ckpt", minutes_of(done)
 
 
-def word_vector_checkpoint(pretrain_arguments: list[str], target: Path) -> None:
-    """The fastText baseline as a pretraining checkpoint: skip-gram vectors (dimension d_model) of the tokens of the
-    pretraining text, tokenized by the tokenizer `train.py pretrain` would build from it, as the token embedding;
-    the attention blocks as freshly initialised. `train.py fit --model.init_from` takes it like any other."""
-    import fasttext
-
+def word_vector_checkpoint(pretrain_arguments: list[str], target: Path, threads: int | None = None) -> None:
+    """The word-vector baseline as a pretraining checkpoint: skip-gram vectors (training/word_vectors.py, dimension
+    d_model, WORD_VECTOR_EPOCHS epochs, WORD_VECTOR_SEED) of the tokens of the pretraining text, tokenized by the
+    tokenizer `train.py pretrain` would build from it, as the token embedding; the attention blocks as freshly
+    initialised. `train.py fit --model.init_from` takes it like any other. Written in one piece (data/files.py):
+    an interrupted run leaves no half file to be reused."""
     import train
+    from data.files import write_atomically
+    from training.word_vectors import starting_embedding
 
+    if threads:
+        torch.set_num_threads(threads)
     cli = train.cli(["pretrain", *pretrain_arguments], run=False)
     data, network = cli.datamodule, cli.model.network
-    split, tokenizer = data.split("train"), data.tokenizer
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as f:
-        for i in range(len(split)):
-            ids = split.ids[split.offsets[i] : split.offsets[i + 1]].tolist()
-            f.write(" ".join(tokenizer.id_to_token(t) for t in ids) + "\n")
-    # No subword buckets (bucket=0): without character n-grams fastText would still allocate and train 2M hashed
-    # rows (512 MB at dim 64), and fasttext-numpy2 0.10.4 then ends some runs with "Encountered NaN" at random
-    # (1 of 4 runs on 1,500 IMDB reviews; 0 of 4 with bucket=0; all 5 tries on IMDB + unsup). Each step size is
-    # still tried up to three times, fastText's default first.
-    attempts = [lr for lr in (0.05, 0.025, 0.01) for _ in range(3)]
-    try:  # whole tokens (no character n-grams: the vocabulary is fixed), one thread as everything here
-        for i, lr in enumerate(attempts):
-            try:
-                vectors = fasttext.train_unsupervised(f.name, model="skipgram", dim=network.d_model, epoch=5,
-                                                      minCount=1, minn=0, maxn=0, bucket=0, thread=1, verbose=0,
-                                                      lr=lr)
-                break
-            except RuntimeError as e:
-                if "NaN" not in str(e) or i == len(attempts) - 1:
-                    raise
-                log.warning("fastText: %s (lr %s, attempt %d): trying again", e, lr, i + 1)
-    finally:
-        os.unlink(f.name)
-    table = torch.stack([torch.from_numpy(vectors.get_word_vector(tokenizer.id_to_token(i)).copy())
-                         for i in range(network.vocab_size)])
-    table = table / table.std() * network.embedding_std  # the spread the network's own embedding starts with
     state = cli.model.state_dict()
-    state["model.token_embedding.weight"] = table
+    state["model.token_embedding.weight"] = starting_embedding(data.split("train"), network,
+                                                               epochs=WORD_VECTOR_EPOCHS, seed=WORD_VECTOR_SEED)
     checkpoint = {
         "state_dict": state, "global_step": 0, "epoch": 0,
-        "hyper_parameters": {**dict(cli.model.hparams), "objective": "fasttext-skipgram"},
+        "hyper_parameters": {**dict(cli.model.hparams), "objective": "skip-gram word vectors"},
         "PretrainDataModule": data.state_dict(),
     }
-    torch.save(checkpoint, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(target, lambda temporary: torch.save(checkpoint, temporary), "word-vector checkpoint")
 
 
 @torch.no_grad()
@@ -283,18 +270,19 @@ def print_table(results: dict) -> None:
             print(f"| {where} | {peer} | {100 * figures['accuracy']:.2f} | | | {figures['minutes']:.1f} |")
 
 
-def reproduce(dataset: str, seed: int, out: Path, threads: int | None) -> None:
+def reproduce(dataset: str, seed: int, out: Path, threads: int | None, extra: list[str]) -> None:
+    """One dataset's headline figure with its recipe (RECIPES); `extra` train.py fit arguments go after the
+    recipe's (and, where they set the network, to the pretraining or word-vector run too)."""
     recipe = RECIPES[dataset]
+    fit = [*recipe["fit"], *extra]
+    missing = [path for path in unlabeled_files(dataset) if not Path(path).exists()]
+    if recipe["setting"].endswith("_unlabeled") and missing:
+        raise SystemExit(f"error: {missing[0]}: file not found; the {dataset} recipe reads its unlabeled texts there: "
+                         f"set {DATA_ROOT_ENV} to the folder that holds {UNLABELED[dataset][0]}")
     init = None
-    if recipe["setting"].startswith("fasttext"):
-        try:
-            import fasttext  # noqa: F401
-        except ImportError:
-            raise SystemExit(f"the {dataset} recipe starts from fastText word vectors: pip install -e '.[bench]' "
-                             "(fasttext-numpy2) first") from None
     if recipe["setting"] != "scratch":
-        init, _ = pretrained_checkpoint(dataset, recipe["setting"], out, None, network_args(recipe["fit"]), threads)
-    run_dir = fine_tune(dataset, recipe["setting"], seed, out, init, recipe["fit"], threads)
+        init, _ = pretrained_checkpoint(dataset, recipe["setting"], out, None, network_args(fit), threads)
+    run_dir = fine_tune(dataset, recipe["setting"], seed, out, init, fit, threads)
     splits = load_splits(dataset=dataset, data_dir=None, train_file=None, val_file=None, test_file=None,
                          text_column=None, label_column=None, val_fraction=0.1, seed=0)
     split = report_split(splits)
@@ -329,9 +317,12 @@ def main():
         for checkpoint in args.probe:
             print(json.dumps(linear_probe(checkpoint, args.datasets[0])))
         return None
-    if args.reproduce:
-        return reproduce(args.reproduce, args.seed, args.out, args.threads)
-    results = {name: measure(name, args.settings, args.seeds, args.out, args) for name in args.datasets}
+    try:
+        if args.reproduce:
+            return reproduce(args.reproduce, args.seed, args.out, args.threads, args.extra)
+        results = {name: measure(name, args.settings, args.seeds, args.out, args) for name in args.datasets}
+    except (DataError, ConfigError, CheckpointError, WriteError) as e:  # in this process: the word-vector run
+        raise SystemExit(f"error: {e}") from None
     print_table(results)
     print(json.dumps(results))
 

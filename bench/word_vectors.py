@@ -4,17 +4,14 @@ the data settings a no-config `train.py fit` would choose (its tokenizer and voc
 
     python -m bench.word_vectors --dataset imdb                      # this project's vectors, 5 epochs, lr 0.01
     python -m bench.word_vectors --dataset imdb --epochs 1 --lr 0.03
-    python -m bench.word_vectors --dataset imdb --fasttext           # fastText skip-gram, same text (bench extra)
 
 Prints the seconds the vectors took and the probe's validation accuracy (docs/RESULTS.md "Word vectors of the
-training texts"). Needs scikit-learn (the `bench` extra).
+training texts").
 """
 
 import argparse
 import logging
-import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -28,28 +25,11 @@ def mean_vectors(split, table: torch.Tensor) -> np.ndarray:
     return (sums / torch.tensor(split.lengths).clamp_min(1)[:, None]).numpy()
 
 
-def fasttext_vectors(split, tokenizer, vocab_size: int, dim: int) -> torch.Tensor:
-    import fasttext
-
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as f:
-        for i in range(len(split)):
-            ids = split.ids[split.offsets[i] : split.offsets[i + 1]].tolist()
-            f.write(" ".join(tokenizer.id_to_token(t) for t in ids) + "\n")
-    try:
-        vectors = fasttext.train_unsupervised(f.name, model="skipgram", dim=dim, epoch=5, minCount=1, minn=0, maxn=0,
-                                              bucket=0, thread=1, verbose=0)
-    finally:
-        os.unlink(f.name)
-    return torch.stack([torch.from_numpy(vectors.get_word_vector(tokenizer.id_to_token(i)).copy())
-                        for i in range(vocab_size)])
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="sst2", help="a registered dataset (default sst2)")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--fasttext", action="store_true", help="fastText skip-gram vectors instead (bench extra)")
     args = parser.parse_args(argv)
     sys.argv = sys.argv[:1]  # read above; LightningCLI below gets its own arguments
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -62,17 +42,14 @@ def main(argv=None):
     data, network = cli.datamodule, cli.model.network
     training, validation = data.split("train"), data.split("validation")
     start = time.perf_counter()
-    if args.fasttext:
-        table = fasttext_vectors(training, data.tokenizer, network.vocab_size, network.d_model)
-    else:
-        table = skipgram_vectors(training.ids, training.offsets, network.vocab_size, network.d_model,
-                                 epochs=args.epochs, lr=args.lr)
+    table = skipgram_vectors(training.ids, training.offsets, network.vocab_size, network.d_model,
+                             epochs=args.epochs, lr=args.lr)
     seconds = time.perf_counter() - start
     x, x_val = mean_vectors(training, table), mean_vectors(validation, table)
     mean, std = x.mean(0), x.std(0) + 1e-8
     probe = LogisticRegression(max_iter=2000).fit((x - mean) / std, training.labels.numpy())
     accuracy = probe.score((x_val - mean) / std, validation.labels.numpy())
-    source = "fastText" if args.fasttext else f"skip-gram, {args.epochs} epochs, lr {args.lr}"
+    source = f"skip-gram, {args.epochs} epochs, lr {args.lr}"
     print(f"{args.dataset}: {source}: vectors {seconds:.0f} s; probe validation accuracy {100 * accuracy:.2f}%")
 
 

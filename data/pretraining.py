@@ -16,59 +16,38 @@ import torch
 
 from data.datamodule import EncodedSplit, TextDataModule
 from data.sources import DataError, Splits, read_unlabeled
+from data.tokenizer import UNK_ID
 
 log = logging.getLogger(__name__)
 MIN_TOKENS = 2  # a text of one token has nothing left to read once that token is masked
 MAX_HOLDOUT = 2000  # held-out texts scored each validation pass: enough for a steady figure, cheap on a CPU
+# Fine-tuning with a pretraining checkpoint's tokenizer: the share of the training tokens that are [UNK] to it, above
+# which the run is refused (the network would read mostly one token: the tokenizer was made for other text, say
+# English for Chinese reviews), and above which it is warned about (a fresh tokenizer leaves well under 1% unknown).
+UNKNOWN_REFUSED, UNKNOWN_WARNED = 0.5, 0.1
 
 
 class PretrainDataModule(TextDataModule):
     def __init__(
         self,
-        dataset: str = "sst2",
-        data_dir: str | None = None,
-        train_file: str | None = None,
-        val_file: str | None = None,
-        test_file: str | None = None,
-        text_column: str | None = None,
-        label_column: str | None = None,
-        val_fraction: float = 0.1,
         unlabeled_files: list[str] | None = None,
         unlabeled_column: str = "text",
         holdout_fraction: float = 0.02,
-        max_length: int | None = None,
-        batch_size: int = 64,
-        vocab_size: int | None = None,
-        tokenizer: str = "wordpiece",
-        split_cjk: bool = True,
-        split_punctuation: bool = True,
-        bucket_pool: int | None = 50,
-        num_workers: int = 0,
-        seed: int = 0,
-        cache_dir: str = ".cache",
-        attention: str = "full",
+        **data,
     ):
         """
         Args:
-            dataset, data_dir, train_file, val_file, test_file, text_column, label_column, val_fraction, seed: the
-                labelled data, exactly as for `train.py fit` (its `data:` section): its training split is
-                pretraining text; its validation and test splits never are. Give the fine-tuning run's values.
             unlabeled_files: more pretraining text: CSV/TSV/JSON/JSONL/parquet files (column `unlabeled_column`),
                 or plain text files with one text per line.
             unlabeled_column: the text column of the unlabeled table files.
             holdout_fraction: share of the pretraining text held out to score the objective (at most 2,000 texts).
-            max_length, vocab_size, tokenizer, split_cjk, split_punctuation: the tokenizer, as for `train.py fit`,
-                built from the pretraining text; fine-tuning with --model.init_from uses it as it is. Unset sizes
-                are chosen from the pretraining text the way fit chooses them from its training split.
-            batch_size, bucket_pool, num_workers, cache_dir, attention: as for `train.py fit`.
+            **data: the data settings of `train.py fit` (its `data:` section, listed below), with the fine-tuning
+                run's values: the labelled data's training split is pretraining text, its validation and test
+                splits never are; the tokenizer (max_length, vocab_size, tokenizer, split_cjk, split_punctuation)
+                is built from the pretraining text, and fine-tuning with --model.init_from uses it as it is. No
+                teacher (there are no labels to distil) and no tokenizer_from.
         """
-        super().__init__(
-            dataset=dataset, data_dir=data_dir, train_file=train_file, val_file=val_file, test_file=test_file,
-            text_column=text_column, label_column=label_column, val_fraction=val_fraction, max_length=max_length,
-            batch_size=batch_size, vocab_size=vocab_size, tokenizer=tokenizer, split_cjk=split_cjk,
-            split_punctuation=split_punctuation, bucket_pool=bucket_pool, num_workers=num_workers, seed=seed,
-            cache_dir=cache_dir, attention=attention,
-        )
+        super().__init__(teacher=None, tokenizer_from=None, **data)
         if not 0.0 < holdout_fraction < 1.0:
             raise DataError(f"holdout_fraction must be between 0 and 1 (exclusive), got {holdout_fraction}")
         # TextDataModule saved its own arguments; these are the whole set (the cache key is made from them).
@@ -140,3 +119,18 @@ def maskable(split: EncodedSplit, where: str) -> EncodedSplit:
     pieces = [split.ids[split.offsets[i] : split.offsets[i + 1]] for i in keep]
     offsets = torch.tensor([0] + [len(piece) for piece in pieces]).cumsum(0)
     return EncodedSplit(torch.cat(pieces), offsets, split.labels[keep])
+
+
+def check_known(split: EncodedSplit, tokenizer_from: str) -> float:
+    """The share of the training split's tokens that are [UNK] to the tokenizer of the pretraining checkpoint
+    `tokenizer_from` (the split encoded with it); DataError above UNKNOWN_REFUSED, a warning above UNKNOWN_WARNED,
+    so it is said before the training starts, not after an hour of it."""
+    share = float((split.ids == UNK_ID).sum()) / max(1, len(split.ids))
+    what = (f"{100 * share:.0f}% of the training tokens are [UNK] to the tokenizer of the pretraining checkpoint "
+            f"{tokenizer_from} (model.init_from)")
+    if share > UNKNOWN_REFUSED:
+        raise DataError(f"{what}: it was made from other text (another language?); pretrain on text like these "
+                        "(train.py pretrain with these data), or fine-tune without model.init_from")
+    if share > UNKNOWN_WARNED:
+        log.warning("%s: the network cannot tell those words apart", what)
+    return share

@@ -16,8 +16,13 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from data.sources import DataError
 
 log = logging.getLogger(__name__)
-PAD, UNK = "[PAD]", "[UNK]"
-PAD_ID, UNK_ID = 0, 1  # the trainers put the special tokens first, in this order (tests/test_data.py checks)
+# The special tokens, the one table of them: a token's id is its place here, since the trainers put the special
+# tokens first, in this order (tests/test_data.py checks). Every other id is a word (or word piece).
+SPECIAL_TOKENS = ("[PAD]", "[UNK]")
+PAD, UNK = SPECIAL_TOKENS
+PAD_ID, UNK_ID = range(len(SPECIAL_TOKENS))
+MASK_ID = UNK_ID  # masked-token pretraining hides a token behind [UNK], the token token_dropout puts in when fine-tuning
+FIRST_WORD_ID = len(SPECIAL_TOKENS)
 # A text may hold the ids PAD_ID and UNK_ID itself: "[PAD]" or "[UNK]" typed in it are matched as those tokens, in
 # training and prediction alike. So padding is never found by matching ids: padding_mask() builds it from lengths.
 KINDS = ("wordpiece", "word")
@@ -47,9 +52,10 @@ def train_tokenizer(
     set_word_splitting(tokenizer, split_cjk=split_cjk, split_punctuation=split_punctuation)
     if kind == "wordpiece":
         tokenizer.train_from_iterator(texts, wordpiece_trainer(tokenizer, texts, vocab_size))
-        tokenizer = without_added_tokens(tokenizer, keep=(PAD, UNK))
+        tokenizer = without_added_tokens(tokenizer, keep=SPECIAL_TOKENS)
     else:  # the word-level trainer orders words by count, then by the word itself: deterministic as it is
-        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=[PAD, UNK], show_progress=False)
+        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                            show_progress=False)
         tokenizer.train_from_iterator(texts, trainer)
     if tokenizer.get_vocab_size() > vocab_size:  # the trainers promise otherwise; never train a model on it
         raise DataError(f"vocab_size {vocab_size}: the trained tokenizer has {tokenizer.get_vocab_size()} tokens")
@@ -94,7 +100,7 @@ def wordpiece_trainer(tokenizer: Tokenizer, texts: list[str], vocab_size: int) -
     starts, inner = character_counts(tokenizer, texts)
     total = starts + inner
     by_count = sorted(total, key=lambda char: (-total[char], char))  # ties by the character: no randomness
-    alphabet, size = [], 2  # [PAD], [UNK]
+    alphabet, size = [], len(SPECIAL_TOKENS)
     for char in by_count:
         cost = 1 + (char in inner)  # the character, and its "##x" form if it ever continues a word
         if len(alphabet) >= max(1, vocab_size // 2) or size + cost > vocab_size:
@@ -102,7 +108,7 @@ def wordpiece_trainer(tokenizer: Tokenizer, texts: list[str], vocab_size: int) -
         alphabet.append(char)
         size += cost
     if by_count and not alphabet:
-        smallest = 3 + (by_count[0] in inner)
+        smallest = len(SPECIAL_TOKENS) + 1 + (by_count[0] in inner)
         raise DataError(f"vocab_size {vocab_size} cannot hold [PAD], [UNK] and one character: use at least {smallest}")
     if len(alphabet) < len(total):
         dropped = sum(total.values()) - sum(total[char] for char in alphabet)
@@ -110,7 +116,7 @@ def wordpiece_trainer(tokenizer: Tokenizer, texts: list[str], vocab_size: int) -
                  "become [UNK]", vocab_size, len(alphabet), len(total), 100 * dropped / sum(total.values()))
     pieces = sorted(PREFIX + char for char in alphabet if char in inner)
     return trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=[PAD, UNK, *pieces], initial_alphabet=alphabet,
+        vocab_size=vocab_size, special_tokens=[*SPECIAL_TOKENS, *pieces], initial_alphabet=alphabet,
         limit_alphabet=len(alphabet), continuing_subword_prefix=PREFIX, show_progress=False,
     )
 

@@ -312,7 +312,44 @@ def test_fine_tuning_with_another_vocabulary_is_one_line(pretrained, tmp_path, c
 
 def test_resuming_pretraining_from_a_classifier_checkpoint_is_one_line(fine_tuned, tmp_path, capsys):
     message = run_error(capsys, pretrain, tmp_path, "--ckpt_path", str(fine_tuned))
-    assert "a classifier checkpoint, not a pretraining one" in message
+    # the flag that was given, and where this file belongs; not --model.init_from, which was not given
+    assert f"--ckpt_path {fine_tuned}: a classifier checkpoint" in message and "init_from" not in message
+    assert f"train.py fit --ckpt_path {fine_tuned}" in message
+    assert not (tmp_path / "pretrain").exists()
+
+
+def chinese_files(tmp_path: Path) -> dict[str, Path]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    reviews = ["这家酒店很好", "房间太小了", "服务很热情", "早餐不好吃"]
+    return {split: write_lines(tmp_path / f"{split}.csv", ["text,label"] + [f"{reviews[i % 4]},{i % 2}"
+                                                                            for i in range(n)])
+            for split, n in (("train", 40), ("validation", 8))}
+
+
+def test_fine_tuning_texts_unknown_to_the_pretrained_tokenizer_is_refused_before_training(pretrained, tmp_path,
+                                                                                          capsys):
+    _, _, last = pretrained  # pretrained on English texts: every Chinese character is [UNK] to its tokenizer
+    message = run_error(capsys, fine_tune, tmp_path, last, files=chinese_files(tmp_path / "zh"))
+    assert f"100% of the training tokens are [UNK] to the tokenizer of the pretraining checkpoint {last}" in message
+    assert "fine-tune without model.init_from" in message
+    assert not (tmp_path / "fit").exists()  # refused before anything was written
+
+
+def test_a_minority_of_unknown_tokens_is_a_warning_with_the_share(caplog):
+    from data.datamodule import EncodedSplit
+    from data.pretraining import check_known
+    from data.tokenizer import UNK_ID
+
+    def split(ids):
+        return EncodedSplit(torch.tensor(ids, dtype=torch.int32), torch.tensor([0, len(ids)]), torch.tensor([0]))
+
+    with caplog.at_level("WARNING", logger="data.pretraining"):
+        assert check_known(split([5, 6, 7, 8, 9, 10, 11, 12, 13, UNK_ID]), "p.ckpt") == pytest.approx(0.1)
+        assert not caplog.records  # a tenth unknown: as a fresh tokenizer's rare words, no warning
+        assert check_known(split([5, 6, 7, UNK_ID]), "p.ckpt") == pytest.approx(0.25)
+    assert "25% of the training tokens are [UNK]" in caplog.text and "p.ckpt" in caplog.text
+    with pytest.raises(DataError, match="75% of the training tokens"):
+        check_known(split([5, UNK_ID, UNK_ID, UNK_ID]), "p.ckpt")
 
 
 @pytest.mark.parametrize("content, expected", [
@@ -347,34 +384,33 @@ def test_texts_too_short_to_mask_are_one_line(tmp_path, capsys):
     assert "texts too short to mask" in message
 
 
-def test_word_vector_baseline_is_a_checkpoint_fine_tuning_starts_from(tmp_path):
-    pytest.importorskip("fasttext")
+def test_word_vector_baseline_is_a_deterministic_checkpoint_fine_tuning_starts_from(tmp_path, monkeypatch):
+    import training.word_vectors
     from bench.pretraining import word_vector_checkpoint
     from data.checkpoint import read_pretraining_checkpoint
     from model.classifier import AttentionClassifier
     from training.encoder import load_encoder
 
+    made, real = [], training.word_vectors.skipgram_vectors
+    monkeypatch.setattr(training.word_vectors, "skipgram_vectors",
+                        lambda *a, **k: made.append(real(*a, **k)) or made[-1])
     files = labelled_files(tmp_path)
-    rows = ["text,label"] + [f"w{i % 37} w{i % 11} good fine movie w{i % 5},{i % 2}" for i in range(600)]
-    files["train"] = write_lines(tmp_path / "train.csv", rows)  # fastText's skip-gram diverges on a handful of lines
-    target = tmp_path / "word_vectors.ckpt"
-    try:
-        word_vector_checkpoint(["--data.train_file", str(files["train"]), "--data.val_file",
-                                str(files["validation"]), "--data.cache_dir", str(tmp_path / "cache"), *TINY], target)
-    except RuntimeError as e:  # fastText's own SGD sometimes diverges on a toy corpus, whatever the step
-        if "NaN" not in str(e):
-            raise
-        pytest.skip("fastText diverged (Encountered NaN) on the toy corpus")
-    checkpoint = read_pretraining_checkpoint(target)
+    args = ["--data.train_file", str(files["train"]), "--data.val_file", str(files["validation"]),
+            "--data.cache_dir", str(tmp_path / "cache"), *TINY]
+    word_vector_checkpoint(args, tmp_path / "a" / "word_vectors.ckpt")
+    word_vector_checkpoint(args, tmp_path / "b" / "word_vectors.ckpt")
+    checkpoint = read_pretraining_checkpoint(tmp_path / "a" / "word_vectors.ckpt")
     table = checkpoint["state_dict"]["model.token_embedding.weight"]
-    assert checkpoint["hyper_parameters"]["objective"] == "fasttext-skipgram"
+    # the same data and seed: the same vectors, bit for bit
+    assert torch.equal(table, torch.load(tmp_path / "b" / "word_vectors.ckpt", weights_only=True)["state_dict"][
+        "model.token_embedding.weight"])
     network = NetworkConfig.from_dict(checkpoint["hyper_parameters"]["network"])
-    # the spread the network's own embedding starts with (configs/pretrain.yaml: 0.1), not fastText's
-    assert network.embedding_std == 0.1
-    assert table.shape[1] == 16 and abs(float(table.std()) - network.embedding_std) < 1e-4
+    # the skip-gram vectors, at the spread the network's own embedding starts with (not at their own)
+    assert len(made) == 2 and torch.allclose(table, made[0] / made[0].std() * network.embedding_std)
+    assert abs(float(table.std()) - network.embedding_std) < 1e-4
     classifier = AttentionClassifier(network)
-    load_encoder(classifier, str(target))
-    assert torch.equal(classifier.token_embedding.weight, table)
+    load_encoder(classifier, str(tmp_path / "a" / "word_vectors.ckpt"))
+    assert table.shape[1] == 16 and torch.equal(classifier.token_embedding.weight, table)
 
 
 def test_pretraining_is_given_the_network_of_the_fine_tuning_configs(tmp_path):
@@ -390,3 +426,21 @@ def test_pretraining_is_given_the_network_of_the_fine_tuning_configs(tmp_path):
         assert getattr(pretrained.model.network, name) == getattr(tuned.model.network, name), name
     assert pretrained.model.network.d_model == 64 and pretrained.model.network.n_heads == 2
     assert network_args([]) == []  # no config: the generic default, whose network pretrain.yaml already is
+
+
+def test_the_reproduction_fails_in_one_line_that_says_what_to_do(tmp_path, monkeypatch):
+    import sys
+
+    from bench.pretraining import reproduce, run
+
+    monkeypatch.setenv("ATTENTION_DATA_ROOT", str(tmp_path))  # no imdb/unsup.parquet there
+    with pytest.raises(SystemExit) as stop:
+        reproduce("imdb", 0, tmp_path / "runs", None, [])
+    message = str(stop.value.code)
+    assert message == (f"error: {tmp_path}/imdb/unsup.parquet: file not found; the imdb recipe reads its unlabeled "
+                       "texts there: set ATTENTION_DATA_ROOT to the folder that holds imdb/unsup.parquet")
+    assert not (tmp_path / "runs").exists()
+    # a run that fails with train.py's one line: that line, and the command, not the whole log
+    with pytest.raises(SystemExit) as stop:
+        run([sys.executable, "-c", "import sys; print('log', file=sys.stderr); sys.exit('error: data.x: bad')"], None)
+    assert str(stop.value.code).startswith("error: data.x: bad (from: ") and "\n" not in str(stop.value.code)

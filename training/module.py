@@ -180,14 +180,13 @@ class ClassifierModule(L.LightningModule):
 
     def start_from_word_vectors(self, split) -> None:
         """Skip-gram vectors of the training texts (split: an EncodedSplit) as the token embedding's start."""
-        from training.word_vectors import skipgram_vectors
+        from training.word_vectors import starting_embedding
 
-        epochs, config = self.hparams.word_vectors, self.network
+        epochs = self.hparams.word_vectors
         log.info("word vectors: %d skip-gram epochs on the %d training texts (%d tokens) before the first step",
                  epochs, len(split), len(split.ids))
         seed = int(torch.randint(2**31 - 1, ()))  # from the run's seed (seed_everything)
-        table = skipgram_vectors(split.ids, split.offsets, config.vocab_size, config.d_model, epochs=epochs, seed=seed)
-        table = table / table.std() * config.embedding_std
+        table = starting_embedding(split, self.network, epochs=epochs, seed=seed)
         with torch.no_grad():
             for network in {id(m): m for m in (self.model, self.online_model)}.values():
                 network.token_embedding.weight.copy_(table)

@@ -22,11 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from data.tokenizer import UNK_ID
+from data.tokenizer import FIRST_WORD_ID
 
 log = logging.getLogger(__name__)
 
-FIRST_WORD_ID = UNK_ID + 1  # [PAD] 0 and [UNK] 1 are never trained: they are no word
 NOISE_WORDS = 64  # negative words drawn per step, shared by all its pairs
 
 
@@ -127,3 +126,11 @@ def skipgram_vectors(ids: torch.Tensor, offsets: torch.Tensor, vocab_size: int, 
         log.info("word vectors: epoch %d of %d, skip-gram loss %.3f, %.0f s (about %.0f s left)", epoch + 1, epochs,
                  sum(losses) / max(1, len(losses)), elapsed, elapsed / (epoch + 1) * (epochs - epoch - 1))
     return model.words.detach().clone()
+
+
+def starting_embedding(split, network, epochs: int = 5, seed: int = 0) -> torch.Tensor:
+    """(vocab_size, d_model) skip-gram vectors of an EncodedSplit's texts, scaled to the spread the network's own
+    embedding starts with (network.embedding_std, a NetworkConfig), so they enter at the size the rest of the
+    network expects. Deterministic: the same texts, settings and seed give the same table (on one machine)."""
+    table = skipgram_vectors(split.ids, split.offsets, network.vocab_size, network.d_model, epochs=epochs, seed=seed)
+    return table / table.std() * network.embedding_std
