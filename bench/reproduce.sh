@@ -13,6 +13,10 @@ set -euo pipefail
 if [ $# -lt 1 ]; then sed -n 2,11p "$0"; exit 2; fi
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+if ! "$PY" -c "import torch, lightning" 2>/dev/null; then
+    echo "error: $PY cannot import torch and lightning: run \`make setup\` first (or set PYTHON to a Python that has them)" >&2
+    exit 2
+fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 [ -d ../shared/data ] && export ATTENTION_DATA_ROOT=${ATTENTION_DATA_ROOT:-$(cd ../shared/data && pwd)}
 exec "$PY" -m bench.pretraining --reproduce "$1" --seed "${2:-0}" --threads "$OMP_NUM_THREADS" -- "${@:3}"

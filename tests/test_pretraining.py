@@ -191,6 +191,24 @@ def test_a_carved_validation_split_is_left_out_of_pretraining(tmp_path):
     assert sorted(texts) == sorted(splits.texts["train"]) and not set(texts) & set(splits.texts["validation"])
 
 
+def test_pretraining_takes_the_data_arguments_of_fit_from_one_place():
+    import inspect
+
+    from jsonargparse import ArgumentParser
+
+    from data.datamodule import TextDataModule
+
+    def options(cls) -> set[str]:  # the data.* flags LightningCLI offers for the class
+        parser = ArgumentParser()
+        parser.add_class_arguments(cls, "data")
+        return set(parser.get_defaults().as_dict()["data"])
+
+    own = {"unlabeled_files", "unlabeled_column", "holdout_fraction"}
+    assert options(PretrainDataModule) == options(TextDataModule) - {"teacher", "tokenizer_from"} | own
+    # written once: the pretraining DataModule names only its own arguments and hands the rest on
+    assert set(inspect.signature(PretrainDataModule.__init__).parameters) == {"self", *own, "data"}
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".parquet", ".txt"])
 def test_unlabeled_files_of_every_format_are_read(tmp_path, suffix):
     import pandas as pd
