@@ -86,7 +86,7 @@ def skipgram_vectors(ids: torch.Tensor, offsets: torch.Tensor, vocab_size: int, 
     lengths = offsets[1:] - offsets[:-1]
     text = torch.repeat_interleave(torch.arange(len(lengths)), lengths)  # (T,) which text each token is in
     counts = torch.bincount(ids, minlength=vocab_size)[:vocab_size]
-    counts[:FIRST_WORD_ID] = 0
+    counts[:FIRST_WORD_ID] = 0  # the special tokens ([PAD], [UNK]) are no word: never trained
     if int(counts.sum()) < 2:
         raise ValueError("skip-gram word vectors need at least two known words in the training texts")
     keep = keep_probability(counts, subsample)  # (V,), 0 for [PAD] and [UNK]
