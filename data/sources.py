@@ -259,7 +259,10 @@ def encode_labels(raw: dict[str, list], sources: dict[str, str], names: list[str
 
 def stratified_split(labels: list[int], fraction: float, seed: int) -> tuple[list[int], list[int]]:
     """Indices (train, validation): `fraction` of each class goes to validation, the same for the same seed.
-    A class of one row stays in train, and every class keeps at least one training row."""
+    A class of one row stays in train, and every class keeps at least one training row.
+    Not sklearn's train_test_split(stratify=): it draws other rows and rounds each class's share otherwise (777 test
+    rows of ChnSentiCorp instead of 776, 75 in common), so the held-out test set, the data cache and every
+    published ChnSentiCorp figure would move; it also refuses a class of one row."""
     rng = random.Random(seed)
     train, val = [], []
     for cls in sorted(set(labels)):
