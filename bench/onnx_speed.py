@@ -116,7 +116,7 @@ def tiny_checkpoint(kind: str, path: Path):
     """A random 2-layer network of the kind with a word tokenizer, saved in train.py's checkpoint layout."""
     import random
 
-    from data.tokenizer import train_tokenizer
+    from data.tokenizer import stored_form, train_tokenizer
     from inference import TextClassifier
     from model import AttentionClassifier, NetworkConfig
 
@@ -128,8 +128,8 @@ def tiny_checkpoint(kind: str, path: Path):
                            attention=kind, **SMALL_KINDS)
     classifier = TextClassifier(AttentionClassifier(config), tokenizer, ["neg", "pos"], device="cpu")
     torch.save({"state_dict": {f"model.{k}": v for k, v in classifier.model.state_dict().items()},
-                "hyper_parameters": {"network": config.to_dict()},
-                "TextDataModule": {"tokenizer": tokenizer.to_str(), "label_names": ["neg", "pos"], "max_length": 12}},
+                "hyper_parameters": {"network": config.to_dict(), "label_names": ["neg", "pos"]},
+                "TextDataModule": {"tokenizer": stored_form(tokenizer.to_str())}},
                path)
     return classifier
 

@@ -68,9 +68,6 @@ def main(argv=None) -> int:
         if args.out is not None:
             check_target(args.out, "pruned checkpoint", inputs=[args.ckpt])
         checkpoint = read_checkpoint(args.ckpt)
-        if "network" not in checkpoint["hyper_parameters"]:
-            raise CheckpointError(f"{args.ckpt}: written before the network settings moved under 'network'; upgrade "
-                                  f"it first: python -m training.checkpoints upgrade {args.ckpt} <new.ckpt>")
         classifier = TextClassifier.from_checkpoint(args.ckpt, device="cpu")
     except (CheckpointError, ValueError) as e:  # WriteError is a ValueError
         raise SystemExit(f"error: {e}") from None

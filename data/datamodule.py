@@ -252,8 +252,8 @@ class TextDataModule(L.LightningDataModule):
         hp = dict(self.hparams)
         for key in ("batch_size", "num_workers", "cache_dir", "bucket_pool"):  # do not change what is encoded
             hp.pop(key)
-        if hp.get("max_length") is not None or hp.get("attention") == "full":
-            hp.pop("attention", None)  # it only decides an unset max_length (and full is how caches were keyed)
+        if hp.get("max_length") is not None:
+            hp.pop("attention", None)  # it only decides an unset max_length
         files = [hp[k] for k in ("train_file", "val_file", "test_file") if hp[k]]
 
         folder = local_copy_dir(hp["dataset"], hp["data_dir"]) if not files and hp["dataset"] != "synthetic" else None
@@ -458,8 +458,7 @@ class TextDataModule(L.LightningDataModule):
 
         A tokenizer that differs from the one trained on these data (one trained before a CACHE_VERSION change, or
         by another `tokenizers` release) is adopted: the splits are read and encoded again with it, in memory (the
-        cache keeps the data's own tokenizer). Checkpoints before 2026-12 also hold label_names and max_length here,
-        copies of the model's; they are not read."""
+        cache keeps the data's own tokenizer)."""
         if stored_form(state["tokenizer"]) != stored_form(self.state["tokenizer"]):
             log.info("the checkpoint's tokenizer differs from the one trained on these data: "
                      "encoding them with the checkpoint's")

@@ -97,9 +97,6 @@ def least_important(importance: list[torch.Tensor], n: int) -> list[tuple[int, i
 def prune_checkpoint(checkpoint: dict, remove: list[tuple[int, int]]) -> dict:
     """A new checkpoint dict (plain data) without the given heads: W_Q, W_K, W_V rows and W_O columns cut, the
     network's layer_heads set. Training state (optimizer, loops, callbacks) is left out: it no longer fits."""
-    if "network" not in checkpoint["hyper_parameters"]:
-        raise ValueError("the checkpoint keeps its network settings in the flat layout of the first version; "
-                         "upgrade it first: python -m training.checkpoints upgrade OLD.ckpt NEW.ckpt")
     network = dict(checkpoint["hyper_parameters"]["network"])
     n_layers, n_heads = network["n_layers"], network["n_heads"]
     d_head = network.get("d_head") or network["d_model"] // n_heads

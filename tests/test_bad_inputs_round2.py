@@ -99,7 +99,7 @@ def test_a_new_file_gets_the_usual_mode_and_a_replaced_one_keeps_its_own(tmp_pat
     assert kept.read_text() == "new"
 
 
-# --- bench/prune_heads.py and checkpoint upgrade -------------------------------------------------------------------
+# --- bench/prune_heads.py -------------------------------------------------------------------------------------------
 
 
 def no_computation(monkeypatch):
@@ -134,34 +134,6 @@ def test_prune_heads_reports_a_failed_save_in_one_line_and_writes_nothing(checkp
                           "--prune", "1", "--out", str(out)])
     assert error_line(stop).startswith(f"error: {out}: cannot write the pruned checkpoint: [enforce fail")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full.ckpt"]
-
-
-def test_prune_heads_on_the_old_layout_names_the_upgrade_command_before_computing(checkpoint, monkeypatch):
-    no_computation(monkeypatch)
-    old = read_checkpoint(checkpoint)
-    old["hyper_parameters"] = old["hyper_parameters"]["network"] | {"label_names": old["hyper_parameters"]["label_names"]}
-    torch.save(old, checkpoint)
-    with pytest.raises(SystemExit) as stop:
-        prune_heads.main(["--ckpt", str(checkpoint)])
-    assert f"python -m training.checkpoints upgrade {checkpoint} <new.ckpt>" in error_line(stop)
-
-
-@pytest.mark.parametrize("target", ["same", "directory", "failing"])
-def test_upgrade_refuses_a_bad_target_in_one_line_and_keeps_the_source(checkpoint, tmp_path, monkeypatch, target):
-    from training import checkpoints
-
-    old = read_checkpoint(checkpoint)
-    old["hyper_parameters"] = old["hyper_parameters"]["network"] | {"label_names": old["hyper_parameters"]["label_names"]}
-    torch.save(old, checkpoint)
-    before = digest(checkpoint)
-    out = {"same": checkpoint, "directory": tmp_path, "failing": tmp_path / "new.ckpt"}[target]
-    if target == "failing":
-        monkeypatch.setattr(checkpoints.torch, "save", lambda *a, **k: (_ for _ in ()).throw(
-            RuntimeError("File new.ckpt cannot be opened.")))
-    with pytest.raises(SystemExit) as stop:
-        checkpoints.main(["upgrade", str(checkpoint), str(out)])
-    assert error_line(stop).startswith(f"error: {out}: ")
-    assert digest(checkpoint) == before and sorted(p.name for p in tmp_path.iterdir()) == ["full.ckpt"]
 
 
 # --- predict.py -----------------------------------------------------------------------------------------------------
@@ -325,18 +297,6 @@ def test_ckpt_path_last_without_a_checkpoint_says_it_starts_fresh(tmp_path, capl
     with caplog.at_level(logging.WARNING, logger="train"):
         fit(tmp_path, "--ckpt_path", "last", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1")
     assert "--ckpt_path last: no run under" in caplog.text and "starting a fresh run" in caplog.text
-
-
-def test_an_old_flat_network_flag_names_its_new_place(tmp_path):
-    with pytest.raises(SystemExit) as stop:
-        fit(tmp_path, "--model.d_model", "64")
-    assert "use --model.network.d_model" in error_line(stop)
-    config = tmp_path / "flat.yaml"
-    config.write_text("model:\n  n_heads: 2\n")
-    with pytest.raises(SystemExit) as stop:
-        fit(tmp_path, "--config", str(config))
-    assert error_line(stop) == (f"error: {config}: model: n_heads: the network settings moved under model.network: "
-                                "write model: network: n_heads: (or --model.network.n_heads)")
 
 
 # --- data ------------------------------------------------------------------------------------------------------------
