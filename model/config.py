@@ -64,7 +64,7 @@ class NetworkConfig:
             computed in); at most max_length (a block costs w × 3w scores whatever the text's length).
         projection_length: linformer: k, the rows keys and values are projected to (at most max_length).
         global_tokens: sparse: the first this many tokens are global (at most max_length; 0 is plain local).
-        layer_heads: heads kept in each layer after pruning (bench/prune_heads.py), one count per layer, each
+        layer_heads: heads kept in each layer after pruning (prune.py), one count per layer, each
             1..n_heads; null (default) is n_heads in every layer. Each head keeps its size, head_size.
     """
 

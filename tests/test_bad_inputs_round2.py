@@ -14,7 +14,7 @@ import torch
 
 import predict
 import train
-from bench import prune_heads
+import prune
 from conftest import ONE_PROBE
 from data.files import WriteError, write_atomically, write_text
 from inference.classifier import COUNT_CHARACTERS, read_checkpoint
@@ -99,14 +99,14 @@ def test_a_new_file_gets_the_usual_mode_and_a_replaced_one_keeps_its_own(tmp_pat
     assert kept.read_text() == "new"
 
 
-# --- bench/prune_heads.py -------------------------------------------------------------------------------------------
+# --- prune.py -------------------------------------------------------------------------------------------------------
 
 
 def no_computation(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("computed before the inputs were checked")
 
-    monkeypatch.setattr(prune_heads, "head_importance", fail)
+    monkeypatch.setattr(prune, "head_importance", fail)
 
 
 @pytest.mark.parametrize("target", ["same", "directory"])
@@ -116,7 +116,7 @@ def test_prune_heads_refuses_its_input_or_a_directory_as_out_before_computing(ch
     before = digest(checkpoint)
     out = checkpoint if target == "same" else tmp_path
     with pytest.raises(SystemExit) as stop:
-        prune_heads.main(["--ckpt", str(checkpoint), "--prune", "1", "--out", str(out)])
+        prune.main(["--ckpt", str(checkpoint), "--prune", "1", "--out", str(out)])
     line = error_line(stop)
     assert line.startswith(f"error: {out}: ") and ("own input" in line if target == "same" else "directory" in line)
     assert digest(checkpoint) == before
@@ -128,10 +128,10 @@ def test_prune_heads_reports_a_failed_save_in_one_line_and_writes_nothing(checkp
         raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 192 vs 64")
 
     out = tmp_path / "pruned.ckpt"
-    monkeypatch.setattr(prune_heads.torch, "save", full_disk)
+    monkeypatch.setattr(prune.torch, "save", full_disk)
     with pytest.raises(SystemExit) as stop:
-        prune_heads.main(["--ckpt", str(checkpoint), "--importance-limit", "20", "--limit", "20", "--no-table",
-                          "--prune", "1", "--out", str(out)])
+        prune.main(["--ckpt", str(checkpoint), "--importance-limit", "20", "--limit", "20", "--no-table",
+                    "--prune", "1", "--out", str(out)])
     assert error_line(stop).startswith(f"error: {out}: cannot write the pruned checkpoint: [enforce fail")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full.ckpt"]
 
@@ -283,8 +283,8 @@ def test_a_read_only_filesystem_for_the_logs_is_one_line(tmp_path, monkeypatch):
 
 def test_fit_from_a_weights_only_checkpoint_says_it_cannot_resume(tmp_path, checkpoint, capsys):
     pruned = tmp_path / "pruned.ckpt"
-    assert prune_heads.main(["--ckpt", str(checkpoint), "--importance-limit", "20", "--limit", "20", "--no-table",
-                             "--prune", "1", "--out", str(pruned)]) == 0
+    assert prune.main(["--ckpt", str(checkpoint), "--importance-limit", "20", "--limit", "20", "--no-table",
+                       "--prune", "1", "--out", str(pruned)]) == 0
     with pytest.raises(SystemExit) as stop:
         fit(tmp_path, "--ckpt_path", str(pruned), "--trainer.max_epochs", "1")
     line = error_line(stop)
@@ -354,8 +354,8 @@ def test_a_checkpoint_train_py_did_not_write_is_one_line_in_train_py(tmp_path):
 
 def test_a_pruned_network_with_other_head_counts_per_layer_is_validated_with_the_monitor(checkpoint, tmp_path):
     pruned = tmp_path / "pruned.ckpt"
-    assert prune_heads.main(["--ckpt", str(checkpoint), "--importance-limit", "20", "--limit", "20", "--no-table",
-                             "--prune", "1", "--out", str(pruned)]) == 0
+    assert prune.main(["--ckpt", str(checkpoint), "--importance-limit", "20", "--limit", "20", "--no-table",
+                       "--prune", "1", "--out", str(pruned)]) == 0
     assert sorted(read_checkpoint(pruned)["hyper_parameters"]["network"]["layer_heads"]) == [1, 2]
     cli = train.main(["validate", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
                       "--data.max_length", "12", "--trainer.default_root_dir", str(tmp_path), "--ckpt_path",

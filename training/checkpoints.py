@@ -47,7 +47,7 @@ def check_fits(path, checkpoint: dict, network, label_names, resume: bool = Fals
     these label names (those of the data), and (resume: fit) holds the training state to resume from."""
     if resume and not checkpoint.get("optimizer_states"):
         raise CheckpointError(
-            f"{path}: holds the weights only, no optimizer state (e.g. written by bench/prune_heads.py), so training "
+            f"{path}: holds the weights only, no optimizer state (e.g. written by prune.py), so training "
             f"cannot resume from it; use it with predict.py or train.py validate/test --ckpt_path {path}, "
             "or resume from the checkpoint it was made from"
         )
