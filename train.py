@@ -33,6 +33,7 @@ from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, Mode
 from lightning.pytorch.cli import LightningCLI
 
 from data import DataError, TextDataModule
+from data.datamodule import NO_TEST_SPLIT
 from data.files import WriteError, reason
 from data.pretraining import PretrainDataModule
 from data.checkpoint import CheckpointError, read_checkpoint, read_pretraining_checkpoint
@@ -180,7 +181,13 @@ class CLI(LightningCLI):
             check_pretrained(self.model.hparams.init_from, self.model.network)
         self.checkpoint = None  # Lightning restores it from the file; no need to hold it for the whole run
 
-    before_validate = before_test = before_predict = before_fit
+    def before_test(self):
+        # Before the logger makes the run's folder: a test with nothing to test leaves no version_N behind.
+        if "test" not in self.datamodule.state["splits"]:
+            raise DataError(NO_TEST_SPLIT)
+        self.before_fit()
+
+    before_validate = before_predict = before_fit
 
 
 class PretrainCLI(CLI):

@@ -27,6 +27,8 @@ from model.config import AUTO, FULL_ATTENTION_MAX_LENGTH, MAX_LENGTH
 from model.kinds import ATTENTION_KINDS
 
 log = logging.getLogger(__name__)
+NO_TEST_SPLIT = ("no test split (SST-2's test labels are not public: its held-out figure is `validate`): give "
+                 "data.test_file, or use a dataset with a labelled test split")
 CACHE_VERSION = 5  # bump when tokenization changes (4: adaptive sizes, ChnSentiCorp test split; 5: words seen once)
 
 # Adaptive sizes (data.max_length / data.vocab_size left unset), chosen from the training split alone:
@@ -439,7 +441,7 @@ class TextDataModule(L.LightningDataModule):
 
     def test_dataloader(self):
         if "test" not in self.state["splits"]:
-            raise DataError("no test split: give test_file (or use a dataset with a labelled test split)")
+            raise DataError(NO_TEST_SPLIT)
         return self._loader("test", shuffle=False)
 
     def predict_dataloader(self):

@@ -162,7 +162,7 @@ class TextClassifier:
 
     def explain(self, texts: list[str], ig_steps: int = 32) -> list:
         """Why each text got its label: per-token scores from five methods and their faithfulness figures
-        (inference/explain.py; README "Why did it predict that?")."""
+        (inference/explain.py; docs/EXPLAIN.md)."""
         from inference.explain import explain  # Captum only when explanations are asked for
 
         return explain(self, texts, ig_steps=ig_steps)

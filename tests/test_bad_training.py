@@ -229,3 +229,13 @@ def test_a_checkpoint_of_another_max_length_or_other_labels_is_refused_in_one_li
         check_fits("x.ckpt", checkpoint, NetworkConfig(max_length=128), ["0", "1"])
     with pytest.raises(CheckpointError, match=r"^x.ckpt: trained on label names \['0', '1'\], but this data has"):
         check_fits("x.ckpt", checkpoint, NetworkConfig(max_length=64), ["neg", "pos"])
+
+
+def test_test_without_a_labelled_test_split_is_one_line_and_leaves_no_run_folder(run, tmp_path):
+    _, version = run
+    with pytest.raises(SystemExit) as stop:
+        train.main(["test", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
+                    "--trainer.default_root_dir", str(tmp_path), *QUIET, *ONE_PROBE, *SHORT,
+                    "--ckpt_path", str(version / "checkpoints" / "last.ckpt")])
+    assert str(stop.value.code).startswith("error: no test split") and "`validate`" in str(stop.value.code)
+    assert not (tmp_path / "lightning_logs").exists()
