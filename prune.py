@@ -41,7 +41,8 @@ def markdown(heads: list[dict], agreement, table: list[dict]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ckpt", required=True, help="checkpoint written by train.py (or by this command), or a run folder: its best checkpoint")
+    parser.add_argument("--ckpt", required=True,
+                        help="checkpoint written by train.py (or by this command), or a run folder: its best checkpoint")
     parser.add_argument("--importance-split", default="train")
     parser.add_argument("--importance-limit", type=int, default=2000, metavar="N")
     parser.add_argument("--split", default="validation", help="split for ablation and the table")

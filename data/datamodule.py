@@ -29,7 +29,7 @@ from model.kinds import ATTENTION_KINDS
 log = logging.getLogger(__name__)
 NO_TEST_SPLIT = ("no test split (SST-2's test labels are not public: its held-out figure is `validate`): give "
                  "data.test_file, or use a dataset with a labelled test split")
-CACHE_VERSION = 5  # bump when tokenization changes (4: adaptive sizes, ChnSentiCorp test split; 5: words seen once)
+CACHE_VERSION = 5  # part of the cache key: bump it when tokenization or the splits change
 
 # Adaptive sizes (data.max_length / data.vocab_size left unset), chosen from the training split alone:
 LENGTH_PERCENTILE = 100  # max_length covers the longest training text (batches are padded only to their longest
