@@ -46,7 +46,7 @@ tensorboard: setup
 
 bench: setup
 	$(PY) -m pip install -q -e ".[bench]"
-	$(PY) -m bench.speed
+	$(PY) -m bench.timing speed
 	$(PY) -m bench.accuracy
 
 # Opt-in, needs root: a CJK font (Debian's fonts-wqy-microhei) so Chinese tokens in heatmaps render as glyphs.
