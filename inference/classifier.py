@@ -76,7 +76,7 @@ class TextClassifier:
         self.model = model.to(self.device).eval()
         self.label_names = list(label_names)
         # Texts are cut to the network's max_length here rather than by the tokenizer, so the full length of a cut
-        # text is known (a tokenizer from an older checkpoint may carry that same length as its truncation).
+        # text is known (a tokenizer handed in, as train_tokenizer makes one, may carry a truncation).
         self.max_length = model.max_length
         tokenizer.no_truncation()
         self.tokenizer = tokenizer
