@@ -223,8 +223,8 @@ def scored_checkpoint(folder: Path, name: str, score: float | None, step: int, m
     kept = {} if score is None else {str(folder / name): torch.tensor(score)}
     if best is not None:
         kept[str(folder / best)] = torch.tensor(0.5)
-    torch.save({"state_dict": {}, "hyper_parameters": {}, "global_step": step,
-                "TextDataModule": {"tokenizer": "{}", "label_names": ["a", "b"]},
+    torch.save({"state_dict": {}, "hyper_parameters": {"network": {}, "label_names": ["a", "b"]}, "global_step": step,
+                "TextDataModule": {"tokenizer": "{}"},
                 "callbacks": {key: {"monitor": monitor, "best_k_models": kept}}}, folder / name)
     return folder / name
 

@@ -266,7 +266,7 @@ def make_bad_checkpoint(kind: str, ckpt: Path, tmp_path: Path) -> Path:
         torch.save(checkpoint, path)
     elif kind == "no label names":
         checkpoint = torch.load(ckpt, weights_only=True)
-        del checkpoint["hyper_parameters"]["label_names"]
+        checkpoint["hyper_parameters"]["label_names"] = []
         torch.save(checkpoint, path)
     elif kind.startswith("runs code"):
         payload = RunsCode()
@@ -285,7 +285,7 @@ BAD_CHECKPOINTS = {
     "truncated": "truncated or damaged",
     "foreign dict": "not a checkpoint of this project: missing 'state_dict', 'hyper_parameters'",
     "no tokenizer": "no tokenizer (the 'TextDataModule' entry",
-    "no label names": "no label names (hyper_parameters 'label_names' is missing or empty)",
+    "no label names": "no label names (hyper_parameters 'label_names' is empty)",
     "runs code": "refused to load",
     "runs code, bare pickle": "a plain pickle file",
 }
