@@ -2,7 +2,7 @@
 train.py makes them; ATTENTION_DATA_ROOT for the local copy): what head pruning and the faithfulness bench score on."""
 
 from data.sources import load_splits
-from model.checkpoint import read_checkpoint
+from data.checkpoint import read_checkpoint
 
 SPLIT_KEYS = ("dataset", "data_dir", "train_file", "val_file", "test_file", "text_column", "label_column",
               "val_fraction", "seed")
