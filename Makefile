@@ -14,21 +14,28 @@ ifneq ($(wildcard $(SHARED_DATA)),)
 export ATTENTION_DATA_ROOT ?= $(SHARED_DATA)
 endif
 
-.PHONY: setup test test-fast train tensorboard bench fonts browser clean
+.PHONY: setup setup-dev test test-fast train tensorboard bench fonts browser clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_INDEX) "$(TORCH)"
+	$(PY) -m pip install -q -e .
+	touch $@
+
+# The tests' extra (pytest, playwright, onnx, ...) on top: what `make test` needs and training does not.
+$(VENV)/.installed-dev: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
 setup: $(VENV)/.installed
 
-test: setup
+setup-dev: $(VENV)/.installed-dev
+
+test: setup-dev
 	$(PY) -m pytest
 
-test-fast: setup
+test-fast: setup-dev
 	$(PY) -m pytest -m "not slow"
 
 train: setup
@@ -39,7 +46,7 @@ tensorboard: setup
 
 bench: setup
 	$(PY) -m pip install -q -e ".[bench]"
-	$(PY) -m bench.speed
+	$(PY) -m bench.timing speed
 	$(PY) -m bench.accuracy
 
 # Opt-in, needs root: a CJK font (Debian's fonts-wqy-microhei) so Chinese tokens in heatmaps render as glyphs.
@@ -49,7 +56,7 @@ fonts: setup
 
 # Opt-in, needs root: Debian's chromium, so tests/test_report_browser.py opens the explanation page in a real
 # headless browser (playwright, from the dev extra, drives it; it downloads no browser). Without it the test skips.
-browser: setup
+browser: setup-dev
 	apt-get install -y chromium
 
 clean:

@@ -75,7 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--explain", action="store_true",
                         help="instead of attention, say why: per token, for the predicted class, scores from raw "
                              "attention, attention rollout, gradient × input, Integrated Gradients and exact occlusion, "
-                             "with each method's faithfulness for that text (README 'Why did it predict that?'); "
+                             "with each method's faithfulness for that text (docs/EXPLAIN.md); "
                              "with --attention also 'attention': per layer, per head, the tokens × tokens weights the "
                              "page draws (null for linformer)")
     parser.add_argument("--html", metavar="FILE",

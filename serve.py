@@ -54,7 +54,7 @@ examples:
   python serve.py --ckpt lightning_logs/version_0
   python serve.py --ckpt runs/seed0 --ckpt runs/seed1 --port 8080      # an ensemble: probabilities averaged
   curl -s 127.0.0.1:8000/predict -H 'Content-Type: application/json' -d '{"texts": ["not bad", "dull"]}'
-  python bench/serve_load.py --url http://127.0.0.1:8000 --requests 2000 --concurrency 32
+  python -m bench.timing serve --url http://127.0.0.1:8000 --requests 2000 --concurrency 32
 """
 
 

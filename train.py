@@ -23,24 +23,22 @@ that file is exact. Early stopping on val/acc and the attention monitor are on b
 """
 
 import errno
-import inspect
 import logging
 import math
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 import torch
-import yaml
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 from data import DataError, TextDataModule
+from data.datamodule import NO_TEST_SPLIT
 from data.files import WriteError, reason
 from data.pretraining import PretrainDataModule, check_known
 from data.checkpoint import CheckpointError, load_safely, read_checkpoint, read_pretraining_checkpoint
 from model.config import ConfigError, NetworkConfig
-from training.checkpoints import SPECIAL_NAMES, check_fits, check_layout, resolve
+from training.checkpoints import SPECIAL_NAMES, check_fits, check_restorable, resolve
 from training.module import ClassifierModule, NonFiniteLossError
 from training.encoder import check_pretrained
 from training.pretraining import PretrainModule
@@ -81,7 +79,6 @@ class CLI(LightningCLI):
         parser.set_defaults({"trainer.callbacks": [{"class_path": "monitor.AttentionMonitor"}]})
 
     def parse_arguments(self, parser, args):
-        check_flat_network_flags(sys.argv[1:] if args is None else args)
         super().parse_arguments(parser, args)
         # LightningCLI then reads the checkpoint's hyperparameters into the config (so `validate --ckpt_path X`
         # rebuilds X's network); make sure first that the file is a safe, readable checkpoint of this project.
@@ -91,7 +88,7 @@ class CLI(LightningCLI):
             self.read(ckpt_path)
 
     def read(self, path) -> dict:
-        """The checkpoint at `path`, read safely and checked for its layout, once per run (train.py needs it at
+        """The checkpoint at `path`, read safely and checked that Lightning can restore it, once per run (train.py needs it at
         parse time and again before the run starts; Lightning then restores it itself)."""
         path = Path(path)
         cached = getattr(self, "checkpoint", None)
@@ -101,7 +98,7 @@ class CLI(LightningCLI):
 
     def load_checkpoint(self, path: Path) -> dict:
         checkpoint = read_checkpoint(path)
-        check_layout(path, checkpoint)
+        check_restorable(path, checkpoint)
         return checkpoint
 
     def before_instantiate_classes(self):
@@ -185,7 +182,13 @@ class CLI(LightningCLI):
             check_known(self.datamodule.split("train"), self.model.hparams.init_from)
         self.checkpoint = None  # Lightning restores it from the file; no need to hold it for the whole run
 
-    before_validate = before_test = before_predict = before_fit
+    def before_test(self):
+        # Before the logger makes the run's folder: a test with nothing to test leaves no version_N behind.
+        if "test" not in self.datamodule.state["splits"]:
+            raise DataError(NO_TEST_SPLIT)
+        self.before_fit()
+
+    before_validate = before_predict = before_fit
 
 
 class PretrainCLI(CLI):
@@ -243,36 +246,6 @@ def main(args=None):
         hint = ("choose a writable --trainer.default_root_dir (logs and checkpoints) or --data.cache_dir" if unwritable
                 else "nothing was saved past the last checkpoint")
         sys.exit(f"error: {e.filename or 'a file'}: {what}; {hint}")
-
-
-def check_flat_network_flags(args: list[str]) -> None:
-    """A network setting given at the old flat place (--model.d_model, or `model: d_model:` in a --config file)
-    is refused with where it lives now, before jsonargparse's longer "unrecognized arguments" message."""
-    moved = {f.name for f in fields(NetworkConfig)} - set(inspect.signature(ClassifierModule.__init__).parameters)
-    for i, arg in enumerate(args):
-        name = arg.split("=", 1)[0]
-        if name.startswith("--model.") and name.removeprefix("--model.") in moved:
-            setting = name.removeprefix("--model.")
-            raise ConfigError(f"{name}: the network settings moved under model.network: use "
-                              f"--model.network.{setting} (in a config file: model: network: {setting}:)")
-        config = arg.removeprefix("--config=") if name == "--config" and "=" in arg else (
-            args[i + 1] if arg == "--config" and i + 1 < len(args) else None)
-        model = _yaml_section(config, "model")
-        flat = sorted(set(model) & moved) if isinstance(model, dict) else []
-        if flat:
-            raise ConfigError(f"{config}: model: {flat[0]}: the network settings moved under model.network: write "
-                              f"model: network: {flat[0]}: (or --model.network.{flat[0]})")
-
-
-def _yaml_section(path: str | None, key: str):
-    """`key` of the YAML mapping in file `path`, or None (no file, unreadable, not a mapping: jsonargparse says)."""
-    if not path:
-        return None
-    try:
-        content = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
-    return content.get(key) if isinstance(content, dict) else None
 
 
 def cli(args=None, run=True):

@@ -24,29 +24,8 @@ import torch
 
 
 from inference import CheckpointError, TextClassifier
-from inference.classifier import read_checkpoint
 from inference.explain import METHODS, explain_ids
-
-SPLIT_KEYS = ("dataset", "data_dir", "train_file", "val_file", "test_file", "text_column", "label_column",
-              "val_fraction", "seed")
-
-
-def checkpoint_split(path, split: str) -> tuple[list[str], list[int], list[str]]:
-    """Texts, labels and label names of `split` as the checkpoint's data settings make it (as train.py does)."""
-    from data.sources import DataError, load_splits
-
-    settings = read_checkpoint(path).get("datamodule_hyper_parameters") or {}
-    if "dataset" not in settings:
-        raise SystemExit(f"error: {path}: no data settings saved in the checkpoint, so its {split} split is unknown "
-                         "(bench/faithfulness.py also takes --text)")
-    try:
-        splits = load_splits(**{key: settings.get(key) for key in SPLIT_KEYS})
-    except DataError as e:
-        raise SystemExit(f"error: {e}") from None
-    if split not in splits.texts:
-        raise SystemExit(f"error: split {split!r} not found; the data has {', '.join(splits.texts)}")
-    return splits.texts[split], splits.labels[split], splits.label_names
-
+from inference.splits import checkpoint_split
 
 def summarise(results: list[dict], ks=(1, 2, 3, 4, 5)) -> dict:
     methods = [m for m in METHODS if m != "occlusion" and any(r["faithfulness"]["spearman"].get(m) is not None
@@ -99,7 +78,10 @@ def main(argv=None) -> int:
         classifier = TextClassifier.from_checkpoint(args.ckpt, device="cpu")
     except (CheckpointError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
-    texts = args.text or checkpoint_split(args.ckpt, args.split)[0]
+    try:
+        texts = args.text or checkpoint_split(args.ckpt, args.split)[0]
+    except ValueError as e:  # DataError is a ValueError
+        raise SystemExit(f"error: {e} (bench/faithfulness.py also takes --text)") from None
     texts = [t for t in texts if t.strip()][: args.limit]
     if not texts:
         raise SystemExit("error: no (non-empty) texts to explain")

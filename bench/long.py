@@ -10,21 +10,18 @@ the repeats; peak memory is the peak of tensor bytes alive at once during one ca
 the profiler's record of PyTorch's CPU allocations, or torch.cuda's peak), measured in calls of their own. A side
 whose full L × L attention would need more than --max-gib is skipped at that L (printed as "—").
 
-    python -m bench.long                 # L = 128 … 4096 (8192 for the kinds that fit), about 15 minutes
-    python -m bench.long --quick         # L = 128 … 2048, one repeat
-    python -m bench.long --smoke         # tiny sizes: only checks that the bench runs
+    python -m bench.timing long          # L = 128 … 4096 (8192 for the kinds that fit), about 15 minutes
+    python -m bench.timing long --quick  # L = 128 … 2048, one repeat
+    python -m bench.timing long --smoke  # tiny sizes: only checks that the bench runs
 
-Prints a table, saves a log-log plot (docs/long_attention_bench.png), and ends with one JSON line: at the largest
+Prints its tables (stderr), saves a log-log plot (docs/long_attention_bench.png), and ends with one JSON line: at the largest
 L every side measured, `<kind>_speedup` (full hand-written time ÷ the kind's time, training step) and
 `<kind>_memory_ratio` (the kind's peak memory ÷ full hand-written's, training step; below 1 is better), the same for
 inference (`<kind>_inference_speedup`, `<kind>_inference_memory_ratio`), and per side the growth exponent of time
 against L (least squares slope of log time on log L over the lengths from --fit-from up).
 """
 
-import argparse
-import json
 import logging
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -141,7 +138,8 @@ def summarize(results: dict, fit_from: int) -> dict:
     return summary
 
 
-def print_table(results: dict) -> None:
+def table(results: dict) -> str:
+    lines = []
     def cell(row, side, key, scale, digits):
         return f"{row[side][key] / scale:.{digits}f}" if side in row else "—"
 
@@ -151,11 +149,12 @@ def print_table(results: dict) -> None:
         ("inference pass", "inference_s", 1e-3, "ms", 0),
         ("inference peak memory", "inference_bytes", 2**20, "MiB", 1),
     ):
-        print(f"\n{title}, {unit}")
-        print("| L | " + " | ".join(SIDES) + " |")
-        print("|---:|" + "---:|" * len(SIDES))
+        lines.append(f"\n{title}, {unit}")
+        lines.append("| L | " + " | ".join(SIDES) + " |")
+        lines.append("|---:|" + "---:|" * len(SIDES))
         for L, row in sorted(results.items()):
-            print(f"| {L} | " + " | ".join(cell(row, side, key, scale, digits) for side in SIDES) + " |")
+            lines.append(f"| {L} | " + " | ".join(cell(row, side, key, scale, digits) for side in SIDES) + " |")
+    return "\n".join(lines)
 
 
 def plot(results: dict, path: Path, title: str) -> Path:
@@ -180,13 +179,11 @@ def plot(results: dict, path: Path, title: str) -> Path:
     return write_atomically(path, lambda temporary: fig.savefig(temporary, format="png", dpi=110), "plot")
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser):
     plan = parser.add_mutually_exclusive_group()
     plan.add_argument("--quick", action="store_true", help="L up to 2048, one repeat")
     plan.add_argument("--smoke", action="store_true", help="tiny model and lengths: checks that the bench runs")
     parser.add_argument("--batch", type=int, help="texts per batch (default 2)")
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     parser.add_argument("--max-gib", type=float, default=1.0,
                         help="skip full attention and the peer at a length where one (B, H, L, L) tensor per layer "
                              "exceeds this many GiB (default 1: full attention stops at L = 4096 with batch 2)")
@@ -194,14 +191,9 @@ def parse_args(argv=None):
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "long_attention_bench.png",
                         help="where the log-log plot goes (default docs/long_attention_bench.png)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    return parser.parse_args(argv)
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def run(args) -> tuple[str, dict]:
     plan = dict(PLANS["smoke" if args.smoke else "quick" if args.quick else "default"])
     batch = args.batch or plan["batch"]
     device = torch.device(args.device)
@@ -215,7 +207,6 @@ def main(argv=None) -> dict:
         fits = {s: m for s, m in models.items() if quadratic_bytes(s, config, batch, L) <= args.max_gib * 2**30}
         log.info("L = %d: %s", L, ", ".join(fits))
         results[L] = measure(fits, batch, L, plan, device, generator)
-    print_table(results)
     fit_from = min(args.fit_from, lengths[-2]) if args.smoke else args.fit_from
     summary = summarize(results, fit_from)
     threads = torch.get_num_threads()
@@ -226,9 +217,4 @@ def main(argv=None) -> dict:
     if args.plot:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         summary["plot"] = str(plot(results, args.plot, title))
-    print(json.dumps(summary))
-    return summary
-
-
-if __name__ == "__main__":
-    main()
+    return table(results), summary

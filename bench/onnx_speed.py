@@ -1,7 +1,7 @@
 """onnxruntime against PyTorch: throughput on a checkpoint, and the largest differences of an export.
 
-    python -m bench.onnx_speed --ckpt lightning_logs/version_0     # SST-2 validation texts, 1 thread each
-    python -m bench.onnx_speed --kinds                             # tiny random model of every attention kind
+    python -m bench.timing onnx --ckpt lightning_logs/version_0    # SST-2 validation texts, 1 thread each
+    python -m bench.timing onnx --kinds                            # tiny random model of every attention kind
 
 --ckpt exports the checkpoint (export.py, without and with --attention) to a temporary folder, then classifies the
 dataset's validation texts (default SST-2) both ways with the same batching (sorted by length, batches of
@@ -12,11 +12,8 @@ prints the largest |Δ| of probabilities and of attention weights against PyTorc
 stdout is one JSON object with every figure.
 """
 
-import argparse
 import json
 import logging
-import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,16 +24,16 @@ import torch
 log = logging.getLogger("bench.onnx_speed")
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+THREADS = 1  # torch's and onnxruntime's, the same for both sides
+
+
+def add_arguments(parser):
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--ckpt", help="checkpoint (or run folder) to export and time")
     what.add_argument("--kinds", action="store_true", help="largest differences for a tiny model of every kind")
     parser.add_argument("--dataset", default="sst2", help="validation texts of this registered dataset")
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=1, help="threads for torch and onnxruntime (default: 1)")
     parser.add_argument("--repeats", type=int, default=3, help="passes over the texts; the best is kept")
-    return parser.parse_args(argv)
 
 
 def session(path: Path, threads: int):
@@ -85,7 +82,6 @@ def throughput(args) -> dict:
     from inference import TextClassifier
     from inference.ensemble import resolve_checkpoint
 
-    torch.set_num_threads(args.threads)
     splits = load_splits(dataset=args.dataset, data_dir=None, train_file=None, val_file=None, test_file=None,
                          text_column=None, label_column=None, val_fraction=0.1, seed=0)
     texts = [text for text in splits.texts["validation"] if text.strip()]
@@ -103,8 +99,7 @@ def throughput(args) -> dict:
             "export_s": round(export_s, 1), "pytorch_texts_per_s": round(len(texts) / torch_s, 1),
             "onnxruntime_texts_per_s": round(len(texts) / onnx_s, 1),
             "max_abs_probability_difference": float(np.abs(probabilities - expected).max()),
-            "labels_agree": bool((probabilities.argmax(1) == expected.argmax(1)).all()),
-            "load_average": [round(x, 2) for x in os.getloadavg()]}
+            "labels_agree": bool((probabilities.argmax(1) == expected.argmax(1)).all())}
 
 
 SMALL_KINDS = dict(window=2, global_tokens=1, projection_length=4)  # each kind reads the settings it takes
@@ -116,7 +111,7 @@ def tiny_checkpoint(kind: str, path: Path):
     """A random 2-layer network of the kind with a word tokenizer, saved in train.py's checkpoint layout."""
     import random
 
-    from data.tokenizer import train_tokenizer
+    from data.tokenizer import stored_form, train_tokenizer
     from inference import TextClassifier
     from model import AttentionClassifier, NetworkConfig
 
@@ -128,8 +123,8 @@ def tiny_checkpoint(kind: str, path: Path):
                            attention=kind, **SMALL_KINDS)
     classifier = TextClassifier(AttentionClassifier(config), tokenizer, ["neg", "pos"], device="cpu")
     torch.save({"state_dict": {f"model.{k}": v for k, v in classifier.model.state_dict().items()},
-                "hyper_parameters": {"network": config.to_dict()},
-                "TextDataModule": {"tokenizer": tokenizer.to_str(), "label_names": ["neg", "pos"], "max_length": 12}},
+                "hyper_parameters": {"network": config.to_dict(), "label_names": ["neg", "pos"]},
+                "TextDataModule": {"tokenizer": stored_form(tokenizer.to_str())}},
                path)
     return classifier
 
@@ -167,24 +162,15 @@ def kinds() -> dict:
     return figures
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+def run(args) -> tuple[str, dict]:
+    logging.getLogger().setLevel(logging.WARNING)  # the exporter's graph passes log every step at INFO
     if args.kinds:
         figures = kinds()
-        for kind, f in figures.items():
-            print(f"{kind:10s} max |Δ probability| {f['max_abs_probability_difference']:.2e}   "
-                  f"max |Δ attention weight| {f['max_abs_weight_difference']:.2e}")
-    else:
-        figures = throughput(args)
-        print(f"{figures['texts']} {figures['dataset']} validation texts, batches of {figures['batch_size']}, "
-              f"{figures['threads']} thread(s): PyTorch {figures['pytorch_texts_per_s']} texts/s, onnxruntime "
-              f"{figures['onnxruntime_texts_per_s']} texts/s; max |Δ probability| "
-              f"{figures['max_abs_probability_difference']:.2e}, labels agree: {figures['labels_agree']} "
-              f"(load average {figures['load_average']})")
-    print(json.dumps(figures))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        return "\n".join(f"{kind:10s} max |Δ probability| {f['max_abs_probability_difference']:.2e}   "
+                         f"max |Δ attention weight| {f['max_abs_weight_difference']:.2e}"
+                         for kind, f in figures.items()), figures
+    figures = throughput(args)
+    return (f"{figures['texts']} {figures['dataset']} validation texts, batches of {figures['batch_size']}, "
+            f"{figures['threads']} thread(s): PyTorch {figures['pytorch_texts_per_s']} texts/s, onnxruntime "
+            f"{figures['onnxruntime_texts_per_s']} texts/s; max |Δ probability| "
+            f"{figures['max_abs_probability_difference']:.2e}, labels agree: {figures['labels_agree']}"), figures

@@ -1,8 +1,8 @@
 """How fast predictions are: batch throughput, single-text latency, and predict.py start-up.
 
-    python -m bench.predict_speed                    # a model shaped like configs/sst2.yaml, random weights
-    python -m bench.predict_speed --ckpt last.ckpt   # a trained checkpoint instead
-    python -m bench.predict_speed --smoke            # a few seconds: only checks that the bench runs
+    python -m bench.timing predict                   # a model shaped like configs/sst2.yaml, random weights
+    python -m bench.timing predict --ckpt last.ckpt  # a trained checkpoint instead
+    python -m bench.timing predict --smoke           # a few seconds: only checks that the bench runs
 
 Texts are the 872 SST-2 validation sentences when $ATTENTION_DATA_ROOT/sst2/validation.tsv exists (else
 synthetic sentences of SST-2-like lengths). Without --ckpt, a checkpoint laid out as train.py writes it is built:
@@ -13,9 +13,7 @@ tokenization included, with torch's default thread count unless --threads; start
 `python predict.py --ckpt ... TEXT` process. The last line of stdout is one JSON object with every figure.
 """
 
-import argparse
 import csv
-import json
 import logging
 import os
 import random
@@ -83,21 +81,18 @@ def timed(function) -> float:
     return time.perf_counter() - start
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser):
     parser.add_argument("--ckpt", help="a trained checkpoint (default: random weights, shaped like configs/sst2.yaml)")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5, help="timed passes over all texts; the median is reported")
     parser.add_argument("--latency-calls", type=int, default=100)
     parser.add_argument("--startup-runs", type=int, default=5)
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice, one per core)")
     parser.add_argument("--smoke", action="store_true", help="tiny model, few repeats: checks that the bench runs")
-    args = parser.parse_args(argv)
+
+
+def run(args) -> tuple[str, dict]:
     if args.smoke:
         args.repeats, args.latency_calls, args.startup_runs = 1, 5, 1
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
     texts = sst2_sentences()
     with tempfile.TemporaryDirectory() as folder:
@@ -120,22 +115,15 @@ def main(argv=None) -> dict:
     figures = {
         "texts": len(texts),
         "batch_size": args.batch_size,
-        "torch_threads": torch.get_num_threads(),
         "sentences_per_s": round(len(texts) / seconds, 1),
         "single_text_latency_ms": round(latency * 1000, 2),
         "predict_py_startup_s": round(startup, 3),
-        "load_average_1min": round(os.getloadavg()[0], 2),  # other work on the machine slows every figure
     }
-    print(f"batch inference:     {figures['sentences_per_s']:10.1f} sentences/s  ({len(texts)} texts, batch "
-          f"{args.batch_size}, {figures['torch_threads']} torch threads, median of {args.repeats})")
-    print(f"single-text latency: {figures['single_text_latency_ms']:10.2f} ms  "
-          f"(median of {args.latency_calls} warm calls)")
-    print(f"predict.py start-up: {figures['predict_py_startup_s']:10.3f} s   (one text, whole process, "
-          f"median of {args.startup_runs})")
-    print(f"load average (1 min): {figures['load_average_1min']:9.2f}   on {os.cpu_count()} CPUs")
-    print(json.dumps(figures))
-    return figures
-
-
-if __name__ == "__main__":
-    main()
+    table = "\n".join([
+        f"batch inference:     {figures['sentences_per_s']:10.1f} sentences/s  ({len(texts)} texts, batch "
+        f"{args.batch_size}, {torch.get_num_threads()} torch threads, median of {args.repeats})",
+        f"single-text latency: {figures['single_text_latency_ms']:10.2f} ms  (median of {args.latency_calls} warm calls)",
+        f"predict.py start-up: {figures['predict_py_startup_s']:10.3f} s   (one text, whole process, "
+        f"median of {args.startup_runs})",
+    ])
+    return table, figures

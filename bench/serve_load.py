@@ -1,21 +1,20 @@
 """serve.py under load: N requests at concurrency C, texts from a dataset's validation split.
 
-    python -m bench.serve_load --ckpt lightning_logs/version_0                 # starts serve.py, 2,000 × 32
-    python -m bench.serve_load --url http://127.0.0.1:8000 --requests 500    # a server that is already running
-    python -m bench.serve_load --ckpt ... --kill worker --kill-after 500      # SIGKILL the worker mid-load
-    python -m bench.serve_load --ckpt ... --kill server --kill-after 500      # SIGKILL the server, start it again
+    python -m bench.timing serve --ckpt lightning_logs/version_0                # starts serve.py, 2,000 × 32
+    python -m bench.timing serve --url http://127.0.0.1:8000 --requests 500   # a server that is already running
+    python -m bench.timing serve --ckpt ... --kill worker --kill-after 500     # SIGKILL the worker mid-load
+    python -m bench.timing serve --ckpt ... --kill server --kill-after 500     # SIGKILL the server, start it again
                                                                               # (no request is sent until it is up)
 
 Each client thread sends its requests one after another on one keep-alive connection (a new one after an error):
 {"texts": [one validation text]} (--texts-per-request). Prints throughput, latency percentiles (p50/p95/p99), the
 error count (an HTTP answer that is not 200, with its status and body), the lost requests (no HTTP answer at all:
 refused, reset or timed out), and, with --ckpt, the ceiling: predict.py's batch throughput (TextClassifier.predict
-over the same texts, batches of 256) in this process with the server's thread count. The machine's load average is
-printed with the figures, since the server, the clients and anything else running share the cores. The last line of
+over the same texts, batches of 256) in this process with the server's thread count. The machine's load average goes
+into the figures, since the server, the clients and anything else running share the cores. The last line of
 stdout is one JSON object with every figure.
 """
 
-import argparse
 import http.client
 import json
 import logging
@@ -34,8 +33,10 @@ log = logging.getLogger("bench.serve_load")
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+THREADS = 1  # torch threads of the server's worker and of the ceiling measurement
+
+
+def add_arguments(parser):
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--ckpt", help="start serve.py with this checkpoint (or run folder) on a free port")
     where.add_argument("--url", help="load a server that is already running, e.g. http://127.0.0.1:8000")
@@ -45,18 +46,12 @@ def parse_args(argv=None):
     parser.add_argument("--dataset", default="sst2", help="registered dataset whose validation texts are sent "
                                                           "(default: sst2; its local copy under $ATTENTION_DATA_ROOT)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a client waits for an answer")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of the server's worker and of the "
-                                                               "ceiling measurement (default: 1)")
     parser.add_argument("--workers", type=int, default=1, help="serve.py --workers (default: 1)")
     parser.add_argument("--serve-args", default="", help="more serve.py arguments, e.g. '--max-batch-size 64'")
     parser.add_argument("--kill", choices=("worker", "server"),
                         help="with --ckpt: SIGKILL the inference worker (LitServe restarts it) or the whole server "
                              "(started again at once) after --kill-after answers")
     parser.add_argument("--kill-after", type=int, default=500, help="answers before --kill (default: 500)")
-    args = parser.parse_args(argv)
-    if args.kill and not args.ckpt:
-        parser.error("--kill needs --ckpt (the bench must have started the server to kill it)")
-    return args
 
 
 def validation_texts(dataset: str) -> list[str]:
@@ -222,9 +217,9 @@ def ceiling(ckpt: str, texts: list[str], threads: int) -> float:
     return len(texts) / (time.perf_counter() - started)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+def run(args) -> tuple[str, dict]:
+    if args.kill and not args.ckpt:
+        raise SystemExit("error: --kill needs --ckpt (the bench must have started the server to kill it)")
     texts = [text for text in validation_texts(args.dataset) if text.strip()]
     k = args.texts_per_request
     bodies = [json.dumps({"texts": [texts[(i * k + j) % len(texts)] for j in range(k)]}).encode()
@@ -250,7 +245,6 @@ def main(argv=None) -> int:
         if killer is not None:
             killer.join()
         figures.update(summary(load.results, wall, k))
-        figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
         if args.kill:
             figures.update(after_kill(load.results, figures["killed_at"]))
         if args.ckpt:
@@ -258,8 +252,8 @@ def main(argv=None) -> int:
     finally:
         if server is not None:
             server.stop()
-    report(figures)
-    return 0 if figures["errors"] == 0 and figures["lost"] == 0 else 1
+    figures["failed"] = bool(figures["errors"] or figures["lost"])  # the harness exits 1
+    return report(figures), figures
 
 
 def kill_midway(load: Load, server: Server, what: str, figures: dict):
@@ -311,7 +305,7 @@ def after_kill(results, killed_at: float) -> dict:
             "longest_wait_after_kill_s": round(max((seconds for seconds, _ in after), default=0.0), 2)}
 
 
-def report(figures: dict):
+def report(figures: dict) -> str:
     lines = [f"{figures['answered']} requests ({figures['texts_per_request']} text each) at concurrency "
              f"{figures['concurrency']}: {figures['requests_per_s']} requests/s, {figures['texts_per_s']} texts/s",
              f"latency p50 {figures['p50_ms']} ms, p95 {figures['p95_ms']} ms, p99 {figures['p99_ms']} ms, "
@@ -325,11 +319,5 @@ def report(figures: dict):
         lines.append(f"killed {figures['killed']}: {figures['in_flight_failed']} of {figures['in_flight_at_kill']} "
                      f"requests in flight failed; {figures['failed_after_kill']} of {figures['sent_after_kill']} sent "
                      f"after it failed, the longest waited {figures['longest_wait_after_kill_s']} s")
-    lines.append(f"load average {figures['load_average']} (1, 5, 15 min; {os.cpu_count()} cores)")
     figures.pop("killed_at", None)
-    print("\n".join(lines))
-    print(json.dumps(figures))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return "\n".join(lines)

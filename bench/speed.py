@@ -15,11 +15,11 @@ alone, forward + backward. Runs alternate (A B C A B C …) after a warm-up and 
 repeats, so background load hits every side alike. Ratios are this project ÷ peer: for speed (throughput ÷
 throughput), above 1 means this project is faster; for memory, above 1 means this project needs more.
 
-    python -m bench.speed            # the default run, a few minutes on 2 CPU cores
-    python -m bench.speed --quick    # about a minute on 2 CPU cores
-    python -m bench.speed --smoke    # a few seconds, tiny model: only checks that the bench runs
+    python -m bench.timing speed            # the default run, a few minutes on 2 CPU cores
+    python -m bench.timing speed --quick    # about a minute on 2 CPU cores
+    python -m bench.timing speed --smoke    # a few seconds, tiny model: only checks that the bench runs
 
-The last line of stdout is one JSON object holding every ratio and throughput.
+The tables go to stderr; the last line of stdout is one JSON object holding every ratio and throughput.
 """
 
 import argparse
@@ -273,24 +273,26 @@ def compare_attention(config: NetworkConfig, L: int, plan, device, generator) ->
     return row
 
 
-def print_tables(classifier_rows, attention_rows):
-    print("\nClassifier: this project with its manual (default) and fused kernels vs the nn.TransformerEncoder peer,"
+def tables(classifier_rows, attention_rows) -> str:
+    lines = []
+    lines.append("\nClassifier: this project with its manual (default) and fused kernels vs the nn.TransformerEncoder peer,"
           " sentences/s;\n×peer = throughput ÷ peer's (>1: faster than the peer); MB = peak MB of one step")
-    print(f"{'workload':<10}{'task':<7}{'batch':>6}{'tokens':>8}{'real':>7}{'manual/s':>10}{'fused/s':>9}"
+    lines.append(f"{'workload':<10}{'task':<7}{'batch':>6}{'tokens':>8}{'real':>7}{'manual/s':>10}{'fused/s':>9}"
           f"{'peer/s':>9}{'manual':>8}{'fused':>7}{'man MB':>8}{'fus MB':>8}{'peer MB':>8}")
     for r in classifier_rows:
-        print(f"{r['workload']:<10}{r['task']:<7}{r['batch']:>6}{r['tokens']:>8}{r['real']:>7}"
+        lines.append(f"{r['workload']:<10}{r['task']:<7}{r['batch']:>6}{r['tokens']:>8}{r['real']:>7}"
               f"{r['manual_per_s']:>10.0f}{r['fused_per_s']:>9.0f}{r['peer_per_s']:>9.0f}{r['manual_ratio']:>7.2f}x{r['fused_ratio']:>6.2f}x"
               f"{r['manual_mb']:>8.1f}{r['fused_mb']:>8.1f}{r['peer_mb']:>8.1f}")
-    print("\nAttention layer alone (forward_packed), forward + backward, the four projections included; weights = the"
+    lines.append("\nAttention layer alone (forward_packed), forward + backward, the four projections included; weights = the"
           " manual kernel\nhanding out its weights; sdpa = the bare kernel between the same projections on the padded"
           " grid;\n×sdpa = sdpa time ÷ path time (>1: faster than the bare kernel)")
-    print(f"{'L':>6}{'batch':>6}{'manual ms':>11}{'fused ms':>10}{'weights ms':>12}{'sdpa ms':>9}{'manual':>8}"
+    lines.append(f"{'L':>6}{'batch':>6}{'manual ms':>11}{'fused ms':>10}{'weights ms':>12}{'sdpa ms':>9}{'manual':>8}"
           f"{'fused':>7}{'weights':>9}{'man MB':>8}{'fus MB':>8}{'wts MB':>8}{'sdpa MB':>8}")
     for r in attention_rows:
-        print(f"{r['L']:>6}{r['batch']:>6}{r['manual_ms']:>11.2f}{r['fused_ms']:>10.2f}{r['weights_ms']:>12.2f}"
+        lines.append(f"{r['L']:>6}{r['batch']:>6}{r['manual_ms']:>11.2f}{r['fused_ms']:>10.2f}{r['weights_ms']:>12.2f}"
               f"{r['sdpa_ms']:>9.2f}{r['manual_ratio']:>7.2f}x{r['fused_ratio']:>6.2f}x{r['weights_ratio']:>8.2f}x"
               f"{r['manual_mb']:>8.1f}{r['fused_mb']:>8.1f}{r['weights_mb']:>8.1f}{r['sdpa_mb']:>8.1f}")
+    return "\n".join(lines)
 
 
 def summary(classifier_rows, attention_rows, config, device) -> dict:
@@ -311,8 +313,7 @@ def summary(classifier_rows, attention_rows, config, device) -> dict:
     return result
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser):
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="fewer repeats and steps: about a minute on 2 CPU cores")
     size.add_argument("--smoke", action="store_true", help="tiny model and lengths, one repeat: a few seconds")
@@ -323,22 +324,15 @@ def parse_args(argv=None):
         parser.add_argument("--" + key.replace("_", "-"), type=int, help=f"override the config's {key}")
     parser.add_argument("--pooling", choices=POOLINGS, help="override the config's pooling")
     parser.add_argument("--repeats", type=int, help="timed repeats per measurement (median is reported)")
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice, one per core); "
-                        "with other jobs on the cores, 1 avoids threads waiting on each other")
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args(argv)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+def run(args) -> tuple[str, dict]:
     # The peer's fast path warns that nested tensors are a prototype; that is how it runs by default.
     warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage")
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     plan = PLANS["smoke" if args.smoke else "quick" if args.quick else "default"]
     if args.repeats:
         plan = replace(plan, repeats=args.repeats)
@@ -372,9 +366,4 @@ def main(argv=None):
                                     batches(inference_batch, plan.inference_steps, L), plan, device)
     attention_rows = [compare_attention(config, L, plan, device, generator) for L in plan.attention_lengths]
 
-    print_tables(rows, attention_rows)
-    print(json.dumps(summary(rows, attention_rows, config, device)))
-
-
-if __name__ == "__main__":
-    main()
+    return tables(rows, attention_rows), summary(rows, attention_rows, config, device)

@@ -7,10 +7,9 @@ A checkpoint holds each fact once:
     TextDataModule["tokenizer"]      the tokenizer's JSON, without truncation (texts are cut to the network's
                                      max_length by whoever encodes them)
 (plus what Lightning keeps to resume: optimizer, schedule, loops, callbacks, and the data settings as given,
-"datamodule_hyper_parameters", which loading never reads). Checkpoints written before 2026-12 also kept label_names
-and max_length under "TextDataModule" and max_length in the tokenizer's truncation; they are read as they are
-(`python -m training.checkpoints upgrade OLD NEW` rewrites one in this layout). The first layout kept the network's
-settings flat in hyper_parameters; inference reads it as it is, train.py asks for the upgrade.
+"datamodule_hyper_parameters", which loading never reads). This is the only layout read: a file of an earlier layout
+(network settings flat in hyper_parameters, label names or max_length beside the tokenizer) is refused in one line
+naming the version of the project that reads it (OLDER_LAYOUT).
 
 Read with `torch.load(weights_only=True)` only, so a file from a stranger cannot run code; anything that is not such
 a checkpoint raises CheckpointError with one line naming the file and what is wrong. Plain PyTorch, nothing of the
@@ -38,9 +37,26 @@ def read_checkpoint(path) -> dict:
                               f"classifier from it with `train.py fit --model.init_from {path}`")
     if not isinstance(data, dict) or not isinstance(data.get("tokenizer"), str):
         raise CheckpointError(f"{path}: no tokenizer (the 'TextDataModule' entry train.py saves is missing or incomplete)")
+    check_layout(path, checkpoint)
     if not stored_label_names(checkpoint):
-        raise CheckpointError(f"{path}: no label names (hyper_parameters 'label_names' is missing or empty)")
+        raise CheckpointError(f"{path}: no label names (hyper_parameters 'label_names' is empty)")
     return checkpoint
+
+
+# The last version of this project that reads the earlier layouts; its `python -m training.checkpoints upgrade OLD NEW`
+# rewrites one in this layout.
+OLDER_LAYOUT = "version 0.1.0 of this project (commit 64f09d7)"
+
+
+def check_layout(path, checkpoint: dict) -> None:
+    """CheckpointError (one line) unless the network settings and the label names are in hyper_parameters and the
+    tokenizer alone under "TextDataModule": earlier layouts kept the settings flat, or copies beside the tokenizer."""
+    hparams = checkpoint["hyper_parameters"]
+    if not isinstance(hparams.get("network"), dict) or "label_names" not in hparams \
+            or set(checkpoint["TextDataModule"]) != {"tokenizer"}:
+        raise CheckpointError(f"{path}: a checkpoint of an earlier layout (this version reads 'network' and "
+                              f"'label_names' from hyper_parameters, only the tokenizer from 'TextDataModule'); "
+                              f"{OLDER_LAYOUT} reads it")
 
 
 PRETRAINING_DATA = "PretrainDataModule"  # where Lightning saves the pretraining DataModule's state (its class name)
@@ -107,8 +123,5 @@ def load_safely(path) -> dict:
 
 
 def stored_label_names(checkpoint: dict) -> list[str]:
-    """The class names, index = class id: hyper_parameters["label_names"] (checkpoints before 2026-12 kept a copy,
-    and the first layout its only one, under "TextDataModule")."""
-    names = checkpoint["hyper_parameters"].get("label_names") or (checkpoint.get("TextDataModule") or {}).get(
-        "label_names")
-    return list(names or [])
+    """The class names, index = class id."""
+    return list(checkpoint["hyper_parameters"].get("label_names") or [])

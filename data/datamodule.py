@@ -27,7 +27,9 @@ from model.config import AUTO, FULL_ATTENTION_MAX_LENGTH, MAX_LENGTH
 from model.kinds import ATTENTION_KINDS
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 5  # bump when tokenization changes (4: adaptive sizes, ChnSentiCorp test split; 5: words seen once)
+NO_TEST_SPLIT = ("no test split (SST-2's test labels are not public: its held-out figure is `validate`): give "
+                 "data.test_file, or use a dataset with a labelled test split")
+CACHE_VERSION = 5  # part of the cache key: bump it when tokenization or the splits change
 
 # Adaptive sizes (data.max_length / data.vocab_size left unset), chosen from the training split alone:
 LENGTH_PERCENTILE = 100  # max_length covers the longest training text (batches are padded only to their longest
@@ -252,8 +254,8 @@ class TextDataModule(L.LightningDataModule):
         hp = dict(self.hparams)
         for key in ("batch_size", "num_workers", "cache_dir", "bucket_pool"):  # do not change what is encoded
             hp.pop(key)
-        if hp.get("max_length") is not None or hp.get("attention") == "full":
-            hp.pop("attention", None)  # it only decides an unset max_length (and full is how caches were keyed)
+        if hp.get("max_length") is not None:
+            hp.pop("attention", None)  # it only decides an unset max_length
         files = [hp[k] for k in ("train_file", "val_file", "test_file") if hp[k]]
 
         folder = local_copy_dir(hp["dataset"], hp["data_dir"]) if not files and hp["dataset"] != "synthetic" else None
@@ -439,7 +441,7 @@ class TextDataModule(L.LightningDataModule):
 
     def test_dataloader(self):
         if "test" not in self.state["splits"]:
-            raise DataError("no test split: give test_file (or use a dataset with a labelled test split)")
+            raise DataError(NO_TEST_SPLIT)
         return self._loader("test", shuffle=False)
 
     def predict_dataloader(self):
@@ -458,8 +460,7 @@ class TextDataModule(L.LightningDataModule):
 
         A tokenizer that differs from the one trained on these data (one trained before a CACHE_VERSION change, or
         by another `tokenizers` release) is adopted: the splits are read and encoded again with it, in memory (the
-        cache keeps the data's own tokenizer). Checkpoints before 2026-12 also hold label_names and max_length here,
-        copies of the model's; they are not read."""
+        cache keeps the data's own tokenizer)."""
         if stored_form(state["tokenizer"]) != stored_form(self.state["tokenizer"]):
             log.info("the checkpoint's tokenizer differs from the one trained on these data: "
                      "encoding them with the checkpoint's")

@@ -76,7 +76,7 @@ class TextClassifier:
         self.model = model.to(self.device).eval()
         self.label_names = list(label_names)
         # Texts are cut to the network's max_length here rather than by the tokenizer, so the full length of a cut
-        # text is known (a tokenizer from an older checkpoint may carry that same length as its truncation).
+        # text is known (a tokenizer handed in, as train_tokenizer makes one, may carry a truncation).
         self.max_length = model.max_length
         tokenizer.no_truncation()
         self.tokenizer = tokenizer
@@ -162,7 +162,7 @@ class TextClassifier:
 
     def explain(self, texts: list[str], ig_steps: int = 32) -> list:
         """Why each text got its label: per-token scores from five methods and their faithfulness figures
-        (inference/explain.py; README "Why did it predict that?")."""
+        (inference/explain.py; docs/EXPLAIN.md)."""
         from inference.explain import explain  # Captum only when explanations are asked for
 
         return explain(self, texts, ig_steps=ig_steps)

@@ -9,6 +9,7 @@ A run folder (lightning_logs/version_N, or its checkpoints/) stands for its best
 value of the monitored metric recorded inside the file (best_checkpoint).
 """
 
+import ast
 from pathlib import Path
 
 from inference.classifier import CheckpointError, Prediction, TextClassifier, read_checkpoint
@@ -19,10 +20,11 @@ def recorded_score(checkpoint: dict, name: str) -> tuple[float, str] | None:
     (its `best_k_models` entry; mode "max" or "min"), or None when no monitored ModelCheckpoint recorded one
     (last.ckpt, a pruned or hand-written checkpoint)."""
     for key, state in (checkpoint.get("callbacks") or {}).items():
-        if not key.startswith("ModelCheckpoint") or not isinstance(state, dict) or not state.get("monitor"):
+        if not key.startswith("ModelCheckpoint{") or not isinstance(state, dict) or not state.get("monitor"):
             continue
-        # The state key spells the callback's settings: "ModelCheckpoint{'monitor': 'val/acc', 'mode': 'max', ...}".
-        mode = "min" if "'mode': 'min'" in key else "max"
+        # The callback's state holds no mode; its state key does: the class name, then the repr of its settings
+        # (Callback._generate_state_key), "ModelCheckpoint{'monitor': 'val/acc', 'mode': 'max', ...}".
+        mode = ast.literal_eval(key.removeprefix("ModelCheckpoint")).get("mode", "min")
         for saved, value in (state.get("best_k_models") or {}).items():
             if Path(saved).name == name:  # names, not paths: the run folder may have moved since
                 return float(value), mode

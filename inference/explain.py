@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from captum.attr import FeatureAblation, InputXGradient, IntegratedGradients
+from scipy.stats import spearmanr
 
 from data.tokenizer import UNK_ID
 from inference.limits import IG_STEPS
@@ -229,24 +230,11 @@ def faithfulness_of(model, token_ids: torch.Tensor, target: int, scores: dict, s
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float | None:
     """Rank correlation (ties get their mean rank); None when either side is constant or has < 2 tokens."""
-    if len(a) < 2:
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(a) < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:  # spearmanr would warn and give nan
         return None
-    ra, rb = ranks(np.asarray(a, dtype=float)), ranks(np.asarray(b, dtype=float))
-    if ra.std() == 0 or rb.std() == 0:
-        return None
-    r = float(np.corrcoef(ra, rb)[0, 1])
+    r = float(spearmanr(a, b).statistic)
     return None if math.isnan(r) else round(r, 6)
-
-
-def ranks(values: np.ndarray) -> np.ndarray:
-    order = np.argsort(values, kind="stable")
-    ranked = np.empty(len(values))
-    ranked[order] = np.arange(len(values), dtype=float)
-    for value in np.unique(values):  # ties: their mean rank
-        same = values == value
-        if same.sum() > 1:
-            ranked[same] = ranked[same].mean()
-    return ranked
 
 
 def explain(classifier, texts: list[str], ig_steps: int = 32) -> list[Explanation]:

@@ -8,15 +8,21 @@
                   NetworkConfig.layer_heads records the heads left per layer, so the checkpoint rebuilds exactly and
                   predict.py loads it. Every layer keeps at least one head.
 
-bench/prune_heads.py runs all three over a dataset split and writes the table and the checkpoint.
+prune.py runs all three over the checkpoint's own dataset split and writes the table and the checkpoint.
 """
 
+import random
 import re
+import tempfile
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from data.tokenizer import pad
+from inference.classifier import TextClassifier
+from inference.explain import spearman
+from inference.splits import checkpoint_split
 
 
 def batches(classifier, texts: list[str], labels: list[int], batch_size: int = 256):
@@ -97,9 +103,6 @@ def least_important(importance: list[torch.Tensor], n: int) -> list[tuple[int, i
 def prune_checkpoint(checkpoint: dict, remove: list[tuple[int, int]]) -> dict:
     """A new checkpoint dict (plain data) without the given heads: W_Q, W_K, W_V rows and W_O columns cut, the
     network's layer_heads set. Training state (optimizer, loops, callbacks) is left out: it no longer fits."""
-    if "network" not in checkpoint["hyper_parameters"]:
-        raise ValueError("the checkpoint keeps its network settings in the flat layout of the first version; "
-                         "upgrade it first: python -m training.checkpoints upgrade OLD.ckpt NEW.ckpt")
     network = dict(checkpoint["hyper_parameters"]["network"])
     n_layers, n_heads = network["n_layers"], network["n_heads"]
     d_head = network.get("d_head") or network["d_model"] // n_heads
@@ -134,3 +137,51 @@ def prune_checkpoint(checkpoint: dict, remove: list[tuple[int, int]]) -> dict:
     # Which heads went, in the head numbering of the checkpoint this one was cut from (plain lists).
     out["pruned_heads"] = earlier + [pruned]
     return out
+
+
+def labelled(classifier, path, split: str, limit: int | None = None, seed: int | None = None):
+    """Batches of the checkpoint's `split` with labels in the classifier's label order: its first `limit` texts, or
+    with seed a random sample of `limit`. ValueError when the split's labels are not the checkpoint's."""
+    texts, labels, names = checkpoint_split(path, split)
+    if sorted(names) != sorted(classifier.label_names):
+        raise ValueError(f"{path}: the split's labels {names} differ from the checkpoint's {classifier.label_names}")
+    index = {name: classifier.label_names.index(name) for name in names}
+    rows = [(t, index[names[y]]) for t, y in zip(texts, labels) if t.strip()]
+    if limit is not None and seed is not None:
+        rows = random.Random(seed).sample(rows, min(limit, len(rows)))
+    rows = rows[:limit]
+    return batches(classifier, [t for t, _ in rows], [y for _, y in rows])
+
+
+def pruned_classifier(classifier, checkpoint: dict) -> TextClassifier:
+    """The classifier a pruned checkpoint dict loads into, as predict.py would load it from its file."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "pruned.ckpt"
+        torch.save(checkpoint, path)
+        return TextClassifier.from_checkpoint(path, device=classifier.device)
+
+
+def ablation(model, importance: list[torch.Tensor], data) -> tuple[float, list[dict], float | None]:
+    """(accuracy, one row per head: its importance and the accuracy without it, Spearman of importance with the
+    ablation drop over the heads)."""
+    base = accuracy(model, data)
+    heads = []
+    for layer, values in enumerate(importance):
+        for head, value in enumerate(values):
+            ablated = accuracy(model, data, removed=(layer, head))
+            heads.append({"layer": layer, "head": head, "importance": round(float(value), 6),
+                          "ablation_accuracy": round(ablated, 4), "ablation_drop": round(base - ablated, 4)})
+    agreement = spearman([h["importance"] for h in heads], [h["ablation_drop"] for h in heads])
+    return base, heads, agreement
+
+
+def pruning_table(classifier, checkpoint: dict, importance: list[torch.Tensor], data) -> list[dict]:
+    """Accuracy with the N least important heads cut out, for every N that leaves each layer a head."""
+    total = sum(len(t) for t in importance)
+    table = []
+    for n in range(total - len(importance) + 1):
+        removed = least_important(importance, n)
+        pruned = pruned_classifier(classifier, prune_checkpoint(checkpoint, removed))
+        table.append({"heads_kept": total - n, "removed": [list(p) for p in removed],
+                      "accuracy": round(accuracy(pruned.model, data), 4)})
+    return table

@@ -64,7 +64,7 @@ class NetworkConfig:
             computed in); at most max_length (a block costs w × 3w scores whatever the text's length).
         projection_length: linformer: k, the rows keys and values are projected to (at most max_length).
         global_tokens: sparse: the first this many tokens are global (at most max_length; 0 is plain local).
-        layer_heads: heads kept in each layer after pruning (bench/prune_heads.py), one count per layer, each
+        layer_heads: heads kept in each layer after pruning (prune.py), one count per layer, each
             1..n_heads; null (default) is n_heads in every layer. Each head keeps its size, head_size.
     """
 
@@ -193,15 +193,8 @@ def _one_of(name: str, value, choices) -> None:
 
 
 def network_config(hparams: dict, label_names: list[str]) -> NetworkConfig:
-    """The NetworkConfig a checkpoint stores under hyper_parameters["network"]. Checkpoints written before it
-    existed kept the same settings flat in hyper_parameters; they are read the same way."""
-    if "network" in hparams:
-        config = NetworkConfig.from_dict(hparams["network"])
-    elif "vocab_size" in hparams:  # the flat layout of the first version
-        names = {f.name for f in fields(NetworkConfig)}
-        config = NetworkConfig(**{k: v for k, v in hparams.items() if k in names} | {"num_classes": len(label_names)})
-    else:
-        raise ValueError("hyper_parameters has no 'network' settings")
+    """The NetworkConfig a checkpoint stores under hyper_parameters["network"]."""
+    config = NetworkConfig.from_dict(hparams["network"])
     if config.num_classes != len(label_names):
         raise ValueError(f"num_classes {config.num_classes} but {len(label_names)} label names")
     return config

@@ -14,7 +14,7 @@ import torch
 
 import predict
 import train
-from bench import prune_heads
+import prune
 from conftest import ONE_PROBE
 from data.files import WriteError, write_atomically, write_text
 from inference.classifier import COUNT_CHARACTERS, read_checkpoint
@@ -99,14 +99,14 @@ def test_a_new_file_gets_the_usual_mode_and_a_replaced_one_keeps_its_own(tmp_pat
     assert kept.read_text() == "new"
 
 
-# --- bench/prune_heads.py and checkpoint upgrade -------------------------------------------------------------------
+# --- prune.py -------------------------------------------------------------------------------------------------------
 
 
 def no_computation(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("computed before the inputs were checked")
 
-    monkeypatch.setattr(prune_heads, "head_importance", fail)
+    monkeypatch.setattr(prune, "head_importance", fail)
 
 
 @pytest.mark.parametrize("target", ["same", "directory"])
@@ -116,7 +116,7 @@ def test_prune_heads_refuses_its_input_or_a_directory_as_out_before_computing(ch
     before = digest(checkpoint)
     out = checkpoint if target == "same" else tmp_path
     with pytest.raises(SystemExit) as stop:
-        prune_heads.main(["--ckpt", str(checkpoint), "--prune", "1", "--out", str(out)])
+        prune.main(["--ckpt", str(checkpoint), "--prune", "1", "--out", str(out)])
     line = error_line(stop)
     assert line.startswith(f"error: {out}: ") and ("own input" in line if target == "same" else "directory" in line)
     assert digest(checkpoint) == before
@@ -128,40 +128,12 @@ def test_prune_heads_reports_a_failed_save_in_one_line_and_writes_nothing(checkp
         raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 192 vs 64")
 
     out = tmp_path / "pruned.ckpt"
-    monkeypatch.setattr(prune_heads.torch, "save", full_disk)
+    monkeypatch.setattr(prune.torch, "save", full_disk)
     with pytest.raises(SystemExit) as stop:
-        prune_heads.main(["--ckpt", str(checkpoint), "--importance-limit", "20", "--limit", "20", "--no-table",
-                          "--prune", "1", "--out", str(out)])
+        prune.main(["--ckpt", str(checkpoint), "--importance-limit", "20", "--limit", "20", "--no-table",
+                    "--prune", "1", "--out", str(out)])
     assert error_line(stop).startswith(f"error: {out}: cannot write the pruned checkpoint: [enforce fail")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full.ckpt"]
-
-
-def test_prune_heads_on_the_old_layout_names_the_upgrade_command_before_computing(checkpoint, monkeypatch):
-    no_computation(monkeypatch)
-    old = read_checkpoint(checkpoint)
-    old["hyper_parameters"] = old["hyper_parameters"]["network"] | {"label_names": old["hyper_parameters"]["label_names"]}
-    torch.save(old, checkpoint)
-    with pytest.raises(SystemExit) as stop:
-        prune_heads.main(["--ckpt", str(checkpoint)])
-    assert f"python -m training.checkpoints upgrade {checkpoint} <new.ckpt>" in error_line(stop)
-
-
-@pytest.mark.parametrize("target", ["same", "directory", "failing"])
-def test_upgrade_refuses_a_bad_target_in_one_line_and_keeps_the_source(checkpoint, tmp_path, monkeypatch, target):
-    from training import checkpoints
-
-    old = read_checkpoint(checkpoint)
-    old["hyper_parameters"] = old["hyper_parameters"]["network"] | {"label_names": old["hyper_parameters"]["label_names"]}
-    torch.save(old, checkpoint)
-    before = digest(checkpoint)
-    out = {"same": checkpoint, "directory": tmp_path, "failing": tmp_path / "new.ckpt"}[target]
-    if target == "failing":
-        monkeypatch.setattr(checkpoints.torch, "save", lambda *a, **k: (_ for _ in ()).throw(
-            RuntimeError("File new.ckpt cannot be opened.")))
-    with pytest.raises(SystemExit) as stop:
-        checkpoints.main(["upgrade", str(checkpoint), str(out)])
-    assert error_line(stop).startswith(f"error: {out}: ")
-    assert digest(checkpoint) == before and sorted(p.name for p in tmp_path.iterdir()) == ["full.ckpt"]
 
 
 # --- predict.py -----------------------------------------------------------------------------------------------------
@@ -311,8 +283,8 @@ def test_a_read_only_filesystem_for_the_logs_is_one_line(tmp_path, monkeypatch):
 
 def test_fit_from_a_weights_only_checkpoint_says_it_cannot_resume(tmp_path, checkpoint, capsys):
     pruned = tmp_path / "pruned.ckpt"
-    assert prune_heads.main(["--ckpt", str(checkpoint), "--importance-limit", "20", "--limit", "20", "--no-table",
-                             "--prune", "1", "--out", str(pruned)]) == 0
+    assert prune.main(["--ckpt", str(checkpoint), "--importance-limit", "20", "--limit", "20", "--no-table",
+                       "--prune", "1", "--out", str(pruned)]) == 0
     with pytest.raises(SystemExit) as stop:
         fit(tmp_path, "--ckpt_path", str(pruned), "--trainer.max_epochs", "1")
     line = error_line(stop)
@@ -325,18 +297,6 @@ def test_ckpt_path_last_without_a_checkpoint_says_it_starts_fresh(tmp_path, capl
     with caplog.at_level(logging.WARNING, logger="train"):
         fit(tmp_path, "--ckpt_path", "last", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1")
     assert "--ckpt_path last: no run under" in caplog.text and "starting a fresh run" in caplog.text
-
-
-def test_an_old_flat_network_flag_names_its_new_place(tmp_path):
-    with pytest.raises(SystemExit) as stop:
-        fit(tmp_path, "--model.d_model", "64")
-    assert "use --model.network.d_model" in error_line(stop)
-    config = tmp_path / "flat.yaml"
-    config.write_text("model:\n  n_heads: 2\n")
-    with pytest.raises(SystemExit) as stop:
-        fit(tmp_path, "--config", str(config))
-    assert error_line(stop) == (f"error: {config}: model: n_heads: the network settings moved under model.network: "
-                                "write model: network: n_heads: (or --model.network.n_heads)")
 
 
 # --- data ------------------------------------------------------------------------------------------------------------
@@ -394,8 +354,8 @@ def test_a_checkpoint_train_py_did_not_write_is_one_line_in_train_py(tmp_path):
 
 def test_a_pruned_network_with_other_head_counts_per_layer_is_validated_with_the_monitor(checkpoint, tmp_path):
     pruned = tmp_path / "pruned.ckpt"
-    assert prune_heads.main(["--ckpt", str(checkpoint), "--importance-limit", "20", "--limit", "20", "--no-table",
-                             "--prune", "1", "--out", str(pruned)]) == 0
+    assert prune.main(["--ckpt", str(checkpoint), "--importance-limit", "20", "--limit", "20", "--no-table",
+                       "--prune", "1", "--out", str(pruned)]) == 0
     assert sorted(read_checkpoint(pruned)["hyper_parameters"]["network"]["layer_heads"]) == [1, 2]
     cli = train.main(["validate", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
                       "--data.max_length", "12", "--trainer.default_root_dir", str(tmp_path), "--ckpt_path",

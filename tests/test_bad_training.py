@@ -168,7 +168,7 @@ def test_a_huge_learning_rate_ends_in_the_nan_line_not_a_traceback(tmp_path):
     assert "training loss is nan" in line
 
 
-def test_a_checkpoint_of_the_first_layout_is_refused_with_how_to_upgrade_it(run, tmp_path):
+def test_a_checkpoint_of_an_earlier_layout_is_refused_before_a_run_folder_is_made(run, tmp_path):
     _, version = run
     checkpoint = torch.load(version / "checkpoints" / "last.ckpt", weights_only=True)
     network = checkpoint["hyper_parameters"].pop("network")
@@ -176,14 +176,12 @@ def test_a_checkpoint_of_the_first_layout_is_refused_with_how_to_upgrade_it(run,
                                                                                           "attention_kernel")})
     old = tmp_path / "old.ckpt"
     torch.save(checkpoint, old)
-    validate = ["validate", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
-                "--trainer.default_root_dir", str(tmp_path), *QUIET, *ONE_PROBE, *SHORT, "--ckpt_path"]
     with pytest.raises(SystemExit) as stop:  # train.main's own exit: the line the process prints on stderr
-        train.main([*validate, str(old)])
-    assert "python -m training.checkpoints upgrade" in str(stop.value.code)
-    new = tmp_path / "new.ckpt"
-    subprocess.run([sys.executable, "-m", "training.checkpoints", "upgrade", str(old), str(new)], cwd=ROOT, check=True)
-    assert "val/acc" in train.main([*validate, str(new)]).trainer.callback_metrics
+        train.main(["validate", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
+                    "--trainer.default_root_dir", str(tmp_path), *QUIET, *ONE_PROBE, *SHORT, "--ckpt_path", str(old)])
+    assert str(stop.value.code).startswith(f"error: {old}: a checkpoint of an earlier layout")
+    assert "version 0.1.0 of this project" in str(stop.value.code)
+    assert not (tmp_path / "lightning_logs").exists()
 
 
 def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path):
@@ -231,3 +229,13 @@ def test_a_checkpoint_of_another_max_length_or_other_labels_is_refused_in_one_li
         check_fits("x.ckpt", checkpoint, NetworkConfig(max_length=128), ["0", "1"])
     with pytest.raises(CheckpointError, match=r"^x.ckpt: trained on label names \['0', '1'\], but this data has"):
         check_fits("x.ckpt", checkpoint, NetworkConfig(max_length=64), ["neg", "pos"])
+
+
+def test_test_without_a_labelled_test_split_is_one_line_and_leaves_no_run_folder(run, tmp_path):
+    _, version = run
+    with pytest.raises(SystemExit) as stop:
+        train.main(["test", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
+                    "--trainer.default_root_dir", str(tmp_path), *QUIET, *ONE_PROBE, *SHORT,
+                    "--ckpt_path", str(version / "checkpoints" / "last.ckpt")])
+    assert str(stop.value.code).startswith("error: no test split") and "`validate`" in str(stop.value.code)
+    assert not (tmp_path / "lightning_logs").exists()

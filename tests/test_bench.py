@@ -91,16 +91,17 @@ def test_both_kernels_run_the_same_network_and_only_the_kernel_differs():
     torch.testing.assert_close(logits["manual"], logits["fused"])
 
 
-def run_bench(name, *args) -> tuple[str, dict]:
-    result = subprocess.run([sys.executable, "-m", f"bench.{name}", *map(str, args)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300, check=True)
-    return result.stdout, json.loads(result.stdout.strip().splitlines()[-1])
+def run_bench(target, *args) -> tuple[str, dict]:
+    """The timing harness in its own process: the table (stderr) and the JSON figures (the last line of stdout)."""
+    result = subprocess.run([sys.executable, "-m", "bench.timing", target, *map(str, args)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300, check=True)
+    return result.stderr, json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
 def test_speed_bench_smoke_summary_holds_every_figure_and_ratios_are_its_throughputs_divided():
-    stdout, summary = run_bench("speed", "--smoke", "--device", "cpu", "--threads", "1")
-    assert "Classifier" in stdout and "Attention layer alone" in stdout
+    table, summary = run_bench("speed", "--smoke", "--device", "cpu", "--threads", "1")
+    assert "Classifier" in table and "Attention layer alone" in table
     for workload in ("sst2", "L8", "L16"):  # the smoke plan: SST-2 lengths, then fixed lengths 8 and 16
         for task in ("train", "infer"):
             per_s = summary[f"{task}_per_s_{workload}"]
@@ -121,12 +122,12 @@ def test_speed_bench_smoke_summary_holds_every_figure_and_ratios_are_its_through
 
 @pytest.mark.slow
 def test_predict_speed_smoke_run_reports_every_figure():
-    stdout, figures = run_bench("predict_speed", "--smoke", "--threads", "1")
+    table, figures = run_bench("predict", "--smoke", "--threads", "1")
     assert figures["texts"] == 872  # the SST-2 validation set, or as many synthetic sentences without it
-    assert figures["batch_size"] == 256 and figures["torch_threads"] == 1
+    assert figures["batch_size"] == 256 and figures["threads"] == 1 and figures["target"] == "predict"
     for key in ("sentences_per_s", "single_text_latency_ms", "predict_py_startup_s"):
         assert math.isfinite(figures[key]) and figures[key] > 0, key
-    assert "batch inference" in stdout
+    assert "batch inference" in table and figures["load_average_1min"] >= 0
 
 
 def run_ensemble(*args) -> subprocess.CompletedProcess:
@@ -222,8 +223,8 @@ def scored_checkpoint(folder: Path, name: str, score: float | None, step: int, m
     kept = {} if score is None else {str(folder / name): torch.tensor(score)}
     if best is not None:
         kept[str(folder / best)] = torch.tensor(0.5)
-    torch.save({"state_dict": {}, "hyper_parameters": {}, "global_step": step,
-                "TextDataModule": {"tokenizer": "{}", "label_names": ["a", "b"]},
+    torch.save({"state_dict": {}, "hyper_parameters": {"network": {}, "label_names": ["a", "b"]}, "global_step": step,
+                "TextDataModule": {"tokenizer": "{}"},
                 "callbacks": {key: {"monitor": monitor, "best_k_models": kept}}}, folder / name)
     return folder / name
 

@@ -1,4 +1,4 @@
-"""Head gates, importance, ablation and pruning: inference/heads.py, bench/prune_heads.py, NetworkConfig.layer_heads."""
+"""Head gates, importance, ablation and pruning: inference/heads.py, prune.py, NetworkConfig.layer_heads."""
 
 import json
 import random
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import predict
-from bench import prune_heads
+import prune
 from inference import TextClassifier
 from inference.classifier import read_checkpoint
 from inference.heads import accuracy, batches, head_importance, least_important, prune_checkpoint
@@ -111,13 +111,13 @@ def test_layer_heads_in_the_config():
     assert NetworkConfig.from_dict(old).layer_heads is None
 
 
-def test_prune_heads_script_writes_a_checkpoint_predict_loads(tmp_path, capsys):
+def test_prune_command_writes_a_checkpoint_predict_loads(tmp_path, capsys):
     classifier = tiny_classifier()
     classifier.label_names = ["0", "1"]  # the synthetic dataset's label names
     ckpt = save_checkpoint(classifier, tmp_path / "full.ckpt", data=SYNTHETIC)
     out = tmp_path / "pruned.ckpt"
-    assert prune_heads.main(["--ckpt", str(ckpt), "--importance-limit", "100", "--limit", "100",
-                             "--prune", "1", "--out", str(out)]) == 0
+    assert prune.main(["--ckpt", str(ckpt), "--importance-limit", "100", "--limit", "100",
+                       "--prune", "1", "--out", str(out)]) == 0
     result = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert len(result["heads"]) == 4 and [row["heads_kept"] for row in result["table"]] == [4, 3, 2]
     assert sorted(result["pruned"]["layer_heads"]) == [1, 2]
@@ -126,5 +126,5 @@ def test_prune_heads_script_writes_a_checkpoint_predict_loads(tmp_path, capsys):
     assert predict.main(["--ckpt", str(out), "--attention", "w1 alpha"]) == 2  # layers differ: one-line error
     assert "different head counts" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="cannot prune 3 heads"):
-        prune_heads.main(["--ckpt", str(ckpt), "--importance-limit", "50", "--limit", "50", "--prune", "3",
-                          "--out", str(out), "--no-table"])
+        prune.main(["--ckpt", str(ckpt), "--importance-limit", "50", "--limit", "50", "--prune", "3",
+                    "--out", str(out), "--no-table"])

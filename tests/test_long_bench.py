@@ -1,4 +1,4 @@
-"""bench/long.py runs and reports what it promises: a smoke run ends with the JSON summary and writes its plot;
+"""bench/long.py (through bench/timing.py) runs and reports what it promises: a smoke run ends with the JSON summary and writes its plot;
 the growth exponent gives known answers. No timing is asserted."""
 
 import json
@@ -6,6 +6,7 @@ import json
 import pytest
 
 from bench import long as bench
+from bench import timing
 
 
 def test_growth_exponent_of_known_powers():
@@ -16,7 +17,7 @@ def test_growth_exponent_of_known_powers():
 
 
 def test_smoke_run_ends_with_the_summary_and_writes_the_plot(tmp_path, capsys):
-    bench.main(["--smoke", "--threads", "1", "--plot", str(tmp_path / "long.png")])
+    timing.main(["long", "--smoke", "--threads", "1", "--plot", str(tmp_path / "long.png")])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["largest_common_length"] == 32
     for kind in bench.LONG_KINDS:

@@ -266,7 +266,7 @@ def make_bad_checkpoint(kind: str, ckpt: Path, tmp_path: Path) -> Path:
         torch.save(checkpoint, path)
     elif kind == "no label names":
         checkpoint = torch.load(ckpt, weights_only=True)
-        del checkpoint["hyper_parameters"]["label_names"]
+        checkpoint["hyper_parameters"]["label_names"] = []
         torch.save(checkpoint, path)
     elif kind.startswith("runs code"):
         payload = RunsCode()
@@ -285,7 +285,7 @@ BAD_CHECKPOINTS = {
     "truncated": "truncated or damaged",
     "foreign dict": "not a checkpoint of this project: missing 'state_dict', 'hyper_parameters'",
     "no tokenizer": "no tokenizer (the 'TextDataModule' entry",
-    "no label names": "no label names (hyper_parameters 'label_names' is missing or empty)",
+    "no label names": "no label names (hyper_parameters 'label_names' is empty)",
     "runs code": "refused to load",
     "runs code, bare pickle": "a plain pickle file",
 }
@@ -343,18 +343,28 @@ def test_heatmaps_do_import_matplotlib(ckpt, tmp_path):
     assert "matplotlib" in imported_top_level_modules(result.stderr)
 
 
-def test_a_checkpoint_of_the_first_layout_loads_with_the_same_predictions(ckpt, classifier, tmp_path):
-    """Before NetworkConfig, hyper_parameters held the network's settings flat (and no num_classes or kernel)."""
-    checkpoint = torch.load(ckpt, weights_only=True)
+def flat_layout(checkpoint: dict) -> dict:
+    """The first layout: the network's settings flat in hyper_parameters, label names beside the tokenizer."""
     network = checkpoint["hyper_parameters"].pop("network")
-    for key in ("num_classes", "attention_kernel"):
-        network.pop(key)
-    checkpoint["hyper_parameters"].update(network)
+    checkpoint["hyper_parameters"] = {k: v for k, v in network.items() if k not in ("num_classes", "attention_kernel")}
+    checkpoint["TextDataModule"]["label_names"] = LABELS
+    return checkpoint
+
+
+def copies_beside_the_tokenizer(checkpoint: dict) -> dict:
+    """The second layout: label_names and max_length also under "TextDataModule"."""
+    checkpoint["TextDataModule"] |= {"label_names": LABELS, "max_length": 24}
+    return checkpoint
+
+
+@pytest.mark.parametrize("older", [flat_layout, copies_beside_the_tokenizer])
+def test_a_checkpoint_of_an_earlier_layout_is_refused_naming_the_version_that_reads_it(ckpt, tmp_path, capsys, older):
     old = tmp_path / "old.ckpt"
-    torch.save(checkpoint, old)
-    loaded = TextClassifier.from_checkpoint(old, device="cpu")
-    assert loaded.model.config == classifier.model.config
-    assert [p.probabilities for p in loaded.predict(TEXTS)] == [p.probabilities for p in classifier.predict(TEXTS)]
+    torch.save(older(torch.load(ckpt, weights_only=True)), old)
+    with pytest.raises(CheckpointError, match=r"an earlier layout .*version 0\.1\.0 of this project"):
+        TextClassifier.from_checkpoint(old, device="cpu")
+    code, _, err = predict_cli(capsys, "--ckpt", old, *TEXTS)
+    assert code != 0 and len(err.strip().splitlines()) == 1 and str(old) in err and "version 0.1.0" in err
 
 
 # --- one padding rule -----------------------------------------------------------------------------------------------
@@ -397,39 +407,3 @@ def test_special_token_strings_get_the_same_ids_and_prediction_in_validate_and_p
     validated = {tuple(row): probabilities for row, probabilities in seen}
     for text_ids, output in zip(ids, outputs):
         assert list(output["probabilities"].values()) == pytest.approx(validated[tuple(text_ids)], abs=1e-5)
-
-
-def test_a_checkpoint_of_the_previous_layout_loads_validates_and_upgrades(run, classifier, tmp_path, capsys):
-    """Checkpoints written before each fact was stored once kept label_names and max_length under "TextDataModule"
-    too, and max_length as the tokenizer's truncation: predict.py and train.py still read them as they are, and
-    `python -m training.checkpoints upgrade` rewrites one in the current layout with the same predictions."""
-    from tokenizers import Tokenizer
-
-    from training.checkpoints import upgrade
-
-    ckpt, cli = run
-    checkpoint = torch.load(ckpt, weights_only=True)
-    tokenizer = Tokenizer.from_str(checkpoint["TextDataModule"]["tokenizer"])
-    tokenizer.enable_truncation(24)
-    checkpoint["TextDataModule"] = {"tokenizer": tokenizer.to_str(), "label_names": LABELS, "max_length": 24}
-    old = tmp_path / "previous.ckpt"
-    torch.save(checkpoint, old)
-
-    expected = [p.probabilities for p in classifier.predict(TEXTS)]
-    assert [p.probabilities for p in TextClassifier.from_checkpoint(old, device="cpu").predict(TEXTS)] == expected
-    code, outputs, _ = predict_cli(capsys, "--ckpt", old, *TEXTS)
-    assert code == 0 and [o["probabilities"] for o in outputs] == expected
-    validated = train.main([
-        "validate", "--config", SMOKE, "--data.train_file", str(cli.datamodule.hparams.train_file),
-        "--data.cache_dir", str(tmp_path / "cache"), "--ckpt_path", str(old), "--trainer.default_root_dir",
-        str(tmp_path), *QUIET, *ONE_PROBE,
-    ])
-    assert validated.trainer.callback_metrics["val/acc"] == cli.trainer.callback_metrics["val/acc"]
-
-    new = tmp_path / "upgraded.ckpt"
-    upgrade(str(old), str(new))
-    upgraded = torch.load(new, weights_only=True)
-    assert list(upgraded["TextDataModule"]) == ["tokenizer"] and upgraded["hyper_parameters"]["label_names"] == LABELS
-    assert [p.probabilities for p in TextClassifier.from_checkpoint(new, device="cpu").predict(TEXTS)] == expected
-    with pytest.raises(CheckpointError, match="already in the current layout"):
-        upgrade(str(ckpt), str(tmp_path / "again.ckpt"))

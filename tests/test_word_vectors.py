@@ -110,13 +110,3 @@ def test_bad_word_vector_settings_get_one_line(tmp_path):
     assert "model.word_vectors must be 0 (off) or a number of epochs, got -1" in message and "\n" not in message
     with pytest.raises(ConfigError, match="model.word_vectors and model.init_from both set the starting embedding"):
         ClassifierModule(NetworkConfig(vocab_size=20, num_classes=2), word_vectors=2, init_from="pretrained.ckpt")
-
-
-def test_the_probe_bench_averages_each_texts_vectors():
-    from bench.word_vectors import mean_vectors
-    from data.datamodule import EncodedSplit
-
-    split = EncodedSplit(torch.tensor([2, 3, 3, 4], dtype=torch.int32), torch.tensor([0, 1, 4]), torch.tensor([0, 1]))
-    table = torch.arange(10.0).view(5, 2)  # word i's vector is (2i, 2i + 1)
-    assert torch.allclose(torch.from_numpy(mean_vectors(split, table)),
-                          torch.tensor([[4.0, 5.0], [(6 + 6 + 8) / 3, (7 + 7 + 9) / 3]]))

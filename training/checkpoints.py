@@ -1,54 +1,21 @@
-"""Checks on a checkpoint handed to train.py (resume, validate, test, predict), made before anything is written,
-and the upgrade of a checkpoint from an older layout to the current one (data/checkpoint.py):
+"""Checks on a checkpoint handed to train.py (resume, validate, test, predict), made before anything is written."""
 
-    python -m training.checkpoints upgrade old.ckpt new.ckpt
-"""
-
-import sys
 from pathlib import Path
 
-import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from data.files import WriteError, check_target, write_atomically
-from data.tokenizer import stored_form
+from data.files import write_atomically
 from data.checkpoint import CheckpointError, read_checkpoint, stored_label_names
 from model.config import network_config
 
 SPECIAL_NAMES = ("last", "best", "hpc", "registry")  # Lightning resolves these itself
 
 
-def check_layout(path, checkpoint: dict) -> None:
-    """train.py restores only what it wrote (Lightning needs its version stamp) in this version's layout: the
-    network settings under hyper_parameters["network"] (the first layout kept them flat)."""
-    if "pytorch-lightning_version" not in checkpoint:  # Lightning needs it to restore anything
+def check_restorable(path, checkpoint: dict) -> None:
+    """train.py restores only what it wrote: Lightning needs its version stamp to restore anything."""
+    if "pytorch-lightning_version" not in checkpoint:
         raise CheckpointError(f"{path}: not written by train.py (no 'pytorch-lightning_version'), so train.py "
                               "cannot restore it; predict.py and TextClassifier.from_checkpoint read it")
-    if "network" not in checkpoint["hyper_parameters"]:
-        raise CheckpointError(
-            f"{path}: written before the network settings moved under 'network'; predict.py reads it as it is, "
-            f"train.py needs it upgraded first: python -m training.checkpoints upgrade {path} <new.ckpt>"
-        )
-
-
-def upgrade(source: str, target: str) -> None:
-    """Write `target`: `source` in the current layout, each fact once: the network settings under
-    hyper_parameters["network"] (the first layout kept them flat), the label names in hyper_parameters only, the
-    tokenizer without truncation (max_length is the network's). The target is checked before anything is read (not
-    a directory, not the source, writable) and written atomically."""
-    check_target(target, "upgraded checkpoint", inputs=[source])
-    checkpoint = read_checkpoint(source)
-    hparams, labels = checkpoint["hyper_parameters"], stored_label_names(checkpoint)
-    network = network_config(hparams, labels).to_dict()
-    current = {
-        "hyper_parameters": {k: v for k, v in hparams.items() if k not in network}
-        | {"network": network, "label_names": labels},
-        "TextDataModule": {"tokenizer": stored_form(checkpoint["TextDataModule"]["tokenizer"])},
-    }
-    if all(checkpoint[key] == value for key, value in current.items()):
-        raise CheckpointError(f"{source}: already in the current layout")
-    write_atomically(target, lambda path: torch.save(checkpoint | current, path), "upgraded checkpoint",
-                     inputs=[source])
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -80,7 +47,7 @@ def check_fits(path, checkpoint: dict, network, label_names, resume: bool = Fals
     these label names (those of the data), and (resume: fit) holds the training state to resume from."""
     if resume and not checkpoint.get("optimizer_states"):
         raise CheckpointError(
-            f"{path}: holds the weights only, no optimizer state (e.g. written by bench/prune_heads.py), so training "
+            f"{path}: holds the weights only, no optimizer state (e.g. written by prune.py), so training "
             f"cannot resume from it; use it with predict.py or train.py validate/test --ckpt_path {path}, "
             "or resume from the checkpoint it was made from"
         )
@@ -99,18 +66,3 @@ def check_fits(path, checkpoint: dict, network, label_names, resume: bool = Fals
     ]
     if differences:
         raise CheckpointError(f"{path}: trained with {', '.join(differences)}; {hint}")
-
-
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 3 or argv[0] != "upgrade":
-        sys.exit("usage: python -m training.checkpoints upgrade OLD.ckpt NEW.ckpt")
-    try:
-        upgrade(argv[1], argv[2])
-    except (CheckpointError, WriteError) as e:
-        sys.exit(f"error: {e}")
-    print(f"wrote {argv[2]}")
-
-
-if __name__ == "__main__":
-    main()
