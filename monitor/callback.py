@@ -1,17 +1,23 @@
-"""AttentionMonitor: watch attention while a model trains, in TensorBoard, and say when a head goes wrong.
+"""AttentionMonitor: watch attention while a model trains, in TensorBoard, and say when something is wrong.
 
 At the end of every validation epoch (never during the sanity check, whose model has not trained):
-    attention/probe_<i>                         a layers × heads heatmap of fixed probe texts (image)
-    attention_health/<figure>/layer<l>_head<h>  entropy, max_weight, score_std, distance (mean attention distance
-                                                in tokens) over the validation set (scalars),
-                                                read from a fixed sample of up to `health_rows` rows per batch
+    attention/probe_<i>                         a layers × heads heatmap of fixed probe texts (image), each panel
+                                                titled with its head's verdict
+    attention_health/<figure>/layer<l>_head<h>  the per-head figures of monitor/health.py over the validation set
+                                                (scalars), read from a fixed sample of up to `health_rows` rows per
+                                                batch, and head_loss_delta (monitor/checks.py)
+    attention_doctor/<figure>                   the model's figures: update_ratio, order_sensitivity, ... (scalars)
     attention_health/weights/layer<l>           a uniform sample of the attention weights (histogram)
-    attention_health/verdicts                   the verdict table, markdown (text)
-and one `logging` warning per head whose verdict is not "ok", naming the figure, the likely cause and what to try.
+    attention_health/verdicts                   the findings (monitor/doctor.py) and the figures, markdown (text)
+and one `logging` warning per warning-finding (its figures, likely cause and what to try); notes at INFO. Each
+pass's findings are appended to `history` ({"step", "epoch", "findings"}), which the checkpoint keeps (state_dict,
+plain dicts) for diagnose.py.
 
 The health figures come from the validation pass itself: while the monitor is attached, `validation_step` asks
 the network to hand out the weights and scores its layers computed for that batch (no second forward pass, no
-recomputation). No work at all on training batches unless `every_n_train_steps` asks for probe images.
+recomputation). The model checks (heads zeroed one at a time, tokens shuffled) run once per validation epoch on
+its first `check_texts` texts. On training batches the monitor only reads the loss Lightning hands it and compares
+the attention weights before and after each optimizer step (the update/weight ratio).
 """
 
 import logging
@@ -25,13 +31,15 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from data.datamodule import collate
 from data.tokenizer import UNK_ID
 from model.config import ConfigError
-from model.kinds import ATTENTION_KINDS
-from monitor.health import AttentionHealth, HealthThresholds, verdict_table_markdown, warning_line
-from monitor.heatmap import attention_figure, figure_to_array, shown_weights
+from monitor.checks import SAMPLE_TEXTS, model_checks
+from monitor.doctor import Finding, diagnose, figure_table_markdown, head_titles, verdict_table_markdown
+from monitor.dynamics import TrainingDynamics
+from monitor.health import AttentionHealth
+from monitor.heatmap import attention_figure, figure_to_array, panel_title, shown_weights
 
 log = logging.getLogger(__name__)
 
-FIGURES = ("entropy", "max_weight", "score_std", "distance")
+FIGURES = ("entropy", "max_weight", "score_std", "gradient_pass", "distance", "pad_weight", "row_sum_error")
 MAX_PROBES, MAX_TOKENS = 64, 256  # probe heatmaps drawn per validation, tokens across one (bounds on figure memory)
 TITLE_CHARACTERS = 70
 
@@ -62,10 +70,7 @@ class AttentionMonitor(Callback):
         max_tokens: int = 40,
         health_batches: int | None = None,
         health_rows: int | None = 256,
-        uniform_entropy: float = HealthThresholds.uniform_entropy,  # the thresholds' defaults live in health.py
-        collapsed_entropy: float = HealthThresholds.collapsed_entropy,
-        saturated_score_std: float = HealthThresholds.saturated_score_std,
-        saturated_max_weight: float = HealthThresholds.saturated_max_weight,
+        check_texts: int = SAMPLE_TEXTS,
         warn: bool = True,
         warn_from_epoch: int = 0,
     ):
@@ -82,13 +87,11 @@ class AttentionMonitor(Callback):
             health_rows: query rows per validation batch the health figures read, a fixed random sample of the
                 batch's counted rows (monitor/health.py); None = every row, which costs more than the validation
                 pass itself on long texts.
-            uniform_entropy: a head is over-uniform at or above this mean normalized entropy.
-            collapsed_entropy: a head is collapsed at or below this mean normalized entropy.
-            saturated_score_std: a head is saturated at or above this score spread ...
-            saturated_max_weight: ... together with at least this mean largest weight.
-            warn: log one warning per head whose verdict is not "ok".
+            check_texts: validation texts (the first batches) the model checks run on once per validation
+                epoch: each head zeroed in turn, the tokens shuffled (monitor/checks.py); 0 = no model checks.
+            warn: log one warning per warning-finding (monitor/doctor.py), notes at INFO.
             warn_from_epoch: the first training epoch (from 0) whose validation may warn. A model that has taken
-                no optimizer step at all never warns: freshly initialised attention is over-uniform by design.
+                no optimizer step at all never warns (its findings are still recorded and shown).
         """
         super().__init__()
         for name, value, least, most in (("num_probes", num_probes, 0, MAX_PROBES),
@@ -97,9 +100,15 @@ class AttentionMonitor(Callback):
                 raise ConfigError(f"AttentionMonitor {name} must be in {least}..{most}, got {value}")
         self.num_probes, self.probe_texts = num_probes, list(probe_texts or [])
         self.every_n_train_steps, self.max_tokens, self.health_batches = every_n_train_steps, max_tokens, health_batches
-        self.thresholds = HealthThresholds(uniform_entropy, collapsed_entropy, saturated_score_std, saturated_max_weight)
+        if check_texts < 0:
+            raise ConfigError(f"AttentionMonitor check_texts must be >= 0, got {check_texts}")
+        self.check_texts, self.health_rows = check_texts, health_rows
         self.warn, self.warn_from_epoch = warn, warn_from_epoch
         self.health = AttentionHealth(rows_per_batch=health_rows)
+        self.dynamics = TrainingDynamics()
+        self.check_batches = []  # the validation sample the model checks run on, gathered during the pass
+        self.findings: list[Finding] = []  # the latest validation pass's findings
+        self.history: list[dict] = []  # {"step", "epoch", "findings": [Finding, ...]} per validation epoch
         self.probes = None  # (batch dict, tokens per probe, title per probe), built on first use
         self.figures = None  # the latest HealthFigures, for scripts and tests
         self.last_probe_step = -1
@@ -162,6 +171,8 @@ class AttentionMonitor(Callback):
                                              (0, 0, 0, 0, 0, most - layer.global_rows.weights.shape[1]),
                                              value=math.nan) for layer in layers], dim=1).cpu()
         label_names = getattr(pl_module, "label_names", [])
+        heads = [layer.weights.shape[1] for layer in layers]
+        verdicts = head_titles(self.findings, heads) if self.history else [["not judged yet"] * n for n in heads]
         probabilities = logits.float().softmax(-1).cpu() if label_names is not None else None
         for i, (text, origin) in enumerate(titles):
             text = text if len(text) <= TITLE_CHARACTERS else text[: TITLE_CHARACTERS - 1] + "…"
@@ -174,27 +185,30 @@ class AttentionMonitor(Callback):
             figure = self.probe_figure(
                 i, weights[i], tokens[i], title, batch["padding_mask"][i],
                 None if key_positions is None else key_positions.cpu(), None if global_rows is None else global_rows[i],
+                verdicts,
             )
             writer.add_image(f"attention/probe_{i}", figure_to_array(figure), trainer.global_step, dataformats="HWC")
 
     def probe_figure(self, i: int, weights: torch.Tensor, tokens: list[str], title: str, key_padding_mask,
-                     key_positions=None, global_weights=None):
-        """The probe's heatmap. A probe's tokens never change, so after its first drawing the figure is kept with
+                     key_positions=None, global_weights=None, verdicts=None):
+        """The probe's heatmap, each panel titled with its head's verdict (verdicts[layer][head]). A probe's tokens never change, so after its first drawing the figure is kept with
         its layout frozen and only the weights and the title are replaced: laying out the token labels is most of
         the cost of a drawing (measured: a redraw takes about half the time of a fresh figure).
         weights (n_layers, H, L, K) in the layer's layout; key_positions and global_weights as attention_figure."""
         if i not in self.figures_by_probe:
             figure = attention_figure(weights, tokens, title, self.max_tokens, key_padding_mask, key_positions,
-                                      global_weights)
+                                      global_weights, verdicts)
             figure_to_array(figure)  # lays it out once
             figure.set_layout_engine("none")
             self.figures_by_probe[i] = figure
             return figure
         figure = self.figures_by_probe[i]
         shown, n, _ = shown_weights(weights, self.max_tokens, key_padding_mask, key_positions, global_weights)
-        images = [ax.images[0] for ax in figure.axes if ax.images]  # layer by layer, head by head
-        for image, head_weights in zip(images, shown.flatten(0, 1).numpy()):
-            image.set_data(head_weights)
+        panels = [ax for ax in figure.axes if ax.images]  # layer by layer, head by head
+        for k, (ax, head_weights) in enumerate(zip(panels, shown.flatten(0, 1).numpy())):
+            ax.images[0].set_data(head_weights)
+            layer, head = divmod(k, shown.shape[1])
+            ax.set_title(panel_title(layer, head, verdicts), fontsize=8)
         if shown.shape[-2] < n:
             title += f" (first {shown.shape[-2]} of {n} tokens)"
         if key_positions is not None and bool((torch.as_tensor(key_positions) < 0).all()):
@@ -206,16 +220,21 @@ class AttentionMonitor(Callback):
 
     def setup(self, trainer, pl_module, stage):
         pl_module.keep_validation_attention = True  # validation_step hands out what its layers computed
+        config = getattr(pl_module.model, "config", None)
+        self.health = AttentionHealth(rows_per_batch=self.health_rows, causal=bool(getattr(config, "causal", False)))
 
     def teardown(self, trainer, pl_module, stage):
         pl_module.keep_validation_attention = False
 
     def on_validation_epoch_start(self, trainer, pl_module):
         self.health.reset()
+        self.check_batches = []
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         if trainer.sanity_checking or not trainer.is_global_zero or dataloader_idx != 0:
             return  # under DDP the figures cover rank zero's share of the validation set
+        if sum(len(b["labels"]) for b in self.check_batches) < self.check_texts:
+            self.check_batches.append({key: batch[key] for key in ("input_ids", "padding_mask", "labels")})
         if self.health_batches is not None and batch_idx >= self.health_batches:
             return
         attention = outputs.get("attention") if isinstance(outputs, dict) else None
@@ -230,40 +249,72 @@ class AttentionMonitor(Callback):
             return
         figures = self.figures = self.health.compute()
         self.health.reset()
+        network = pl_module.model
+        # The checks need a classifier's loss: a pretraining network has no labels to lose.
+        classifier = getattr(pl_module, "label_names", None) is not None and hasattr(network, "head")
+        checks = model_checks(network, self.check_batches) if classifier and self.check_batches else {}
+        self.check_batches = []
+        dynamics = self.dynamics.summary(pl_module)
+        self.findings = diagnose(figures, checks, dynamics, getattr(network, "config", None))
         step = trainer.global_step
-        verdicts = figures.verdicts(self.thresholds)
-        scalars = {
-            f"attention_health/{name}/layer{layer}_head{head}": float(getattr(figures, name)[layer, head])
-            for name in FIGURES
-            for layer in range(len(verdicts))
-            for head in range(len(verdicts[layer]))
-        }
-        scalars = {name: value for name, value in scalars.items() if not math.isnan(value)}  # linformer's distance
-        for logger in trainer.loggers:
-            logger.log_metrics(scalars, step)
+        self.history.append({"step": step, "epoch": trainer.current_epoch, "findings": self.findings})
+        self.log_scalars(trainer, figures, checks, dynamics)
         writer = self.tensorboard(trainer)
         if writer is not None:
-            for layer in range(len(verdicts)):
+            for layer in range(len(figures.entropy)):
                 sample = figures.weight_sample[layer]
                 sample = sample[~sample.isnan()]  # a pruned layer's missing heads are NaN rows
                 if sample.numel():  # none when no query had two keys (max_length 1)
                     writer.add_histogram(f"attention_health/weights/layer{layer}", sample, step)
-            writer.add_text("attention_health/verdicts", verdict_table_markdown(figures, self.thresholds), step)
+            writer.add_text("attention_health/verdicts",
+                            verdict_table_markdown(self.findings) + "\n\n" + figure_table_markdown(figures), step)
             if trainer.state.fn != "fit" or step != self.last_probe_step:
                 self.log_probes(trainer, pl_module, writer)
                 self.last_probe_step = step
         if self.warn and self.trained_enough(trainer):
-            for layer, heads in enumerate(verdicts):
-                for head, name in enumerate(heads):
-                    if name != "ok":
-                        log.warning(warning_line(layer, head, name, figures))
+            for finding in self.findings:
+                (log.warning if finding.severity == "warning" else log.info)("%s", finding.line())
+
+    def log_scalars(self, trainer, figures, checks: dict, dynamics: dict) -> None:
+        scalars = {
+            f"attention_health/{name}/layer{layer}_head{head}": float(getattr(figures, name)[layer, head])
+            for name in FIGURES
+            for layer in range(len(figures.entropy))
+            for head in range(figures.heads_of(layer))
+        }
+        for layer, row in enumerate(checks.get("head_loss_delta", [])):
+            scalars |= {f"attention_health/head_loss_delta/layer{layer}_head{head}": v for head, v in enumerate(row)}
+        for layer in range(len(figures.entropy)):
+            heads = figures.heads_of(layer)
+            if heads > 1:
+                correlation = figures.score_correlation[layer, :heads, :heads].clone().fill_diagonal_(math.nan)
+                scalars[f"attention_doctor/score_correlation/layer{layer}"] = float(correlation.nan_to_num(-1).max())
+        for name in ("order_sensitivity", "unsteady_loss"):
+            scalars[f"attention_doctor/{name}"] = float(checks.get(name, math.nan))
+        scalars |= {f"attention_doctor/{name}": float(value) for name, value in dynamics.items()}
+        scalars = {name: value for name, value in scalars.items() if not math.isnan(value)}  # figures a kind has not
+        for logger in trainer.loggers:
+            logger.log_metrics(scalars, trainer.global_step)
+
+    def state_dict(self) -> dict:
+        """The findings of every validation epoch, as plain data (checkpoints load with weights_only)."""
+        return {"history": [entry | {"findings": [f.to_dict() for f in entry["findings"]]} for entry in self.history]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.history = [entry | {"findings": [Finding.from_dict(f) for f in entry["findings"]]}
+                        for entry in state_dict.get("history", [])]
+        self.findings = self.history[-1]["findings"] if self.history else []
 
     def trained_enough(self, trainer) -> bool:
         return trainer.global_step > 0 and trainer.current_epoch >= self.warn_from_epoch
 
     # ---- probes during training -----------------------------------------------------------------------------------
 
+    def on_train_start(self, trainer, pl_module):
+        self.dynamics.watch(pl_module)
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.dynamics.update(outputs, trainer.global_step)
         step = trainer.global_step
         if self.every_n_train_steps <= 0 or step == 0 or step % self.every_n_train_steps or step == self.last_probe_step:
             return  # the last test skips repeats while gradient accumulation holds the step still

@@ -131,8 +131,10 @@ def attention_figure(
     key_padding_mask=None,
     key_positions=None,
     global_weights=None,
+    verdicts: list[list[str]] | None = None,
 ) -> Figure:
-    """A grid of heatmaps, one per (layer, head), for a single example.
+    """A grid of heatmaps, one per (layer, head), for a single example; verdicts[layer][head] (monitor/doctor.py's
+    head_titles) goes under each panel's title.
 
     weights: (n_layers, H, L, L) tensor or array, query rows × key columns; (H, L, L) is read as one layer; or a
     long kind's own layout (n_layers, H, L, K) with its key_positions (L, K) (and the sparse kind's global_weights),
@@ -173,7 +175,7 @@ def attention_figure(
                 ax = axes[layer, head]
                 image = ax.imshow(weights[layer, head], vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest",
                                   aspect="auto" if virtual else "equal")
-                ax.set_title(f"layer {layer} · head {head}", fontsize=8)
+                ax.set_title(panel_title(layer, head, verdicts), fontsize=8)
                 # Token labels on the outer edge of the grid only: every heatmap has the same tokens in the same
                 # places, and drawing hundreds of labels is most of the cost of an image.
                 columns = range(0, n_keys, key_step)
@@ -186,6 +188,14 @@ def attention_figure(
         fig.colorbar(image, ax=axes.ravel().tolist(), shrink=min(1.0, 0.9 / math.sqrt(n_layers)), label="weight")
         fig.suptitle(heading, fontsize=10)
     return fig
+
+
+def panel_title(layer: int, head: int, verdicts: list[list[str]] | None = None) -> str:
+    """"layer 0 · head 1", and on a second line the head's verdict when there are verdicts."""
+    title = f"layer {layer} · head {head}"
+    if verdicts is None or layer >= len(verdicts) or head >= len(verdicts[layer]):
+        return title
+    return f"{title}\n{verdicts[layer][head]}"
 
 
 def figure_to_array(fig: Figure) -> np.ndarray:

@@ -1,0 +1,90 @@
+"""Checks that run the network again on a small validation sample, once per validation epoch (never every step):
+
+    head_loss_delta    (n_layers, H) validation loss with the head's output zeroed (its head_gate 0) minus the loss
+                       with every head: how much the loss needs the head. A uniform head the loss needs is an
+                       averaging head doing its job; one it does not need is unused
+    order_sensitivity  mean over texts of max_c |p_c − p'_c|, p' the probabilities with each text's real tokens
+                       after the first shuffled: exactly 0, up to float rounding, when positions never reach the
+                       model. Defined for full attention without the look-ahead mask only (the other kinds' key
+                       windows and the causal mask depend on order by themselves): NaN otherwise
+    unsteady_loss      |loss of a second identical evaluation pass − the first|: 0 for a deterministic network
+
+Plain PyTorch: the network and a list of batches in, numbers out. The network is left as it was found (its
+training flag, its head gates).
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+SAMPLE_TEXTS = 256  # texts of the validation sample (the first batches of the validation set)
+
+
+@torch.no_grad()
+def model_checks(model, batches: list[dict]) -> dict:
+    """The checks above for a classifier (`model(ids, padding_mask).logits`) on batches of input_ids, padding_mask
+    and labels (on the model's device)."""
+    was_training = model.training
+    gates = [block.attention.head_gate for block in model.blocks]
+    model.eval()
+    try:
+        base = mean_loss(model, batches)
+        deltas = []
+        for block in model.blocks:
+            attention = block.attention
+            row = []
+            for head in range(attention.n_heads):
+                gate = torch.ones(attention.n_heads, device=batches[0]["input_ids"].device)
+                gate[head] = 0.0
+                attention.head_gate = gate
+                row.append(mean_loss(model, batches) - base)
+            attention.head_gate = None
+            deltas.append(row)
+        checks = {"head_loss_delta": deltas, "unsteady_loss": abs(mean_loss(model, batches) - base),
+                  "order_sensitivity": order_sensitivity(model, batches)}
+    finally:
+        for block, gate in zip(model.blocks, gates):
+            block.attention.head_gate = gate
+        model.train(was_training)
+    return checks
+
+
+def mean_loss(model, batches: list[dict]) -> float:
+    total, count = 0.0, 0
+    for batch in batches:
+        logits = model(batch["input_ids"], batch["padding_mask"]).logits
+        total += float(F.cross_entropy(logits.float(), batch["labels"], reduction="sum"))
+        count += len(batch["labels"])
+    return total / max(count, 1)
+
+
+def order_sensitivity(model, batches: list[dict]) -> float:
+    config = model.config
+    if config.attention != "full" or config.causal:
+        return math.nan
+    generator = torch.Generator().manual_seed(0)
+    total, count = 0.0, 0
+    for batch in batches:
+        ids, padding = batch["input_ids"], batch["padding_mask"]
+        shuffled = ids.clone()
+        for row, length in enumerate((~padding).sum(dim=-1).tolist()):
+            if length > 2:  # the first token stays: "first" pooling reads it
+                order = torch.randperm(length - 1, generator=generator) + 1
+                shuffled[row, 1:length] = ids[row, order.to(ids.device)]
+        p = model(ids, padding).logits.float().softmax(-1)
+        q = model(shuffled, padding).logits.float().softmax(-1)
+        total += float((p - q).abs().amax(dim=-1).sum())
+        count += len(ids)
+    return total / max(count, 1)
+
+
+def sample_batches(batches, texts: int = SAMPLE_TEXTS) -> list[dict]:
+    """The first batches of an iterable of batches, up to `texts` texts (whole batches)."""
+    chosen, count = [], 0
+    for batch in batches:
+        chosen.append(batch)
+        count += len(batch["labels"])
+        if count >= texts:
+            break
+    return chosen

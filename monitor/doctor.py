@@ -1,0 +1,299 @@
+"""The attention doctor: verdicts that name a cause and a fix, each backed by the figures that led to it.
+
+`VERDICTS` is the one table (verdict → severity, rule, likely cause, what to try); docs/DOCTOR.md prints it with the
+figures measured on healthy runs and on planted bugs that set each threshold. `diagnose()` turns one validation
+pass's figures (monitor/health.py: what the layers computed, against the batch's own lengths), the model checks
+on a validation sample (monitor/checks.py: heads zeroed one at a time, tokens shuffled, the weights' own head
+slices) and the training dynamics (loss, update/weight ratio per optimizer step) into Findings.
+
+A warning is a bug class: something the figures show a working layer cannot do (weight on padding, rows that do
+not sum to one, every head's scores far below any initialised layer's). A note is information: a head that
+averages on purpose, a head the loss does not need, a model still learning. Entropy alone never makes a warning:
+healthy models sit at entropy 0.95-0.98 after their first epochs.
+"""
+
+import math
+from dataclasses import asdict, dataclass
+
+from monitor.health import HealthFigures
+
+
+@dataclass(frozen=True)
+class Verdict:
+    severity: str  # "warning" (a bug class) or "note" (informational)
+    rule: str
+    cause: str
+    fix: str
+
+
+# Thresholds, each between what healthy runs and planted bugs measured (docs/DOCTOR.md "Where the lines are").
+PAD_WEIGHT = 1e-4  # a working mask gives padding exactly 0; an ignored one ≥ 0.02
+REAL_ZERO_SHARE = 0.5  # rows giving every real key exactly 0: healthy 0, an inverted mask ~1
+ROW_SUM_ERROR = 1e-3  # healthy ≤ 1e-6 (float rounding); softmax over the wrong axis ≥ 0.1
+FUTURE_ZERO_SHARE = 0.9  # non-causal rows that give all later keys exactly 0: healthy ≤ 0.05, a look-ahead mask 1
+FUTURE_WEIGHT = 1e-4  # causal configs: weight on later keys, exactly 0 when the mask works
+SMALL_SCORE_STD = 0.02  # every head of a layer: healthy ≥ 0.1 from initialisation on; scale ×0.001 ≤ 0.002
+SATURATED_GRADIENT_PASS = 0.2  # every head of a layer passes less than this share of gradient ...
+SATURATED_SCORE_STD = 5.0  # ... with a score spread at least this: no 1/√d_k with d_head 256
+SAME_SCORES = 0.9  # score correlation of two heads: independently initialised ≤ 0.5, copied heads ≥ 0.97
+UPDATE_RATIO = 0.1  # mean ‖ΔW‖/‖W‖ of the attention projections per optimizer step: healthy ≤ 0.03, lr ×30 ≥ 0.2
+ORDER_SENSITIVITY = 1e-5  # mean |Δp| with the tokens shuffled: exactly 0 (float noise) when positions never arrive
+UNSTEADY = 1e-5  # |Δloss| between two identical evaluation passes: exactly 0 for a deterministic network
+AVERAGING_ENTROPY = 0.95  # a head this uniform averages its keys
+NEEDED_LOSS = 0.005  # Δloss when the head is zeroed: above this the loss needs it
+UNUSED_LOSS = 0.001  # |Δloss| below this: the loss does not need the head
+STILL_LEARNING = 0.05  # the training loss fell by more than this share over the last epoch
+
+VERDICTS: dict[str, Verdict] = {
+    "padding-leak": Verdict(
+        "warning", f"pad_weight ≥ {PAD_WEIGHT:g}: real queries put weight on keys that are padding by the batch's "
+        "lengths",
+        "the padding mask is not applied to the keys (ignored, built from token ids, or broadcast along the query "
+        "axis), so padding changes the output",
+        "build the mask from the lengths, shape (B, 1, 1, L) over the keys, and fill blocked scores with a huge "
+        "negative number before softmax"),
+    "mask-inverted": Verdict(
+        "warning", f"real_zero_share ≥ {REAL_ZERO_SHARE:g} and pad_weight ≥ {PAD_WEIGHT:g}: rows give every real "
+        "key exactly 0 and their weight to padding",
+        "the mask's meaning is flipped (True = attend where the code expects True = blocked)",
+        "check the mask convention where it is built: blocked = padding, not ~padding"),
+    "rows-not-normalized": Verdict(
+        "warning", f"row_sum_error ≥ {ROW_SUM_ERROR:g}: a query's weights do not sum to 1",
+        "softmax over the wrong axis (the queries instead of the keys), weights rescaled after softmax, or every "
+        "key of a row blocked",
+        "take softmax over the last (key) axis, dim=-1, and leave the weights as softmax made them"),
+    "unasked-look-ahead": Verdict(
+        "warning", f"future_zero_share ≥ {FUTURE_ZERO_SHARE:g} while the config is not causal: later tokens get "
+        "exactly 0",
+        "a look-ahead (causal) mask is applied though the config does not ask for one, so each token only sees "
+        "the ones before it",
+        "drop the triangular mask, or set network.causal if it is meant"),
+    "saturated": Verdict(
+        "warning", f"every head of a layer: gradient_pass < {SATURATED_GRADIENT_PASS:g} and score_std ≥ "
+        f"{SATURATED_SCORE_STD:g}",
+        "scores far too large (no 1/√d_k with a large head, a scale of 1.0, runaway weights): softmax is one-hot and "
+        "passes almost no gradient",
+        "scale the scores by 1/√d_k, lower the learning rate or the initial weights"),
+    "scale-too-small": Verdict(
+        "warning", f"every head of a layer: score_std < {SMALL_SCORE_STD:g}, far below what any initialised layer "
+        "has",
+        "the scores are multiplied by a scale far too small, so every row is uniform and tokens cannot be told apart",
+        "check the scale is 1/√d_k (not 1/d_k², not a tiny temperature)"),
+    "identical-heads": Verdict(
+        "warning", f"two heads of a layer score alike: score_correlation ≥ {SAME_SCORES:g}",
+        "the heads started from the same weights (one head copied into all), so they learn the same thing",
+        "initialise each head's W_Q, W_K, W_V slices independently"),
+    "positions-unused": Verdict(
+        "warning", f"order_sensitivity < {ORDER_SENSITIVITY:g} though the config gives positions: shuffling a "
+        "text's tokens changes no prediction",
+        "position vectors never reach the model (dropped before the first layer, or zero)",
+        "add the position embedding to the token embedding before the first attention layer"),
+    "unstable-training": Verdict(
+        "warning", f"non-finite training loss, or update_ratio ≥ {UPDATE_RATIO:g} (each optimizer step moves the "
+        "attention weights by that share of their size)",
+        "the learning rate is far too high for these weights",
+        "lower --model.lr (by 10× to start with), keep the warm-up"),
+    "something-wrong": Verdict(
+        "warning", f"figures no working layer gives: weight on later keys under a causal config (≥ {FUTURE_WEIGHT:g}), "
+        f"two identical evaluation passes differing (|Δloss| ≥ {UNSTEADY:g}), or non-finite weights",
+        "attention computes something other than softmax(q kᵀ · scale) v over the allowed keys",
+        "test attention() against a reference (tests/test_formula.py) and read the figures in the warning"),
+    "averaging-head": Verdict(
+        "note", f"entropy ≥ {AVERAGING_ENTROPY:g} with no bug-class figure: the head spreads its weight evenly",
+        "a head that averages its keys (a bag of words); \"needed\" when zeroing it raises the validation loss by "
+        f"≥ {NEEDED_LOSS:g}, \"unused\" when it does not",
+        "nothing, if accuracy is fine; an unused one can be pruned (bench/prune_heads.py)"),
+    "unused-head": Verdict(
+        "note", f"|head_loss_delta| < {UNUSED_LOSS:g}: zeroing the head's output leaves the validation loss as it is",
+        "the model does not use this head (yet)",
+        "nothing; or fewer heads"),
+    "still-learning": Verdict(
+        "note", f"the training loss fell by more than {STILL_LEARNING:.0%} over the last epoch",
+        "the model is still learning: its attention will change",
+        "judge the maps again after a few more epochs"),
+    "no-data": Verdict(
+        "note", "no real query had two or more keys to attend to", "every text is one token long",
+        "nothing to judge"),
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    verdict: str  # a key of VERDICTS
+    layer: int | None  # None = the whole model
+    head: int | None  # None = the whole layer (or model)
+    figures: dict[str, float]  # the figures that led to it, named as in monitor/health.py and monitor/checks.py
+
+    @property
+    def severity(self) -> str:
+        return VERDICTS[self.verdict].severity
+
+    def where(self) -> str:
+        if self.layer is None:
+            return "the model"
+        return f"layer {self.layer}" + ("" if self.head is None else f" head {self.head}")
+
+    def line(self) -> str:
+        """One line: where, the verdict, the figures behind it, the likely cause and what to try."""
+        verdict = VERDICTS[self.verdict]
+        numbers = ", ".join(f"{name} {format_figure(value)}" for name, value in self.figures.items())
+        return f"attention {self.where()}: {self.verdict} ({numbers}): {verdict.cause}; try: {verdict.fix}"
+
+    def to_dict(self) -> dict:
+        """Plain data (a checkpoint loads it with weights_only)."""
+        return asdict(self) | {"figures": {name: float(value) for name, value in self.figures.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Finding":
+        return cls(data["verdict"], data["layer"], data["head"], dict(data["figures"]))
+
+
+def format_figure(value: float) -> str:
+    if math.isnan(value):
+        return "n/a"
+    return f"{value:.3g}" if abs(value) < 1e-2 and value else f"{value:.3f}".rstrip("0").rstrip(".") or "0"
+
+
+def diagnose(figures: HealthFigures | None, checks: dict | None = None, dynamics: dict | None = None,
+             config=None) -> list[Finding]:
+    """The findings of one validation pass, warnings first. figures: monitor/health.py's; checks: monitor/checks.py's
+    model_checks (None: not run); dynamics: {"update_ratio", "nonfinite_loss", "loss_drop"} from the training batches
+    (None: no training since the last pass); config: the NetworkConfig (positions, kind, causal)."""
+    findings = model_findings(checks or {}, dynamics or {}, config)
+    if figures is None or figures.rows == 0:
+        return findings + [Finding("no-data", None, None, {})]
+    if not all(math.isfinite(v) for layer in range(len(figures.entropy))
+               for v in figures.row_sum_error[layer, : figures.heads_of(layer)].tolist()):
+        findings.append(Finding("something-wrong", None, None, {"row_sum_error": math.nan}))
+    bug_layers = set()
+    for layer in range(len(figures.entropy)):
+        layer_findings = layer_warnings(figures, layer, checks or {})
+        bug_layers |= {layer} if layer_findings else set()
+        findings += layer_findings
+    findings += head_notes(figures, checks or {}, bug_layers)
+    return sorted(findings, key=lambda f: f.severity != "warning")
+
+
+def model_findings(checks: dict, dynamics: dict, config) -> list[Finding]:
+    findings = []
+    ratio = dynamics.get("update_ratio", math.nan)
+    if dynamics.get("nonfinite_loss") or ratio >= UPDATE_RATIO:
+        findings.append(Finding("unstable-training", None, None,
+                                {"update_ratio": ratio, "nonfinite_loss": float(dynamics.get("nonfinite_loss", 0))}))
+    order = checks.get("order_sensitivity", math.nan)
+    if order < ORDER_SENSITIVITY and config is not None and config.positions != "none":
+        findings.append(Finding("positions-unused", None, None, {"order_sensitivity": order}))
+    unsteady = checks.get("unsteady_loss", math.nan)
+    if unsteady >= UNSTEADY:
+        findings.append(Finding("something-wrong", None, None, {"unsteady_loss": unsteady}))
+    if dynamics.get("loss_drop", 0.0) > STILL_LEARNING:
+        findings.append(Finding("still-learning", None, None, {"loss_drop": dynamics["loss_drop"]}))
+    return findings
+
+
+def layer_warnings(figures: HealthFigures, layer: int, checks: dict) -> list[Finding]:
+    """Bug classes that strike a whole layer: its mask, its softmax, its scale, its heads' starting weights."""
+    heads = figures.heads_of(layer)
+
+    def most(name):  # the largest value of a figure over the layer's heads (NaN when the kind has none)
+        values = [v for v in getattr(figures, name)[layer, :heads].tolist() if not math.isnan(v)]
+        return max(values) if values else math.nan
+
+    found = []
+    pad, real_zero, row_sum = most("pad_weight"), most("real_zero_share"), most("row_sum_error")
+    if real_zero >= REAL_ZERO_SHARE and pad >= PAD_WEIGHT:
+        found.append(Finding("mask-inverted", layer, None, {"real_zero_share": real_zero, "pad_weight": pad}))
+    elif row_sum >= ROW_SUM_ERROR:
+        found.append(Finding("rows-not-normalized", layer, None, {"row_sum_error": row_sum, "pad_weight": pad}))
+    elif pad >= PAD_WEIGHT:
+        found.append(Finding("padding-leak", layer, None, {"pad_weight": pad, "padded_rows": figures.padded_rows}))
+    future_zero, future = most("future_zero_share"), most("future_weight")
+    if future_zero >= FUTURE_ZERO_SHARE:
+        found.append(Finding("unasked-look-ahead", layer, None, {"future_zero_share": future_zero}))
+    if future >= FUTURE_WEIGHT:
+        found.append(Finding("something-wrong", layer, None, {"future_weight": future}))
+    score_std, gradient_pass = most("score_std"), most("gradient_pass")
+    if score_std < SMALL_SCORE_STD:
+        found.append(Finding("scale-too-small", layer, None, {"score_std": score_std, "entropy": most("entropy")}))
+    smallest_std = -most_negative(figures.score_std[layer, :heads])
+    if gradient_pass < SATURATED_GRADIENT_PASS and smallest_std >= SATURATED_SCORE_STD:
+        found.append(Finding("saturated", layer, None, {"gradient_pass": gradient_pass, "score_std": smallest_std}))
+    if heads > 1:
+        correlation = figures.score_correlation[layer, :heads, :heads].clone()
+        correlation.fill_diagonal_(-math.inf)
+        best = int(correlation.nan_to_num(-math.inf).flatten().argmax())
+        a, b = divmod(best, heads)
+        value = float(correlation[a, b])
+        if value >= SAME_SCORES:
+            similarity = float(figures.head_similarity[layer, a, b])
+            found.append(Finding("identical-heads", layer, None,
+                                 {"score_correlation": value, "head_similarity": similarity, "head_a": a, "head_b": b}))
+    return found
+
+
+def most_negative(values) -> float:
+    """−min of a tensor's finite values (NaN when none): the smallest value, for `≥` rules over every head."""
+    finite = [v for v in values.tolist() if not math.isnan(v)]
+    return -min(finite) if finite else math.nan
+
+
+def head_notes(figures: HealthFigures, checks: dict, bug_layers: set[int]) -> list[Finding]:
+    """Notes on single heads of layers without a warning: averaging on purpose, or not used by the loss."""
+    notes = []
+    delta = checks.get("head_loss_delta")  # (n_layers, H) or None
+    for layer in range(len(figures.entropy)):
+        if layer in bug_layers:
+            continue
+        for head in range(figures.heads_of(layer)):
+            entropy = float(figures.entropy[layer, head])
+            loss_delta = math.nan if delta is None else float(delta[layer][head])
+            if entropy >= AVERAGING_ENTROPY:
+                use = {} if math.isnan(loss_delta) else {"needed": float(loss_delta >= NEEDED_LOSS)}
+                notes.append(Finding("averaging-head", layer, head,
+                                     {"entropy": entropy, "head_loss_delta": loss_delta} | use))
+            elif abs(loss_delta) < UNUSED_LOSS:
+                notes.append(Finding("unused-head", layer, head, {"head_loss_delta": loss_delta, "entropy": entropy}))
+    return notes
+
+
+def warnings(findings: list[Finding]) -> list[Finding]:
+    return [finding for finding in findings if finding.severity == "warning"]
+
+
+def head_titles(findings: list[Finding], heads: list[int]) -> list[list[str]]:
+    """The verdict of each (layer, head) for a panel title: its own or its layer's or the model's warnings, else
+    its note, else "ok". heads: the heads of each layer."""
+    titles = []
+    for layer, n in enumerate(heads):
+        row = []
+        for head in range(n):
+            mine = [f for f in findings if f.layer in (None, layer) and f.head in (None, head)
+                    and (f.layer is not None or f.severity == "warning")]
+            names = [f.verdict for f in mine if f.severity == "warning"] or [f.verdict for f in mine] or ["ok"]
+            row.append(", ".join(dict.fromkeys(names)))
+        titles.append(row)
+    return titles
+
+
+def verdict_table_markdown(findings: list[Finding]) -> str:
+    """A markdown table, one row per finding (warnings first), for TensorBoard's text tab and the report."""
+    if not findings:
+        return "no findings: every check passed"
+    lines = ["| where | verdict | severity | figures | likely cause | what to try |", "|:---|:---|:---|:---|:---|:---|"]
+    for finding in findings:
+        verdict = VERDICTS[finding.verdict]
+        numbers = ", ".join(f"{name} {format_figure(value)}" for name, value in finding.figures.items())
+        lines.append(f"| {finding.where()} | {finding.verdict} | {finding.severity} | {numbers} | {verdict.cause} "
+                     f"| {verdict.fix} |")
+    return "\n".join(lines)
+
+
+def figure_table_markdown(figures: HealthFigures) -> str:
+    """The per-head figures as a markdown table: what the verdicts were read from."""
+    names = ("entropy", "max_weight", "score_std", "gradient_pass", "distance", "pad_weight", "row_sum_error")
+    lines = ["| layer | head | " + " | ".join(names) + " |", "|---:|---:|" + "---:|" * len(names)]
+    for layer in range(len(figures.entropy)):
+        for head in range(figures.heads_of(layer)):
+            values = figures.head(layer, head)
+            lines.append(f"| {layer} | {head} | " + " | ".join(format_figure(values[n]) for n in names) + " |")
+    return "\n".join(lines)
