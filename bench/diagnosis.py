@@ -1,0 +1,334 @@
+"""The proof of the attention doctor: each planted bug (bench/bugs.py) trained into short runs, and what the doctor
+said about them; healthy runs, which must get no warning.
+
+    python -m bench.diagnosis                                     # every bug × synthetic, SST-2, ChnSentiCorp
+    python -m bench.diagnosis --datasets synthetic --bugs padding-ignored look-ahead
+    python -m bench.diagnosis --bugs my_module:my_bug --attention local
+    python -m bench.diagnosis --quick                             # tiny: a smoke test of the bench itself
+    python -m bench.diagnosis --healthy-checkpoints lightning_logs/version_3 --bugs none --no-healthy
+
+A run is `train.py fit` in this process (train.cli, run=False): the bug's network settings go in as flags, its
+edits are made on the built module, and it trains with its replacements in place; nothing in the product knows.
+Every run trains 1 epoch on a subset of the dataset's training split (`--rows`, stratified, seed 0) written as a
+CSV, and validates on the whole validation split every `--check-every` optimizer steps, so the step at which a
+verdict first appears is measured. Bug runs use the dataset's shipped config (configs/smoke.yaml for synthetic);
+healthy runs use it and the no-config default (configs/default.yaml). The verdicts are the AttentionMonitor's
+`history` (monitor/doctor.py): one list of findings per validation, each with a verdict whose severity is a
+"warning" (a bug class) or a "note".
+
+Prints, per run, a progress line; then the runs (expected verdict, first step seen, other warnings, validation
+accuracy), the confusion matrix planted bug × warning (runs in which each was given at any validation), the healthy
+runs' warnings and one JSON line. `--out FILE.md` (or .json) writes the same tables (or the JSON).
+"""
+
+import argparse
+import json
+import logging
+import math
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+import train
+from bench.bugs import BUGS, Bug, Plant, load_bug
+from bench.common import CONFIGS, ROOT
+from bench.subsets import subset, write
+from data.sources import load_splits
+from monitor import AttentionMonitor
+from monitor.doctor import VERDICTS
+from training.module import NonFiniteLossError
+
+log = logging.getLogger("bench.diagnosis")
+
+SHIPPED = {"synthetic": CONFIGS / "smoke.yaml", "sst2": CONFIGS / "sst2.yaml",
+           "chnsenticorp_htl": CONFIGS / "chnsenticorp_htl.yaml"}
+NO_CONFIG = "no config"
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+FIRST_STEPS = 200  # the goal: each verdict within this many optimizer steps
+
+
+@dataclass
+class Run:
+    """One training run and what the doctor said at each validation."""
+
+    bug: str  # "healthy" for no bug
+    dataset: str
+    config: str  # a config file's name, or NO_CONFIG
+    checks: list[dict] = field(default_factory=list)  # {"step", "warnings": [verdict, ...], "notes": [...]}
+    accuracy: float = math.nan  # validation accuracy at the end
+    seconds: float = 0.0
+    error: str | None = None  # the product stopped the run (a non-finite loss), with its message
+
+    def warnings(self) -> set[str]:
+        return {name for check in self.checks for name in check["warnings"]}
+
+    def first_step(self, verdicts: tuple[str, ...]) -> int | None:
+        """The step of the first validation that gave one of `verdicts` (any warning when empty); None if none did."""
+        for check in self.checks:
+            if any(name in verdicts for name in check["warnings"]) or (not verdicts and check["warnings"]):
+                return check["step"]
+        return None
+
+
+# ---- one run ------------------------------------------------------------------------------------------------------
+
+
+def fit(args: list[str], bug: Bug | None = None, check_every: int | None = None):
+    """Trains `train.py fit` with `args` in this process, with `bug` planted; returns (checks, accuracy, error).
+    check_every: validate every this many optimizer steps (at most an epoch's)."""
+    plant = Plant()
+    if bug is not None:
+        bug.plant(plant)
+    cli = train.cli([*args, *plant.flags()], run=False)
+    if check_every:
+        data = cli.datamodule
+        batches = math.ceil(len(data.split("train")) / data.hparams.batch_size)
+        cli.trainer.val_check_interval = min(check_every, batches)
+    plant.edit(cli.model)
+    error = None
+    with plant.applied():
+        try:
+            cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        except NonFiniteLossError as e:
+            error = str(e)
+    (monitor,) = [c for c in cli.trainer.callbacks if isinstance(c, AttentionMonitor)]
+    accuracy = cli.trainer.callback_metrics.get("val/acc")
+    return checks(monitor.history), math.nan if accuracy is None else float(accuracy), error
+
+
+def checks(history: list[dict]) -> list[dict]:
+    """The monitor's history as {"step", "warnings", "notes"} per validation (findings as objects or plain dicts)."""
+    result = []
+    for entry in history:
+        names = [f["verdict"] if isinstance(f, dict) else f.verdict for f in entry["findings"]]
+        result.append({
+            "step": int(entry["step"]),
+            "warnings": sorted({n for n in names if VERDICTS[n].severity == "warning"}),
+            "notes": sorted({n for n in names if VERDICTS[n].severity != "warning"}),
+        })
+    return result
+
+
+def run_args(config: Path | None, train_file: Path, val_file: Path, root: Path, cache: Path,
+             network: list[str] = ()) -> list[str]:
+    """train.py flags for a 1-epoch run on these files (config None: the no-config default)."""
+    return [*(["--config", str(config)] if config else []), "--data.train_file", str(train_file),
+            "--data.val_file", str(val_file), "--data.cache_dir", str(cache), "--trainer.default_root_dir", str(root),
+            # A CSV logger: the learning rate and the scalars are kept, no probe heatmap is drawn (TensorBoard only)
+            "--trainer.logger", json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger",
+                                            "init_args": {"save_dir": str(root)}}),
+            "--trainer.max_epochs", "1", *QUIET, *network]
+
+
+def network_flags(attention: str | None) -> list[str]:
+    """--attention KIND: the kind, with a window and projection short enough for sentence-length texts."""
+    if not attention:
+        return []
+    return ["--model.network.attention", attention, "--model.network.window", "8",
+            "--model.network.projection_length", "16"]
+
+
+# ---- data ---------------------------------------------------------------------------------------------------------
+
+
+def subset_files(dataset: str, rows: int, folder: Path, validation_rows: int | None = None) -> tuple[Path, Path]:
+    """train.csv: `rows` training texts drawn stratified (seed 0); validation.csv: the validation split (its first
+    `validation_rows` after a stratified draw, when given)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    train_file, val_file = folder / "train.csv", folder / "validation.csv"
+    if not (train_file.exists() and val_file.exists()):
+        splits = load_splits(dataset=dataset, data_dir=None, train_file=None, val_file=None, test_file=None,
+                             text_column=None, label_column=None, val_fraction=0.1, seed=0)
+        names = splits.label_names
+        write(train_file, *subset(splits.texts["train"], splits.labels["train"], rows, seed=0), names)
+        validation = splits.texts["validation"], splits.labels["validation"]
+        if validation_rows is not None:
+            validation = subset(*validation, validation_rows, seed=0)
+        write(val_file, *validation, names)
+    return train_file, val_file
+
+
+# ---- the bench ----------------------------------------------------------------------------------------------------
+
+
+def measure(bugs: list[Bug | None], datasets: list[str], rows: int, work: Path, check_every: int,
+            attention: str | None = None, healthy_configs: bool = True, validation_rows: int | None = None) -> list[Run]:
+    """Every bug (None: healthy) × dataset, plus the healthy no-config runs; sequential, one process."""
+    plan = []
+    for dataset in datasets:
+        for bug in bugs:
+            if bug is None or attention is None or attention in bug.kinds:
+                plan.append((bug, dataset, SHIPPED[dataset]))
+        if healthy_configs and None in bugs:
+            plan.append((None, dataset, None))
+    runs = []
+    for i, (bug, dataset, config) in enumerate(plan, 1):
+        train_file, val_file = subset_files(dataset, rows, work / "data" / f"{dataset}-{rows}", validation_rows)
+        run = Run("healthy" if bug is None else bug.name, dataset, config.name if config else NO_CONFIG)
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(dir=work) as root:
+            args = run_args(config, train_file, val_file, Path(root), work / "cache", network_flags(attention))
+            run.checks, run.accuracy, run.error = fit(args, bug, check_every)
+        run.seconds = time.perf_counter() - started
+        expected = "" if bug is None else f"; expected {' or '.join(bug.expects) or 'any warning'}: " + (
+            f"step {step}" if (step := run.first_step(bug.expects)) is not None else "not seen")
+        log.info("[%d/%d] %s on %s (%s): warnings %s%s; val acc %.3f; %.0f s%s", i, len(plan), run.bug, dataset,
+                 run.config, ", ".join(sorted(run.warnings())) or "none", expected, run.accuracy, run.seconds,
+                 f"; stopped: {run.error}" if run.error else "")
+        runs.append(run)
+    return runs
+
+
+def diagnose_checkpoint(run: str) -> dict:
+    """diagnose.py on a trained run: its exit status (1: a bug-class verdict) and its last lines."""
+    done = subprocess.run([sys.executable, str(ROOT / "diagnose.py"), "--ckpt", run], capture_output=True, text=True)
+    return {"run": run, "exit": done.returncode, "output": (done.stdout + done.stderr).strip().splitlines()[-12:]}
+
+
+# ---- tables -------------------------------------------------------------------------------------------------------
+
+
+def runs_table(runs: list[Run]) -> list[str]:
+    lines = ["| bug | dataset | expected | first step seen | other warnings | notes | val acc |",
+             "|---|---|---|---:|---|---|---:|"]
+    for run in runs:
+        if run.bug == "healthy":
+            continue
+        bug = BUGS.get(run.bug) or load_bug(run.bug)
+        step = run.first_step(bug.expects)
+        others = sorted(run.warnings() - set(bug.expects))
+        notes = sorted({n for check in run.checks for n in check["notes"]})
+        lines.append(f"| {run.bug} | {run.dataset} | {' or '.join(bug.expects) or 'any warning'} | "
+                     f"{'not seen' if step is None else step} | {', '.join(others) or '–'} | {', '.join(notes) or '–'} "
+                     f"| {run.accuracy:.3f}{' (stopped: non-finite loss)' if run.error else ''} |")
+    return lines
+
+
+def confusion_table(runs: list[Run]) -> list[str]:
+    """Planted bug × warning: in how many of the bug's runs (datasets) each warning was given at any validation."""
+    planted = [run for run in runs if run.bug != "healthy"]
+    columns = sorted({name for run in planted for name in run.warnings()})
+    lines = [f"| planted bug | {' | '.join(columns)} | none |", "|---|" + "---:|" * (len(columns) + 1)]
+    for name in dict.fromkeys(run.bug for run in planted):
+        mine = [run for run in planted if run.bug == name]
+        cells = [f"{sum(column in run.warnings() for run in mine)}/{len(mine)}" for column in columns]
+        lines.append(f"| {name} | {' | '.join(cells)} | {sum(not run.warnings() for run in mine)}/{len(mine)} |")
+    return lines
+
+
+def healthy_table(runs: list[Run]) -> list[str]:
+    lines = ["| dataset | config | validations | warnings (at steps) | notes | val acc |", "|---|---|---:|---|---|---:|"]
+    for run in runs:
+        if run.bug != "healthy":
+            continue
+        given = {}
+        for check in run.checks:
+            for name in check["warnings"]:
+                given.setdefault(name, []).append(check["step"])
+        notes = sorted({n for check in run.checks for n in check["notes"]})
+        warned = "; ".join(f"{name} ({', '.join(map(str, steps))})" for name, steps in given.items()) or "none"
+        lines.append(f"| {run.dataset} | {run.config} | {len(run.checks)} | {warned} | {', '.join(notes) or '–'} | "
+                     f"{run.accuracy:.3f} |")
+    return lines
+
+
+def summary(runs: list[Run]) -> dict:
+    planted = [(run, BUGS.get(run.bug) or load_bug(run.bug)) for run in runs if run.bug != "healthy"]
+    named = [run.first_step(bug.expects) is not None for run, bug in planted]
+    early = [(step := run.first_step(bug.expects)) is not None and step <= FIRST_STEPS for run, bug in planted]
+    healthy = [run for run in runs if run.bug == "healthy"]
+    return {
+        "planted_runs": len(planted),
+        "named_by_end_of_epoch_1": sum(named),
+        "named_share": sum(named) / len(named) if named else math.nan,
+        f"named_within_{FIRST_STEPS}_steps": sum(early),
+        "healthy_runs": len(healthy),
+        "healthy_runs_with_warnings": sum(bool(run.warnings()) for run in healthy),
+    }
+
+
+def report(runs: list[Run], command: str, checkpoints: list[dict]) -> str:
+    figures = summary(runs)
+    parts = [f"`{command}`", "",
+             f"Bugs named with their cause by the end of the first epoch: {figures['named_by_end_of_epoch_1']} of "
+             f"{figures['planted_runs']} runs; within {FIRST_STEPS} steps: {figures[f'named_within_{FIRST_STEPS}_steps']}."
+             f" Healthy runs with a warning: {figures['healthy_runs_with_warnings']} of {figures['healthy_runs']}.", ""]
+    if figures["planted_runs"]:
+        parts += ["Planted runs:", "", *runs_table(runs), "", "Confusion (planted bug × warning given at any "
+                  "validation, runs):", "", *confusion_table(runs), ""]
+    if figures["healthy_runs"]:
+        parts += ["Healthy runs:", "", *healthy_table(runs), ""]
+    for done in checkpoints:
+        parts += [f"diagnose.py --ckpt {done['run']}: exit {done['exit']}", "", "```", *done["output"], "```", ""]
+    return "\n".join(parts)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", nargs="+", default=list(SHIPPED), choices=list(SHIPPED))
+    parser.add_argument("--bugs", nargs="+", default=["all"],
+                        help="bug names (python -m bench.bugs lists them), module:function, 'all', 'none', or a "
+                             "group: catalogue, field, outside")
+    parser.add_argument("--rows", type=int, default=3000, help="training rows of each subset")
+    parser.add_argument("--check-every", type=int, default=25, help="optimizer steps between validations")
+    parser.add_argument("--attention", choices=["full", "local", "linformer", "sparse"],
+                        help="attention kind of every run (local, sparse: window 8; linformer: 16 projected keys)")
+    parser.add_argument("--no-healthy", action="store_true", help="no healthy (bug-free) runs")
+    parser.add_argument("--healthy-checkpoints", nargs="+", default=[], metavar="RUN",
+                        help="trained runs (or checkpoints) to diagnose with diagnose.py, e.g. full shipped runs")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke test of the bench: synthetic only, 600 rows, 200 validation texts")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "diagnosis",
+                        help="subsets, the data cache and each run's scratch folder")
+    parser.add_argument("--out", type=Path, help="write the tables (.md) or the JSON (.json) here")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    log.setLevel(logging.INFO)
+    for name in ("lightning.pytorch", "lightning.fabric", "train", "data", "training"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("monitor").setLevel(logging.ERROR)  # the doctor's console warnings: the tables say them
+    warnings.filterwarnings("ignore", module=r"lightning\..*")
+    torch.set_num_threads(args.threads)
+
+    try:
+        bugs = select_bugs(args.bugs)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    if not args.no_healthy:
+        bugs.append(None)
+    datasets, rows, validation_rows = (["synthetic"], 600, 200) if args.quick else (args.datasets, args.rows, None)
+    args.work.mkdir(parents=True, exist_ok=True)
+    runs = measure(bugs, datasets, rows, args.work, args.check_every, args.attention,
+                   validation_rows=validation_rows) if bugs else []
+    checkpoints = [diagnose_checkpoint(run) for run in args.healthy_checkpoints]
+    command = "python -m bench.diagnosis " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = report(runs, command.strip(), checkpoints)
+    print(text)
+    result = {**summary(runs), "runs": [asdict(run) for run in runs], "checkpoints": checkpoints, "command": command}
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) if args.out.suffix == ".json" else text + "\n")
+    print(json.dumps({key: value for key, value in result.items() if key != "runs"}))
+
+
+def select_bugs(names: list[str]) -> list[Bug]:
+    """--bugs: names, module:function, groups, 'all' or 'none' → the bugs, in catalogue order, each once."""
+    chosen = {}
+    for name in names:
+        if name == "none":
+            continue
+        matched = list(BUGS.values()) if name == "all" else [b for b in BUGS.values() if b.group == name]
+        for entry in matched or [load_bug(name)]:
+            chosen[entry.name] = entry
+    return list(chosen.values())
+
+
+if __name__ == "__main__":
+    main()

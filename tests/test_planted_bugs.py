@@ -1,0 +1,218 @@
+"""Planted bugs (bench/bugs.py): each breaks what it claims, planted from outside and undone afterwards; and the
+doctor names them in tiny training runs on the synthetic task, while a healthy tiny run gets no warning."""
+
+import math
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import model.attention as core
+from bench.bugs import BUGS, MASKED_KINDS, Plant, load_bug, replaced
+from bench.diagnosis import SHIPPED, fit, run_args, select_bugs, subset_files
+from model.classifier import AttentionClassifier
+from model.config import NetworkConfig
+from monitor.views import has_virtual_keys, token_window
+
+LENGTHS = [8, 5, 3]  # a padded batch: the first text fills L, the others end in padding
+
+
+def forward(bug_name: str | None, kind: str = "full", texts=None):
+    """A tiny network of `kind` with the bug planted (None: healthy), run on a padded batch in eval mode.
+    Returns (output, padding (B, L) bool, the module the bug edited)."""
+    plant = Plant()
+    if bug_name is not None:
+        BUGS[bug_name].plant(plant)
+    config = NetworkConfig(vocab_size=30, max_length=8, d_model=16, n_heads=2, attention=kind, window=2,
+                           projection_length=4, dropout=0.0, embedding_dropout=0.0, **plant.settings)
+    torch.manual_seed(0)
+    network = AttentionClassifier(config).eval()
+    module = SimpleNamespace(model=network, online_model=network, hparams=SimpleNamespace(lr=0.001))
+    plant.edit(module)
+    padding = torch.arange(8) >= torch.tensor(LENGTHS)[:, None]  # (B, L)
+    ids = texts if texts is not None else torch.randint(4, 30, (len(LENGTHS), 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), plant.applied():
+        output = network(ids, padding, need_weights=True)
+    return output, padding, module
+
+
+def dense(output) -> torch.Tensor:
+    """The first layer's weights as token × token (B, H, L, L)."""
+    return token_window(output.attention[0], 0, 8)
+
+
+def pad_weight(output, padding) -> float:
+    """Largest weight a real query puts on the padded keys of its text."""
+    weights = dense(output)  # (B, H, L, L)
+    real_rows = ~padding[:, None, :, None]
+    return float((weights * real_rows * padding[:, None, None, :]).sum(-1).max())
+
+
+def row_sum_error(output, padding) -> float:
+    """Largest |Σ weights − 1| over the real queries' rows (the sparse kind's global rows included)."""
+    return float(((dense(output).sum(-1) - 1).abs() * ~padding[:, None]).max())
+
+
+def future_weight(output, padding) -> float:
+    """Total weight real queries put on later real keys."""
+    later = torch.ones(8, 8, dtype=torch.bool).triu(1)
+    real = ~padding
+    return float((dense(output) * later * real[:, None, :, None] * real[:, None, None, :]).sum())
+
+
+def real_key_weight(output, padding) -> float:
+    """Largest total weight a real query of a padded text puts on its real keys."""
+    weights = dense(output)[1:]  # the padded texts
+    return float((weights * ~padding[1:, None, None, :] * ~padding[1:, None, :, None]).sum(-1).max())
+
+
+def head_difference(output) -> float:
+    weights = output.attention[0].weights
+    return float((weights - weights[:, :1]).abs().max())
+
+
+def max_weight(output, padding) -> float:
+    return float(output.attention[0].weights.amax(-1)[~padding[:, None].expand(-1, 2, -1)].mean())
+
+
+def shuffled_change(bug_name) -> float:
+    """How much the logits move when each text's real tokens are put in reverse order."""
+    ids = torch.randint(4, 30, (3, 8), generator=torch.Generator().manual_seed(1))
+    reversed_ids = ids.clone()
+    for b, n in enumerate(LENGTHS):
+        reversed_ids[b, :n] = ids[b, :n].flip(0)
+    return float((forward(bug_name, texts=ids)[0].logits - forward(bug_name, texts=reversed_ids)[0].logits).abs().max())
+
+
+@pytest.mark.parametrize("kind", MASKED_KINDS)
+@pytest.mark.parametrize("name", ["padding-ignored", "mask-all-attend", "no-padding-mask"])
+def test_padding_bugs_put_weight_on_padding(name, kind):
+    assert pad_weight(*forward(None, kind)[:2]) == 0.0
+    assert pad_weight(*forward(name, kind)[:2]) > 0.01
+
+
+def test_a_mask_on_the_query_axis_lets_real_queries_see_padding():
+    assert pad_weight(*forward("mask-on-query-axis")[:2]) > 0.01
+
+
+@pytest.mark.parametrize("kind", MASKED_KINDS)
+def test_an_inverted_mask_blocks_every_real_key(kind):
+    assert real_key_weight(*forward(None, kind)[:2]) == pytest.approx(1.0)
+    assert real_key_weight(*forward("mask-inverted", kind)[:2]) == 0.0
+
+
+@pytest.mark.parametrize("kind", MASKED_KINDS)
+def test_an_unasked_look_ahead_gives_later_tokens_zero(kind):
+    assert future_weight(*forward(None, kind)[:2]) > 0.1
+    assert future_weight(*forward("look-ahead", kind)[:2]) == 0.0
+
+
+@pytest.mark.parametrize("kind", ["full", "local", "linformer", "sparse"])
+def test_softmax_over_queries_breaks_the_row_sums(kind):
+    assert row_sum_error(*forward(None, kind)[:2]) < 1e-5
+    assert row_sum_error(*forward("softmax-over-queries", kind)[:2]) > 0.1
+
+
+def test_a_mask_blocking_every_key_leaves_no_weight():
+    output, padding, _ = forward("mask-all-blocked")
+    assert float(output.attention[0].weights.abs().max()) == 0.0
+
+
+def test_no_scaling_saturates_and_a_tiny_scale_flattens():
+    healthy = max_weight(*forward(None)[:2])
+    assert max_weight(*forward("no-scaling")[:2]) > 0.9 > healthy
+    output, padding, _ = forward("tiny-scale")
+    weights, allowed = output.attention[0].weights, ~padding[:, None, None, :]
+    uniform = allowed / allowed.sum(-1, keepdim=True)
+    assert float(((weights - uniform).abs() * ~padding[:, None, :, None]).max()) < 1e-3
+    assert healthy > 1 / 8 + 0.05  # the healthy rows are not uniform, so the test above could fail
+
+
+def test_identical_heads_compute_the_same_weights():
+    assert head_difference(forward(None)[0]) > 0.01
+    assert head_difference(forward("identical-heads")[0]) == 0.0
+
+
+def test_dropped_positions_make_the_model_blind_to_order():
+    assert shuffled_change(None) > 1e-3
+    assert shuffled_change("positions-dropped") < 1e-5
+
+
+def test_the_learning_rate_bug_multiplies_the_learning_rate():
+    assert forward("learning-rate-30x")[2].hparams.lr == pytest.approx(0.03)
+
+
+def test_outside_bugs_change_the_attention():
+    output, padding, _ = forward("half-weights")
+    assert row_sum_error(output, padding) == pytest.approx(0.5)
+    healthy = forward(None)[0].logits
+    assert not torch.allclose(forward("noisy-scores")[0].logits, healthy)
+    assert not torch.allclose(forward("values-are-keys")[0].logits, healthy)
+    assert row_sum_error(*forward("mask-after-softmax")[:2]) > 0.01
+
+
+def test_linformer_keys_are_virtual_so_padding_bugs_do_not_apply_to_it():
+    assert has_virtual_keys(forward(None, "linformer")[0].attention[0])
+    assert all("linformer" not in BUGS[name].kinds for name in ("padding-ignored", "mask-inverted", "look-ahead"))
+
+
+def test_planting_is_undone_even_when_the_run_fails():
+    original = core.attention
+    with pytest.raises(RuntimeError), replaced([(original, lambda *a, **k: None)]):
+        assert core.attention is not original and sys.modules["model.attention"].attention is not original
+        raise RuntimeError("the run broke")
+    assert core.attention is original
+
+
+def test_a_users_bug_loads_from_their_module(tmp_path, monkeypatch):
+    (tmp_path / "my_bugs.py").write_text(textwrap.dedent('''
+        from bench.bugs import bug
+
+        @bug(expects="padding-leak")
+        def my_bug(plant):
+            "Every key visible."
+            plant.layers(lambda layer: setattr(layer, "mask", lambda padding, L, device=None: None))
+
+        def plain(plant):
+            plant.network(d_head=4)
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mine = load_bug("my_bugs:my_bug")
+    assert (mine.name, mine.expects, mine.summary) == ("my-bug", ("padding-leak",), "Every key visible.")
+    assert load_bug("my_bugs:plain").expects == ()  # any warning counts
+    BUGS.pop("my-bug")
+    for spec, message in (("nope", "no such bug"), ("my_bugs:missing", "cannot load"), ("no_module_here:x", "cannot load")):
+        with pytest.raises(ValueError, match=message):
+            load_bug(spec)
+    assert [b.name for b in select_bugs(["field"])] == [b.name for b in BUGS.values() if b.group == "field"]
+
+
+# ---- the doctor on tiny training runs ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    return subset_files("synthetic", 400, tmp_path_factory.mktemp("planted") / "data", validation_rows=100)
+
+
+def tiny_run(tiny_data, tmp_path, bug_name):
+    args = run_args(SHIPPED["synthetic"], *tiny_data, tmp_path, tmp_path / "cache")
+    checks, accuracy, error = fit(args, BUGS[bug_name] if bug_name else None, check_every=2)
+    assert checks and error is None and not math.isnan(accuracy)
+    return {name for check in checks for name in check["warnings"]}
+
+
+@pytest.mark.parametrize("name, verdict", [
+    ("padding-ignored", "padding-leak"),
+    ("softmax-over-queries", "rows-not-normalized"),
+    ("look-ahead", "unasked-look-ahead"),
+])
+def test_the_doctor_names_a_planted_bug(tiny_data, tmp_path, name, verdict):
+    assert verdict in BUGS[name].expects
+    assert verdict in tiny_run(tiny_data, tmp_path, name)
+
+
+def test_a_healthy_tiny_run_gets_no_warning(tiny_data, tmp_path):
+    assert tiny_run(tiny_data, tmp_path, None) == set()
