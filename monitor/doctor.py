@@ -202,10 +202,11 @@ def layer_warnings(figures: HealthFigures, layer: int, checks: dict) -> list[Fin
     found = []
     pad, real_zero, row_sum = most("pad_weight"), most("real_zero_share"), most("row_sum_error")
     if real_zero >= REAL_ZERO_SHARE and pad >= PAD_WEIGHT:
-        found.append(Finding("mask-inverted", layer, None, {"real_zero_share": real_zero, "pad_weight": pad}))
-    elif row_sum >= ROW_SUM_ERROR:
-        found.append(Finding("rows-not-normalized", layer, None, {"row_sum_error": row_sum, "pad_weight": pad}))
-    elif pad >= PAD_WEIGHT:
+        # Every other figure of the layer is read over keys it should never have seen: this one cause is enough.
+        return [Finding("mask-inverted", layer, None, {"real_zero_share": real_zero, "pad_weight": pad})]
+    if row_sum >= ROW_SUM_ERROR:  # the weights are no softmax over the keys: what else they show means nothing
+        return [Finding("rows-not-normalized", layer, None, {"row_sum_error": row_sum, "pad_weight": pad})]
+    if pad >= PAD_WEIGHT:
         found.append(Finding("padding-leak", layer, None, {"pad_weight": pad, "padded_rows": figures.padded_rows}))
     future_zero, future = most("future_zero_share"), most("future_weight")
     if future_zero >= FUTURE_ZERO_SHARE:

@@ -362,7 +362,7 @@ def test_a_pruned_network_with_other_head_counts_per_layer_is_validated_with_the
                       str(pruned), *QUIET, *ONE_PROBE, *SHORT])
     assert "val/acc" in cli.trainer.callback_metrics
     (monitor,) = [c for c in cli.trainer.callbacks if type(c).__name__ == "AttentionMonitor"]
-    assert sorted(len(heads) for heads in monitor.figures.verdicts()) == [1, 2]
+    assert sorted(monitor.figures.heads_of(layer) for layer in range(2)) == [1, 2]
 
 
 def test_health_figures_cover_the_heads_each_layer_has():
@@ -376,7 +376,7 @@ def test_health_figures_cover_the_heads_each_layer_has():
     health = AttentionHealth()
     health.update([layer(1), layer(2)])
     figures = health.compute()
-    assert [len(v) for v in figures.verdicts()] == [1, 2] and figures.heads == [1, 2]
+    assert [figures.heads_of(layer) for layer in range(2)] == [1, 2] and figures.heads == [1, 2]
     assert figures.entropy[0, 1].isnan() and not figures.entropy[1].isnan().any()
     assert figures.weight_sample[0, 1].isnan().all() and not figures.weight_sample[1].isnan().any()
 

@@ -11,7 +11,7 @@ from conftest import ONE_PROBE, PROBE_TEXT, QUIET, SMOKE, SMOKE_EPOCHS
 from monitor.callback import AttentionMonitor, pick_probes
 from monitor.health import AttentionHealth
 
-FIGURES = ("entropy", "max_weight", "score_std")
+FIGURES = ("entropy", "max_weight", "score_std", "gradient_pass", "pad_weight", "row_sum_error")
 
 
 def run(tmp_path, *extra, subcommand="fit"):
@@ -93,34 +93,32 @@ def test_figures_are_the_health_of_the_whole_validation_set(monitored_run):
         torch.testing.assert_close(getattr(figures, name), getattr(expected, name))
 
 
-def test_tiny_scale_is_flagged_over_uniform_with_one_warning_per_head(tmp_path, caplog):
+def test_tiny_scale_is_one_scale_warning_for_the_layer_with_its_figures(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="monitor.callback")
-    cli = run(tmp_path, "--model.network.scale", "0.001", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "10")
-    heads = cli.model.network.n_heads
-    lines = [r.getMessage() for r in caplog.records if r.name == "monitor.callback"]
-    assert len(lines) == heads
-    for head, line in enumerate(lines):
-        assert line.startswith(f"attention layer 0 head {head} is over-uniform (entropy 1.00")
-        assert "1/sqrt(d_k)" in line
-    assert verdict_texts(events(tmp_path))[-1].count("| over-uniform |") == heads
+    run(tmp_path, "--model.network.scale", "0.0001", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "10")
+    lines = [r.getMessage() for r in caplog.records if r.name == "monitor.callback" and r.levelno == logging.WARNING]
+    assert len(lines) == 1, lines  # the one layer, not each head
+    assert lines[0].startswith("attention layer 0: scale-too-small (score_std ")
+    assert "1/√d_k" in lines[0]
+    assert verdict_texts(events(tmp_path))[-1].count("| scale-too-small |") == 1
 
 
 def test_untrained_model_is_not_warned_about_but_its_verdict_is_logged(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="monitor.callback")
-    run(tmp_path, "--model.network.scale", "0.001", "--trainer.limit_val_batches", "2", subcommand="validate")
+    run(tmp_path, "--model.network.scale", "0.0001", "--trainer.limit_val_batches", "2", subcommand="validate")
     assert not [r for r in caplog.records if r.name == "monitor.callback"]
-    assert "| over-uniform |" in verdict_texts(events(tmp_path))[-1]
+    assert "| scale-too-small |" in verdict_texts(events(tmp_path))[-1]
 
 
 def test_without_tensorboard_scalars_still_go_to_the_logger(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="monitor.callback")
     run(
-        tmp_path, "--model.network.scale", "0.001", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "5",
+        tmp_path, "--model.network.scale", "0.0001", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "5",
         "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.init_args.save_dir", str(tmp_path),
     )
     (metrics,) = tmp_path.glob("lightning_logs/version_0/metrics.csv")
     assert "attention_health/entropy/layer0_head1" in metrics.read_text().splitlines()[0]
-    assert any("is over-uniform" in r.getMessage() for r in caplog.records)
+    assert any("scale-too-small" in r.getMessage() for r in caplog.records)
 
 
 def test_probes_are_moderate_length_evenly_spaced_and_deterministic():

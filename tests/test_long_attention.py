@@ -10,8 +10,13 @@ from conftest import refuses_causal
 from model.attention import MultiHeadSelfAttention
 from model.classifier import AttentionClassifier
 from model.config import ConfigError, NetworkConfig
-from model.kinds import ATTENTION_KINDS
-from model.long_attention import LocalSelfAttention, LongAttentionWeights
+from model.long_attention import (
+    LinformerSelfAttention,
+    LocalSelfAttention,
+    LongAttentionWeights,
+    SparseSelfAttention,
+)
+from monitor.doctor import diagnose, warnings
 from monitor.health import AttentionHealth, normalized_entropy
 from monitor.heatmap import attention_figure
 from monitor.views import token_window
@@ -198,7 +203,7 @@ def test_health_entropy_is_over_the_keys_a_query_can_see(kind):
     torch.testing.assert_close(normalized_entropy(attention[0], mask), torch.ones(H))
     real_queries = sum(n for n in LENGTHS if n >= 2)
     assert figures.rows == real_queries  # every real query of a text of 2+ tokens sees two or more keys
-    assert figures.verdicts() == [["over-uniform"] * H]
+    assert [f.verdict for f in warnings(diagnose(figures))] == ["scale-too-small"]  # every score 0
 
 
 def test_health_reads_a_fixed_sample_of_rows_and_estimates_the_whole():

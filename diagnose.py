@@ -1,0 +1,106 @@
+"""Diagnose a trained checkpoint's attention: the attention doctor's checks on a validation sample of its data.
+
+The checks, verdicts and report are built in inference/diagnosis.py; this face parses the command line and prints.
+"""
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+DESCRIPTION = """\
+Run the attention doctor on a checkpoint from train.py: its checks (weight on padding, row sums, a look-ahead
+nobody asked for, score spread, gradient passed, identical heads, heads zeroed one at a time, tokens shuffled) on
+a sample of the run's validation texts, plus the verdicts the AttentionMonitor stored in the checkpoint while it
+trained. Prints each finding with the figures behind it, its likely cause and what to try, and writes a one-page
+HTML report (the verdicts, every head's map of two texts on one 0-1 scale titled with its verdict, the figures,
+the training history). The verdict table: docs/DOCTOR.md.
+
+The data are those the checkpoint recorded (dataset, files, columns); --data.* replaces them, as in train.py.
+Exit status: 0 no warning, 1 a warning (a bug class: guard a CI job with it), 2 bad input (a missing or broken
+checkpoint, a bad flag, unreadable data), with a one-line error."""
+
+EPILOG = """\
+examples:
+  python diagnose.py --ckpt lightning_logs/version_0                      # the run's best checkpoint
+  python diagnose.py --ckpt last.ckpt --data.dataset sst2 --html sst2.html
+  python diagnose.py --ckpt run/checkpoints/last.ckpt --data.train_file reviews.csv --data.text_column review
+"""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit status 2
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = Parser(prog="diagnose.py", description=DESCRIPTION, epilog=EPILOG,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ckpt", required=True, metavar="RUN_OR_CKPT",
+                        help="a checkpoint written by train.py, or a run folder (lightning_logs/version_N: its best "
+                             "checkpoint)")
+    data = parser.add_argument_group("data (default: what the checkpoint recorded)")
+    for name, help_text in (("dataset", "a registered dataset: sst2, chnsenticorp_htl, ag_news, imdb, synthetic"),
+                            ("data_dir", "a local copy of the registered dataset"),
+                            ("train_file", "your own CSV/TSV/JSON/JSONL/parquet file (replaces dataset)"),
+                            ("val_file", "its validation file (else a share of train_file is held out)"),
+                            ("text_column", "column holding the text"), ("label_column", "column holding the label")):
+        data.add_argument(f"--data.{name}", dest=name, metavar="VALUE", help=help_text)
+    data.add_argument("--data.val_fraction", dest="val_fraction", type=float, metavar="F",
+                      help="share of train_file held out for validation without val_file")
+    data.add_argument("--data.seed", dest="seed", type=int, metavar="N", help="seed of that held-out share")
+    parser.add_argument("--texts", type=positive_int, default=1000, metavar="N",
+                        help="validation texts to check, a seeded random sample (default: 1000)")
+    parser.add_argument("--batch-size", type=positive_int, default=64, metavar="N", help="texts per forward pass")
+    parser.add_argument("--html", metavar="FILE",
+                        help="where to write the HTML report (default: <checkpoint>.diagnosis.html next to the "
+                             "checkpoint, or diagnosis.html in --out)")
+    parser.add_argument("--out", metavar="DIR", help="a folder for the report instead of the checkpoint's")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
+                        help="where the network runs (default: cpu)")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    return parser.parse_args(argv)
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return number
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from tqdm import tqdm
+
+    from data.files import WriteError, write_text
+    from data.sources import DataError
+    from inference.diagnosis import diagnose_checkpoint, html_report, text_report
+    from model.checkpoint import CheckpointError
+
+    data = {name: getattr(args, name) for name in ("dataset", "data_dir", "train_file", "val_file", "text_column",
+                                                   "label_column", "val_fraction", "seed")}
+    try:
+        diagnosis = diagnose_checkpoint(
+            args.ckpt, data, texts=args.texts, batch_size=args.batch_size, device=args.device,
+            progress=lambda batches: tqdm(batches, desc="checking", unit="batch", leave=False,
+                                          disable=len(batches) < 20 and not sys.stderr.isatty()),
+        )
+        target = Path(args.html) if args.html else (
+            Path(args.out) / "diagnosis.html" if args.out else diagnosis.checkpoint.with_suffix(".diagnosis.html"))
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+        write_text(target, html_report(diagnosis), "report")
+    except (CheckpointError, DataError, WriteError, ValueError, OSError) as e:
+        if args.debug:
+            raise
+        print(f"diagnose.py: error: {e}", file=sys.stderr)
+        return 2
+    print(text_report(diagnosis))
+    print(f"report: {target}")
+    return 1 if diagnosis.warnings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""The attention doctor on a trained checkpoint: the monitor's checks (monitor/health.py, monitor/checks.py) on a
+validation sample of the run's data, its verdicts (monitor/doctor.py), the training history the monitor stored in
+the checkpoint, and a one-page HTML report. diagnose.py is the command-line face.
+
+    from inference.diagnosis import diagnose_checkpoint
+    diagnosis = diagnose_checkpoint("lightning_logs/version_0")
+    [finding.line() for finding in diagnosis.warnings]
+
+The data are those the checkpoint recorded (its "datamodule_hyper_parameters": dataset, files, columns, validation
+share and seed), each replaceable; the texts are encoded with the checkpoint's own tokenizer, cut to its max_length,
+and padded by their lengths, as in training. No Lightning.
+"""
+
+import base64
+import html
+import io
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from data.sources import load_splits
+from data.tokenizer import pad
+from inference.classifier import TextClassifier
+from inference.ensemble import resolve_checkpoint
+from model.checkpoint import CheckpointError, read_checkpoint
+from monitor.checks import SAMPLE_TEXTS, model_checks
+from monitor.doctor import Finding, diagnose, figure_table_markdown, head_titles, verdict_table_markdown, warnings
+from monitor.health import AttentionHealth, HealthFigures
+
+DATA_SETTINGS = ("dataset", "data_dir", "train_file", "val_file", "test_file", "text_column", "label_column",
+                 "val_fraction", "seed")
+MAPS = 2  # validation texts drawn in the report
+
+
+@dataclass
+class Diagnosis:
+    checkpoint: Path
+    data: dict  # the data settings used
+    texts: int  # validation texts read
+    figures: HealthFigures
+    findings: list[Finding]
+    history: list[dict] = field(default_factory=list)  # the monitor's, from the checkpoint: {"step", "epoch", "findings"}
+    maps: list[tuple[list[str], list]] = field(default_factory=list)  # (tokens, one AttentionWeights per layer)
+
+    @property
+    def warnings(self) -> list[Finding]:
+        """This check's warnings, and those of the last validation the monitor recorded in training (training
+        dynamics, such as an unstable learning rate, are only seen there)."""
+        found = warnings(self.findings)
+        seen = {(f.verdict, f.layer, f.head) for f in found}
+        last = warnings(self.history[-1]["findings"]) if self.history else []
+        return found + [f for f in last if (f.verdict, f.layer, f.head) not in seen]
+
+
+def data_settings(checkpoint: dict, overrides: dict) -> dict:
+    """The data settings the checkpoint recorded, with `overrides` (None values ignored) on top; giving files or a
+    dataset replaces the recorded source as a whole."""
+    recorded = {key: value for key, value in (checkpoint.get("datamodule_hyper_parameters") or {}).items()
+                if key in DATA_SETTINGS}
+    given = {key: value for key, value in overrides.items() if value is not None}
+    if {"dataset", "train_file", "data_dir"} & given.keys():
+        recorded = {key: value for key, value in recorded.items() if key in ("val_fraction", "seed")}
+    settings = {"dataset": "sst2", "data_dir": None, "train_file": None, "val_file": None, "test_file": None,
+                "text_column": None, "label_column": None, "val_fraction": 0.1, "seed": 0}
+    return settings | recorded | given
+
+
+def validation_sample(settings: dict, label_names: list[str], texts: int, seed: int = 0):
+    """(texts, label ids in the checkpoint's order) of a seeded random sample of the validation split."""
+    splits = load_splits(**settings)
+    known = {name: i for i, name in enumerate(label_names)}
+    missing = sorted(set(splits.label_names) - known.keys())
+    if missing:
+        raise CheckpointError(f"the data have labels {missing} the checkpoint does not know ({label_names}): give "
+                              "the data the run was trained on (--data.*)")
+    pairs = list(zip(splits.texts["validation"], splits.labels["validation"]))
+    chosen = sorted(random.Random(seed).sample(range(len(pairs)), min(texts, len(pairs))))
+    return [pairs[i][0] for i in chosen], [known[splits.label_names[pairs[i][1]]] for i in chosen]
+
+
+def stored_history(checkpoint: dict) -> list[dict]:
+    """The AttentionMonitor's history saved in the checkpoint (its state_dict), findings as Finding objects."""
+    for key, state in (checkpoint.get("callbacks") or {}).items():
+        if "AttentionMonitor" in key and isinstance(state, dict):
+            return [entry | {"findings": [Finding.from_dict(f) for f in entry["findings"]]}
+                    for entry in state.get("history", [])]
+    return []
+
+
+@torch.no_grad()
+def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch_size: int = 64, device="cpu",
+                        progress=lambda batches: batches) -> Diagnosis:
+    """Every check of the attention doctor on a checkpoint (a run folder stands for its best checkpoint).
+    progress wraps the iterable of batches (a progress bar)."""
+    path = resolve_checkpoint(path)
+    checkpoint = read_checkpoint(path)
+    classifier = TextClassifier.from_checkpoint(path, device=device)
+    model, config = classifier.model, classifier.model.config
+    settings = data_settings(checkpoint, data or {})
+    sample, labels = validation_sample(settings, classifier.label_names, texts)
+    ids, tokens, _ = classifier.encode(sample)
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # little padding, as the data module batches
+    batches = []
+    for start in range(0, len(order), batch_size):
+        chosen = order[start : start + batch_size]
+        input_ids, padding_mask = pad([ids[i] for i in chosen])
+        batches.append({"input_ids": input_ids.to(classifier.device), "padding_mask": padding_mask.to(classifier.device),
+                        "labels": torch.tensor([labels[i] for i in chosen], device=classifier.device)})
+    health = AttentionHealth(rows_per_batch=None, causal=config.causal)
+    for batch in progress(batches):
+        output = model(batch["input_ids"], batch["padding_mask"], need_weights=True)
+        health.update(output.attention, batch["padding_mask"])
+    figures = health.compute()
+    # The model checks on a spread of the sample's batches (short and long texts alike).
+    step = max(1, len(batches) * batch_size // SAMPLE_TEXTS)
+    checks = model_checks(model, batches[::step])
+    findings = diagnose(figures, checks, None, config)
+    picks = [order[round(q * (len(order) - 1))] for q in (0.5, 0.75)][:MAPS]
+    maps = []
+    for i in dict.fromkeys(picks):
+        output = model(torch.tensor([ids[i]], device=classifier.device), None, need_weights=True)
+        maps.append((tokens[i], [layer for layer in output.attention]))
+    return Diagnosis(path, settings, len(sample), figures, findings, stored_history(checkpoint), maps)
+
+
+def text_report(diagnosis: Diagnosis) -> str:
+    """The verdict table with causes and fixes, and the training history, for the console."""
+    lines = [f"checkpoint {diagnosis.checkpoint}; {diagnosis.texts} validation texts of "
+             f"{diagnosis.data.get('train_file') or diagnosis.data['dataset']}"]
+    for finding in diagnosis.findings or []:
+        lines.append(f"  {finding.severity.upper():7} {finding.line()}")
+    if not diagnosis.findings:
+        lines.append("  ok      every check passed")
+    if diagnosis.history:
+        lines.append("training history (the monitor's verdicts at each validation):")
+        for entry in diagnosis.history:
+            names = [f"{f.verdict} ({f.where()})" for f in entry["findings"] if f.severity == "warning"]
+            notes = sorted({f.verdict for f in entry["findings"] if f.severity == "note"})
+            lines.append(f"  epoch {entry['epoch']:>3} step {entry['step']:>6}: warnings: {', '.join(names) or 'none'}"
+                         + (f"; notes: {', '.join(notes)}" if notes else ""))
+    count = len(diagnosis.warnings)
+    lines.append(f"{count} warning{'s' * (count != 1)}" + (": see above" if count else ": no bug class found"))
+    return "\n".join(lines)
+
+
+def markdown_table_html(markdown: str) -> str:
+    """A markdown table of monitor/doctor.py (escaped cell by cell) as an HTML table."""
+    rows = [line.strip("|").split(" | ") for line in markdown.splitlines() if not line.startswith("|:") and
+            not line.startswith("|--")]
+    if len(rows) < 2:
+        return f"<p>{html.escape(markdown)}</p>"
+    head = "".join(f"<th>{html.escape(cell.strip())}</th>" for cell in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell.strip())}</td>" for cell in row) + "</tr>"
+                   for row in rows[1:])
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def map_images(diagnosis: Diagnosis) -> list[str]:
+    """Each drawn text's heatmap (monitor/heatmap.py: every head on one 0–1 scale, tokens on the axes, a colour bar,
+    each panel titled with its head's verdict) as a base64 PNG."""
+    from monitor.heatmap import attention_figure  # matplotlib only for the report
+
+    images = []
+    for tokens, layers in diagnosis.maps:
+        heads = [layer.weights.shape[1] for layer in layers]
+        most = max(heads)
+        weights = torch.stack([torch.nn.functional.pad(layer.weights[0].float(), (0, 0, 0, 0, 0, most - h),
+                                                       value=math.nan) for layer, h in zip(layers, heads)]).cpu()
+        positions = getattr(layers[0], "key_positions", None)
+        global_rows = getattr(layers[0], "global_rows", None)
+        global_weights = None if global_rows is None else torch.stack(
+            [layer.global_rows.weights[0].float() for layer in layers]).cpu()
+        figure = attention_figure(weights, tokens, " ".join(tokens)[:70], 40, None,
+                                  None if positions is None else positions.cpu(), global_weights,
+                                  head_titles(diagnosis.findings, heads))
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=100)
+        images.append(base64.b64encode(buffer.getvalue()).decode())
+    return images
+
+
+def html_report(diagnosis: Diagnosis) -> str:
+    """One self-contained page: the verdicts with causes and fixes, the figures, the training history, the maps."""
+    count = len(diagnosis.warnings)
+    history = "".join(
+        f"<tr><td>{entry['epoch']}</td><td>{entry['step']}</td><td>"
+        f"{html.escape(', '.join(f'{f.verdict} ({f.where()})' for f in entry['findings'] if f.severity == 'warning') or 'none')}"
+        f"</td><td>{html.escape(', '.join(sorted({f.verdict for f in entry['findings'] if f.severity == 'note'})))}</td></tr>"
+        for entry in diagnosis.history)
+    maps = "".join(f'<img alt="attention of a validation text" src="data:image/png;base64,{image}">'
+                   for image in map_images(diagnosis))
+    summary = f"{count} warning{'s' * (count != 1)}" if count else "no warning: no bug class found"
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>attention diagnosis</title><style>
+body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }} table {{ border-collapse: collapse;
+font-size: .85em; margin: .5em 0 1.5em; }} td, th {{ border: 1px solid #ccc; padding: .2em .5em; text-align: left;
+vertical-align: top; }} img {{ max-width: 100%; display: block; margin: 1em 0; }} .bad {{ color: #b00; }}
+</style></head><body>
+<h1>Attention diagnosis</h1>
+<p>{html.escape(str(diagnosis.checkpoint))}: {diagnosis.texts} validation texts of
+{html.escape(str(diagnosis.data.get('train_file') or diagnosis.data['dataset']))}.
+<b class="{'bad' if count else ''}">{summary}</b>. The verdicts and their rules: docs/DOCTOR.md.</p>
+<h2>Verdicts</h2>{markdown_table_html(verdict_table_markdown(diagnosis.findings))}
+<h2>Attention of two validation texts</h2>
+<p>Every head on one 0–1 colour scale (query rows, key columns), each titled with its verdict.</p>{maps}
+<h2>Figures per head</h2>{markdown_table_html(figure_table_markdown(diagnosis.figures))}
+<h2>Training history</h2>
+{'<table><tr><th>epoch</th><th>step</th><th>warnings</th><th>notes</th></tr>' + history + '</table>'
+ if history else '<p>The checkpoint holds no monitor history (trained without the AttentionMonitor).</p>'}
+</body></html>
+"""
