@@ -147,23 +147,27 @@ def replaced(replacements: list[tuple[object, object]]) -> Iterator[None]:
     changed = []
     try:
         for original, replacement in replacements:
-            for module in list(sys.modules.values()):
-                for attribute, value in list(getattr(module, "__dict__", {}).items()):
-                    if value is original:
-                        setattr(module, attribute, replacement)
-                        changed.append((module, attribute, original))
-        if replacements and not changed:
-            raise ValueError(f"nothing in the loaded modules is {replacements[0][0]!r}: nothing to replace")
+            places = [(module, attribute) for module in list(sys.modules.values())
+                      for attribute, value in list(getattr(module, "__dict__", {}).items()) if value is original]
+            if not places:
+                raise ValueError(f"nothing in the loaded modules is {original!r}: nothing to replace")
+            for module, attribute in places:
+                setattr(module, attribute, replacement)
+                changed.append((module, attribute, original))
         yield
     finally:
         for module, attribute, original in reversed(changed):
             setattr(module, attribute, original)
 
 
+def networks(module) -> list:
+    """The networks a ClassifierModule holds: `model`, and with ema_decay the `online_model` it averages."""
+    return list({id(network): network for network in (module.model, module.online_model)}.values())
+
+
 def attention_layers(module) -> list:
-    """Every attention layer of the networks a ClassifierModule holds (`model`, and `online_model` with ema_decay)."""
-    networks = {id(network): network for network in (module.model, module.online_model)}.values()
-    return [block.attention for network in networks for block in network.blocks]
+    """Every attention layer of the module's networks."""
+    return [block.attention for network in networks(module) for block in network.blocks]
 
 
 def edited_attention(q, k, v, blocked=None, *, scale: float, dropout=None, need_weights: bool = False,
@@ -295,7 +299,7 @@ def positions_dropped(plant):
 
     @torch.no_grad()
     def drop(module):
-        for network in {id(n): n for n in (module.model, module.online_model)}.values():
+        for network in networks(module):
             network.position_embedding.weight.zero_()
             network.position_embedding.weight.requires_grad_(False)
 
@@ -338,10 +342,12 @@ def no_padding_mask(plant):
     """No padding mask at all in the classifier (EdwardRaff/Inside-Deep-Learning #13): padding tokens are embedded,
     attended to and pooled like words."""
 
+    def without_mask(forward):
+        return lambda ids, key_padding_mask=None, need_weights=False: forward(ids, None, need_weights)
+
     def edit(module):
-        for network in {id(n): n for n in (module.model, module.online_model)}.values():
-            forward = network.forward
-            network.forward = lambda ids, key_padding_mask=None, need_weights=False: forward(ids, None, need_weights)
+        for network in networks(module):
+            network.forward = without_mask(network.forward)
 
     plant.module(edit)
 

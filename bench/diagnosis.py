@@ -25,7 +25,6 @@ import argparse
 import json
 import logging
 import math
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +39,7 @@ from bench.bugs import BUGS, Bug, Plant, load_bug
 from bench.common import CONFIGS, ROOT
 from bench.subsets import subset, write
 from data.sources import load_splits
+from inference.diagnosis import diagnose_checkpoint
 from monitor import AttentionMonitor
 from monitor.doctor import VERDICTS
 from training.module import NonFiniteLossError
@@ -87,9 +87,13 @@ def fit(args: list[str], bug: Bug | None = None, check_every: int | None = None)
         bug.plant(plant)
     cli = train.cli([*args, *plant.flags()], run=False)
     if check_every:
+        # n validations evenly spaced, the last at the epoch's end: the few batches past n · interval are left out
+        # (Lightning validates every `interval` batches, not at an epoch end that falls between two).
         data = cli.datamodule
         batches = math.ceil(len(data.split("train")) / data.hparams.batch_size)
-        cli.trainer.val_check_interval = min(check_every, batches)
+        validations = max(1, round(batches / check_every))
+        cli.trainer.val_check_interval = batches // validations
+        cli.trainer.limit_train_batches = validations * (batches // validations)
     plant.edit(cli.model)
     error = None
     with plant.applied():
@@ -104,15 +108,13 @@ def fit(args: list[str], bug: Bug | None = None, check_every: int | None = None)
 
 def checks(history: list[dict]) -> list[dict]:
     """The monitor's history as {"step", "warnings", "notes"} per validation (findings as objects or plain dicts)."""
-    result = []
-    for entry in history:
-        names = [f["verdict"] if isinstance(f, dict) else f.verdict for f in entry["findings"]]
-        result.append({
-            "step": int(entry["step"]),
-            "warnings": sorted({n for n in names if VERDICTS[n].severity == "warning"}),
-            "notes": sorted({n for n in names if VERDICTS[n].severity != "warning"}),
-        })
-    return result
+    return [check(int(entry["step"]), entry["findings"]) for entry in history]
+
+
+def check(step: int | str, findings) -> dict:
+    names = [f["verdict"] if isinstance(f, dict) else f.verdict for f in findings]
+    return {"step": step, "warnings": sorted({n for n in names if VERDICTS[n].severity == "warning"}),
+            "notes": sorted({n for n in names if VERDICTS[n].severity != "warning"})}
 
 
 def run_args(config: Path | None, train_file: Path, val_file: Path, root: Path, cache: Path,
@@ -185,10 +187,17 @@ def measure(bugs: list[Bug | None], datasets: list[str], rows: int, work: Path, 
     return runs
 
 
-def diagnose_checkpoint(run: str) -> dict:
-    """diagnose.py on a trained run: its exit status (1: a bug-class verdict) and its last lines."""
-    done = subprocess.run([sys.executable, str(ROOT / "diagnose.py"), "--ckpt", run], capture_output=True, text=True)
-    return {"run": run, "exit": done.returncode, "output": (done.stdout + done.stderr).strip().splitlines()[-12:]}
+def checkpoint_run(path: str) -> Run:
+    """A trained run (or checkpoint) as a healthy Run: the verdicts its monitor recorded at every validation while it
+    trained, then those of diagnose.py's checks on its validation sample (step "diagnose")."""
+    started = time.perf_counter()
+    diagnosis = diagnose_checkpoint(path)
+    data = diagnosis.data
+    run = Run("healthy", data.get("train_file") or data.get("dataset") or "?", str(diagnosis.checkpoint))
+    run.checks = checks(diagnosis.history) + [check("diagnose", diagnosis.findings)]
+    run.seconds = time.perf_counter() - started
+    log.info("%s: warnings %s; %.0f s", path, ", ".join(sorted(run.warnings())) or "none", run.seconds)
+    return run
 
 
 # ---- tables -------------------------------------------------------------------------------------------------------
@@ -200,25 +209,31 @@ def runs_table(runs: list[Run]) -> list[str]:
     for run in runs:
         if run.bug == "healthy":
             continue
-        bug = BUGS.get(run.bug) or load_bug(run.bug)
+        bug = bug_of(run)
         step = run.first_step(bug.expects)
         others = sorted(run.warnings() - set(bug.expects))
         notes = sorted({n for check in run.checks for n in check["notes"]})
         lines.append(f"| {run.bug} | {run.dataset} | {' or '.join(bug.expects) or 'any warning'} | "
                      f"{'not seen' if step is None else step} | {', '.join(others) or '–'} | {', '.join(notes) or '–'} "
-                     f"| {run.accuracy:.3f}{' (stopped: non-finite loss)' if run.error else ''} |")
+                     f"| {accuracy(run)}{' (stopped: non-finite loss)' if run.error else ''} |")
     return lines
 
 
+def accuracy(run: Run) -> str:
+    return "–" if math.isnan(run.accuracy) else f"{run.accuracy:.3f}"
+
+
 def confusion_table(runs: list[Run]) -> list[str]:
-    """Planted bug × warning: in how many of the bug's runs (datasets) each warning was given at any validation."""
+    """Planted bug (its number of runs) × warning: in how many of the bug's runs each warning was given at any
+    validation; "none": runs with no warning at all."""
     planted = [run for run in runs if run.bug != "healthy"]
     columns = sorted({name for run in planted for name in run.warnings()})
     lines = [f"| planted bug | {' | '.join(columns)} | none |", "|---|" + "---:|" * (len(columns) + 1)]
     for name in dict.fromkeys(run.bug for run in planted):
         mine = [run for run in planted if run.bug == name]
-        cells = [f"{sum(column in run.warnings() for run in mine)}/{len(mine)}" for column in columns]
-        lines.append(f"| {name} | {' | '.join(cells)} | {sum(not run.warnings() for run in mine)}/{len(mine)} |")
+        counts = [sum(column in run.warnings() for run in mine) for column in columns]
+        counts.append(sum(not run.warnings() for run in mine))
+        lines.append(f"| {name} ({len(mine)}) | {' | '.join(str(n) if n else '·' for n in counts)} |")
     return lines
 
 
@@ -234,38 +249,45 @@ def healthy_table(runs: list[Run]) -> list[str]:
         notes = sorted({n for check in run.checks for n in check["notes"]})
         warned = "; ".join(f"{name} ({', '.join(map(str, steps))})" for name, steps in given.items()) or "none"
         lines.append(f"| {run.dataset} | {run.config} | {len(run.checks)} | {warned} | {', '.join(notes) or '–'} | "
-                     f"{run.accuracy:.3f} |")
+                     f"{accuracy(run)} |")
     return lines
 
 
 def summary(runs: list[Run]) -> dict:
-    planted = [(run, BUGS.get(run.bug) or load_bug(run.bug)) for run in runs if run.bug != "healthy"]
-    named = [run.first_step(bug.expects) is not None for run, bug in planted]
-    early = [(step := run.first_step(bug.expects)) is not None and step <= FIRST_STEPS for run, bug in planted]
+    """Catalogued bugs (groups catalogue and field) named with their cause, bugs outside the catalogue given any
+    warning, healthy runs given one."""
+    planted = [(run, bug_of(run)) for run in runs if run.bug != "healthy"]
+    designed = [(run, bug) for run, bug in planted if bug.group != "outside"]
+    named = [run.first_step(bug.expects) for run, bug in designed]
     healthy = [run for run in runs if run.bug == "healthy"]
     return {
-        "planted_runs": len(planted),
-        "named_by_end_of_epoch_1": sum(named),
-        "named_share": sum(named) / len(named) if named else math.nan,
-        f"named_within_{FIRST_STEPS}_steps": sum(early),
+        "catalogued_runs": len(designed),
+        "named_by_end_of_epoch_1": sum(step is not None for step in named),
+        f"named_within_{FIRST_STEPS}_steps": sum(step is not None and step <= FIRST_STEPS for step in named),
+        "outside_runs": len(planted) - len(designed),
+        "outside_runs_warned": sum(bool(run.warnings()) for run, bug in planted if bug.group == "outside"),
         "healthy_runs": len(healthy),
         "healthy_runs_with_warnings": sum(bool(run.warnings()) for run in healthy),
     }
 
 
-def report(runs: list[Run], command: str, checkpoints: list[dict]) -> str:
+def bug_of(run: Run) -> Bug:
+    return BUGS.get(run.bug) or load_bug(run.bug)
+
+
+def report(runs: list[Run], command: str) -> str:
     figures = summary(runs)
     parts = [f"`{command}`", "",
-             f"Bugs named with their cause by the end of the first epoch: {figures['named_by_end_of_epoch_1']} of "
-             f"{figures['planted_runs']} runs; within {FIRST_STEPS} steps: {figures[f'named_within_{FIRST_STEPS}_steps']}."
-             f" Healthy runs with a warning: {figures['healthy_runs_with_warnings']} of {figures['healthy_runs']}.", ""]
-    if figures["planted_runs"]:
-        parts += ["Planted runs:", "", *runs_table(runs), "", "Confusion (planted bug × warning given at any "
-                  "validation, runs):", "", *confusion_table(runs), ""]
+             f"Catalogued bugs named with their cause by the end of the first epoch: "
+             f"{figures['named_by_end_of_epoch_1']} of {figures['catalogued_runs']} runs; within {FIRST_STEPS} steps: "
+             f"{figures[f'named_within_{FIRST_STEPS}_steps']}. Bugs outside the catalogue given a warning: "
+             f"{figures['outside_runs_warned']} of {figures['outside_runs']} runs. Healthy runs with a warning: "
+             f"{figures['healthy_runs_with_warnings']} of {figures['healthy_runs']}.", ""]
+    if figures["catalogued_runs"] + figures["outside_runs"]:
+        parts += ["Planted runs:", "", *runs_table(runs), "", "Confusion: planted bug (runs) × warning given at any "
+                  "validation (runs):", "", *confusion_table(runs), ""]
     if figures["healthy_runs"]:
         parts += ["Healthy runs:", "", *healthy_table(runs), ""]
-    for done in checkpoints:
-        parts += [f"diagnose.py --ckpt {done['run']}: exit {done['exit']}", "", "```", *done["output"], "```", ""]
     return "\n".join(parts)
 
 
@@ -281,7 +303,8 @@ def main(argv=None):
                         help="attention kind of every run (local, sparse: window 8; linformer: 16 projected keys)")
     parser.add_argument("--no-healthy", action="store_true", help="no healthy (bug-free) runs")
     parser.add_argument("--healthy-checkpoints", nargs="+", default=[], metavar="RUN",
-                        help="trained runs (or checkpoints) to diagnose with diagnose.py, e.g. full shipped runs")
+                        help="trained runs (or checkpoints), e.g. full shipped runs: the verdicts their monitor "
+                             "recorded while they trained, and diagnose.py's checks on them")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke test of the bench: synthetic only, 600 rows, 200 validation texts")
     parser.add_argument("--threads", type=int, default=1)
@@ -308,11 +331,11 @@ def main(argv=None):
     args.work.mkdir(parents=True, exist_ok=True)
     runs = measure(bugs, datasets, rows, args.work, args.check_every, args.attention,
                    validation_rows=validation_rows) if bugs else []
-    checkpoints = [diagnose_checkpoint(run) for run in args.healthy_checkpoints]
+    runs += [checkpoint_run(path) for path in args.healthy_checkpoints]
     command = "python -m bench.diagnosis " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = report(runs, command.strip(), checkpoints)
+    text = report(runs, command.strip())
     print(text)
-    result = {**summary(runs), "runs": [asdict(run) for run in runs], "checkpoints": checkpoints, "command": command}
+    result = {**summary(runs), "runs": [asdict(run) for run in runs], "command": command}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) if args.out.suffix == ".json" else text + "\n")
     print(json.dumps({key: value for key, value in result.items() if key != "runs"}))

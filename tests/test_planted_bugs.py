@@ -153,6 +153,20 @@ def test_outside_bugs_change_the_attention():
     assert row_sum_error(*forward("mask-after-softmax")[:2]) > 0.01
 
 
+def test_a_bug_edits_both_networks_of_an_averaging_module():
+    config = NetworkConfig(vocab_size=30, max_length=8, d_model=16, n_heads=2)
+    networks = [AttentionClassifier(config).eval() for _ in range(2)]  # `model` and `online_model` (ema_decay)
+    plant = Plant()
+    for name in ("positions-dropped", "no-padding-mask"):
+        BUGS[name].plant(plant)
+    plant.edit(SimpleNamespace(model=networks[0], online_model=networks[1]))
+    ids, padding = torch.randint(4, 30, (3, 8)), torch.arange(8) >= torch.tensor(LENGTHS)[:, None]
+    for network in networks:
+        assert not network.position_embedding.weight.any()
+        assert torch.equal(network(ids, padding).logits, AttentionClassifier.forward(network, ids, None).logits)
+        assert not torch.equal(network(ids, padding).logits, AttentionClassifier.forward(network, ids, padding).logits)
+
+
 def test_linformer_keys_are_virtual_so_padding_bugs_do_not_apply_to_it():
     assert has_virtual_keys(forward(None, "linformer")[0].attention[0])
     assert all("linformer" not in BUGS[name].kinds for name in ("padding-ignored", "mask-inverted", "look-ahead"))
