@@ -6,6 +6,7 @@ said about them; healthy runs, which must get no warning.
     python -m bench.diagnosis --bugs my_module:my_bug --attention local
     python -m bench.diagnosis --quick                             # tiny: a smoke test of the bench itself
     python -m bench.diagnosis --healthy-checkpoints lightning_logs/version_3 --bugs none --no-healthy
+    python -m bench.diagnosis --merge synthetic.json sst2.json     # the tables of runs saved with --out X.json
 
 A run is `train.py fit` in this process (train.cli, run=False): the bug's network settings go in as flags, its
 edits are made on the built module, and it trains with its replacements in place; nothing in the product knows.
@@ -277,7 +278,7 @@ def bug_of(run: Run) -> Bug:
 
 def report(runs: list[Run], command: str) -> str:
     figures = summary(runs)
-    parts = [f"`{command}`", "",
+    parts = [command, "",
              f"Catalogued bugs named with their cause by the end of the first epoch: "
              f"{figures['named_by_end_of_epoch_1']} of {figures['catalogued_runs']} runs; within {FIRST_STEPS} steps: "
              f"{figures[f'named_within_{FIRST_STEPS}_steps']}. Bugs outside the catalogue given a warning: "
@@ -311,7 +312,14 @@ def main(argv=None):
     parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "diagnosis",
                         help="subsets, the data cache and each run's scratch folder")
     parser.add_argument("--out", type=Path, help="write the tables (.md) or the JSON (.json) here")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
+                        help="no runs: the tables of earlier runs' --out JSON files together (e.g. one per dataset)")
     args = parser.parse_args(argv)
+    if args.merge:
+        saved = [json.loads(path.read_text()) for path in args.merge]
+        runs = [Run(**run) for result in saved for run in result["runs"]]
+        print(report(runs, "; ".join(f"`{result['command']}`" for result in saved)))
+        return
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
@@ -333,7 +341,7 @@ def main(argv=None):
                    validation_rows=validation_rows) if bugs else []
     runs += [checkpoint_run(path) for path in args.healthy_checkpoints]
     command = "python -m bench.diagnosis " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = report(runs, command.strip())
+    text = report(runs, f"`{command.strip()}`")
     print(text)
     result = {**summary(runs), "runs": [asdict(run) for run in runs], "command": command}
     if args.out:

@@ -11,7 +11,7 @@ import torch
 
 import model.attention as core
 from bench.bugs import BUGS, MASKED_KINDS, Plant, load_bug, replaced
-from bench.diagnosis import SHIPPED, fit, run_args, select_bugs, subset_files
+from bench.diagnosis import SHIPPED, Run, confusion_table, fit, run_args, select_bugs, subset_files, summary
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
 from monitor.views import has_virtual_keys, token_window
@@ -201,6 +201,23 @@ def test_a_users_bug_loads_from_their_module(tmp_path, monkeypatch):
         with pytest.raises(ValueError, match=message):
             load_bug(spec)
     assert [b.name for b in select_bugs(["field"])] == [b.name for b in BUGS.values() if b.group == "field"]
+
+
+def test_the_bench_counts_what_each_run_was_told():
+    def told(step, *warnings):
+        return {"step": step, "warnings": list(warnings), "notes": []}
+
+    runs = [Run("padding-ignored", "sst2", "sst2.yaml", [told(23), told(46, "padding-leak")]),
+            Run("padding-ignored", "synthetic", "smoke.yaml", [told(23, "rows-not-normalized")]),
+            Run("values-are-keys", "sst2", "sst2.yaml", [told(23)]),
+            Run("healthy", "sst2", "no config", [told(23), told(46, "saturated")])]
+    assert runs[0].first_step(("padding-leak",)) == 46 and runs[1].first_step(("padding-leak",)) is None
+    assert summary(runs) == {"catalogued_runs": 2, "named_by_end_of_epoch_1": 1, "named_within_200_steps": 1,
+                             "outside_runs": 1, "outside_runs_warned": 0, "healthy_runs": 1,
+                             "healthy_runs_with_warnings": 1}
+    table = confusion_table(runs)
+    assert table[0] == "| planted bug | padding-leak | rows-not-normalized | none |"
+    assert table[2:] == ["| padding-ignored (2) | 1 | 1 | · |", "| values-are-keys (1) | · | · | 1 |"]
 
 
 # ---- the doctor on tiny training runs ---------------------------------------------------------------------------
