@@ -40,6 +40,7 @@ from monitor.heatmap import attention_figure, figure_to_array, panel_title, show
 log = logging.getLogger(__name__)
 
 FIGURES = ("entropy", "max_weight", "score_std", "gradient_pass", "distance", "pad_weight", "row_sum_error")
+CHECK_SHARE, MIN_CHECK_TEXTS = 0.02, 16  # the model checks' share of the training work, and their fewest texts
 MAX_PROBES, MAX_TOKENS = 64, 256  # probe heatmaps drawn per validation, tokens across one (bounds on figure memory)
 TITLE_CHARACTERS = 70
 
@@ -87,8 +88,9 @@ class AttentionMonitor(Callback):
             health_rows: query rows per validation batch the health figures read, a fixed random sample of the
                 batch's counted rows (monitor/health.py); None = every row, which costs more than the validation
                 pass itself on long texts.
-            check_texts: validation texts (the first batches) the model checks run on once per validation
-                epoch: each head zeroed in turn, the tokens shuffled (monitor/checks.py); 0 = no model checks.
+            check_texts: validation texts (the first ones) the model checks run on once per validation epoch: each
+                head zeroed in turn, the tokens shuffled (monitor/checks.py); 0 = no model checks. Fewer when they
+                would cost more than 2% of the training since the last validation (at least 16).
             warn: log one warning per warning-finding (monitor/doctor.py), notes at INFO.
             warn_from_epoch: the first training epoch (from 0) whose validation may warn. A model that has taken
                 no optimizer step at all never warns (its findings are still recorded and shown).
@@ -107,6 +109,7 @@ class AttentionMonitor(Callback):
         self.health = AttentionHealth(rows_per_batch=health_rows)
         self.dynamics = TrainingDynamics()
         self.check_batches = []  # the validation sample the model checks run on, gathered during the pass
+        self.check_limit = check_texts
         self.findings: list[Finding] = []  # the latest validation pass's findings
         self.history: list[dict] = []  # {"step", "epoch", "findings": [Finding, ...]} per validation epoch
         self.probes = None  # (batch dict, tokens per probe, title per probe), built on first use
@@ -229,12 +232,20 @@ class AttentionMonitor(Callback):
     def on_validation_epoch_start(self, trainer, pl_module):
         self.health.reset()
         self.check_batches = []
+        # The checks cost (heads + 4) forward passes over their texts: at most CHECK_SHARE of the training work
+        # (a forward and a backward pass, about 3 forward passes, per text) since the last validation.
+        passes = sum(block.attention.n_heads for block in pl_module.model.blocks) + 4
+        trained = self.dynamics.texts
+        budget = max(MIN_CHECK_TEXTS, int(CHECK_SHARE * 3 * trained / passes)) if trained else self.check_texts
+        self.check_limit = min(self.check_texts, budget)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         if trainer.sanity_checking or not trainer.is_global_zero or dataloader_idx != 0:
             return  # under DDP the figures cover rank zero's share of the validation set
-        if sum(len(b["labels"]) for b in self.check_batches) < self.check_texts:
-            self.check_batches.append({key: batch[key] for key in ("input_ids", "padding_mask", "labels")})
+        held = sum(len(b["labels"]) for b in self.check_batches)
+        if held < self.check_limit:
+            self.check_batches.append({key: batch[key][: self.check_limit - held]
+                                       for key in ("input_ids", "padding_mask", "labels")})
         if self.health_batches is not None and batch_idx >= self.health_batches:
             return
         attention = outputs.get("attention") if isinstance(outputs, dict) else None
@@ -314,7 +325,7 @@ class AttentionMonitor(Callback):
         self.dynamics.watch(pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.dynamics.update(outputs, trainer.global_step)
+        self.dynamics.update(outputs, trainer.global_step, len(batch["input_ids"]))
         step = trainer.global_step
         if self.every_n_train_steps <= 0 or step == 0 or step % self.every_n_train_steps or step == self.last_probe_step:
             return  # the last test skips repeats while gradient accumulation holds the step still

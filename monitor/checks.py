@@ -3,9 +3,9 @@
     head_loss_delta    (n_layers, H) validation loss with the head's output zeroed (its head_gate 0) minus the loss
                        with every head: how much the loss needs the head. A uniform head the loss needs is an
                        averaging head doing its job; one it does not need is unused
-    order_sensitivity  mean over texts of max_c |p_c − p'_c|, p' the probabilities with each text's real tokens
-                       after the first shuffled: exactly 0, up to float rounding, when positions never reach the
-                       model. Defined for full attention without the look-ahead mask only (the other kinds' key
+    order_sensitivity  mean over texts of 3 or more tokens of max_c |p_c − p'_c|, p' the probabilities with the
+                       text's real tokens after the first shuffled: exactly 0, up to float rounding, when positions
+                       never reach the model. Defined for full attention without the look-ahead mask only (the other kinds' key
                        windows and the causal mask depend on order by themselves): NaN otherwise
     unsteady_loss      |loss of a second identical evaluation pass − the first|: 0 for a deterministic network
 
@@ -67,16 +67,19 @@ def order_sensitivity(model, batches: list[dict]) -> float:
     total, count = 0.0, 0
     for batch in batches:
         ids, padding = batch["input_ids"], batch["padding_mask"]
-        shuffled = ids.clone()
+        shuffled, moved = ids.clone(), []
         for row, length in enumerate((~padding).sum(dim=-1).tolist()):
             if length > 2:  # the first token stays: "first" pooling reads it
                 order = torch.randperm(length - 1, generator=generator) + 1
                 shuffled[row, 1:length] = ids[row, order.to(ids.device)]
-        p = model(ids, padding).logits.float().softmax(-1)
-        q = model(shuffled, padding).logits.float().softmax(-1)
+                moved.append(row)
+        if not moved:
+            continue
+        p = model(ids[moved], padding[moved]).logits.float().softmax(-1)
+        q = model(shuffled[moved], padding[moved]).logits.float().softmax(-1)
         total += float((p - q).abs().amax(dim=-1).sum())
-        count += len(ids)
-    return total / max(count, 1)
+        count += len(moved)
+    return total / count if count else math.nan  # no text long enough to shuffle: nothing to tell
 
 
 def sample_batches(batches, texts: int = SAMPLE_TEXTS) -> list[dict]:

@@ -95,7 +95,7 @@ VERDICTS: dict[str, Verdict] = {
         "lower --model.lr (by 10× to start with), keep the warm-up"),
     "something-wrong": Verdict(
         "warning", f"figures no working layer gives: weight on later keys under a causal config (≥ {FUTURE_WEIGHT:g}), "
-        f"two identical evaluation passes differing (|Δloss| ≥ {UNSTEADY:g}), or non-finite weights",
+        f"two identical evaluation passes differing (abs(Δloss) ≥ {UNSTEADY:g}), or non-finite weights",
         "attention computes something other than softmax(q kᵀ · scale) v over the allowed keys",
         "test attention() against a reference (tests/test_formula.py) and read the figures in the warning"),
     "averaging-head": Verdict(
@@ -104,7 +104,7 @@ VERDICTS: dict[str, Verdict] = {
         f"≥ {NEEDED_LOSS:g}, \"unused\" when it does not",
         "nothing, if accuracy is fine; an unused one can be pruned (bench/prune_heads.py)"),
     "unused-head": Verdict(
-        "note", f"|head_loss_delta| < {UNUSED_LOSS:g}: zeroing the head's output leaves the validation loss as it is",
+        "note", f"abs(head_loss_delta) < {UNUSED_LOSS:g}: zeroing the head's output leaves the validation loss as it is",
         "the model does not use this head (yet)",
         "nothing; or fewer heads"),
     "still-learning": Verdict(
@@ -137,7 +137,8 @@ class Finding:
         """One line: where, the verdict, the figures behind it, the likely cause and what to try."""
         verdict = VERDICTS[self.verdict]
         numbers = ", ".join(f"{name} {format_figure(value)}" for name, value in self.figures.items())
-        return f"attention {self.where()}: {self.verdict} ({numbers}): {verdict.cause}; try: {verdict.fix}"
+        numbers = f" ({numbers})" if numbers else ""
+        return f"attention {self.where()}: {self.verdict}{numbers}: {verdict.cause}; try: {verdict.fix}"
 
     def to_dict(self) -> dict:
         """Plain data (a checkpoint loads it with weights_only)."""

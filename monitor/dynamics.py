@@ -23,6 +23,7 @@ class TrainingDynamics:
 
     def reset(self) -> None:
         self.losses, self.ratios, self.nonfinite = [], [], None
+        self.texts = 0  # training texts since the last summary
 
     def watch(self, pl_module) -> None:
         """The attention projections of the network the optimizer trains (`online_model` when there is one)."""
@@ -33,8 +34,10 @@ class TrainingDynamics:
         self.before = None
 
     @torch.no_grad()
-    def update(self, outputs, step: int) -> None:
-        """After a training batch: its loss, and the update ratio when an optimizer step was taken since the last."""
+    def update(self, outputs, step: int, texts: int = 0) -> None:
+        """After a training batch of `texts` texts: its loss, and the update ratio when an optimizer step was taken
+        since the last."""
+        self.texts += texts
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if torch.is_tensor(loss):
             loss = loss.detach().float()

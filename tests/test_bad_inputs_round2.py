@@ -260,10 +260,11 @@ def test_a_huge_window_from_train_py_is_one_line(tmp_path):
 
 
 def test_max_length_1_trains_and_checkpoints_with_an_empty_health_sample(tmp_path, caplog):
-    """No query has two keys: the health figures are "no-data" and the weight histogram is skipped."""
+    """No query has two keys: the health figures are a "no-data" note and the weight histogram is skipped."""
+    caplog.set_level(logging.INFO, logger="monitor.callback")
     fit(tmp_path, "--data.max_length", "1", "--trainer.max_epochs", "1")
     assert (tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
-    assert "is no-data" in caplog.text
+    assert "attention the model: no-data: " in caplog.text
 
 
 def test_a_read_only_filesystem_for_the_logs_is_one_line(tmp_path, monkeypatch):
