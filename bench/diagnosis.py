@@ -10,7 +10,7 @@ said about them; healthy runs, which must get no warning.
 
 A run is `train.py fit` in this process (train.cli, run=False): the bug's network settings go in as flags, its
 edits are made on the built module, and it trains with its replacements in place; nothing in the product knows.
-Every run trains 1 epoch on a subset of the dataset's training split (`--rows`, stratified, seed 0) written as a
+Every run trains 1 epoch (healthy runs `--healthy-epochs`) on a subset of the dataset's training split (`--rows`, stratified, seed 0) written as a
 CSV, and validates on the whole validation split every `--check-every` optimizer steps, so the step at which a
 verdict first appears is measured. Bug runs use the dataset's shipped config (configs/smoke.yaml for synthetic);
 healthy runs use it and the no-config default (configs/default.yaml). The verdicts are the AttentionMonitor's
@@ -119,14 +119,14 @@ def check(step: int | str, findings) -> dict:
 
 
 def run_args(config: Path | None, train_file: Path, val_file: Path, root: Path, cache: Path,
-             network: list[str] = ()) -> list[str]:
-    """train.py flags for a 1-epoch run on these files (config None: the no-config default)."""
+             network: list[str] = (), epochs: int = 1) -> list[str]:
+    """train.py flags for a run of `epochs` on these files (config None: the no-config default)."""
     return [*(["--config", str(config)] if config else []), "--data.train_file", str(train_file),
             "--data.val_file", str(val_file), "--data.cache_dir", str(cache), "--trainer.default_root_dir", str(root),
             # A CSV logger: the learning rate and the scalars are kept, no probe heatmap is drawn (TensorBoard only)
             "--trainer.logger", json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger",
                                             "init_args": {"save_dir": str(root)}}),
-            "--trainer.max_epochs", "1", *QUIET, *network]
+            "--trainer.max_epochs", str(epochs), *QUIET, *network]
 
 
 def network_flags(attention: str | None) -> list[str]:
@@ -161,14 +161,16 @@ def subset_files(dataset: str, rows: int, folder: Path, validation_rows: int | N
 
 
 def measure(bugs: list[Bug | None], datasets: list[str], rows: int, work: Path, check_every: int,
-            attention: str | None = None, healthy_configs: bool = True, validation_rows: int | None = None) -> list[Run]:
-    """Every bug (None: healthy) × dataset, plus the healthy no-config runs; sequential, one process."""
+            attention: str | None = None, validation_rows: int | None = None,
+            healthy_epochs: int = 1) -> list[Run]:
+    """Every bug (None: healthy) × dataset, plus the healthy no-config runs; sequential, one process. A bug run
+    trains 1 epoch, a healthy run `healthy_epochs`."""
     plan = []
     for dataset in datasets:
         for bug in bugs:
             if bug is None or attention is None or attention in bug.kinds:
                 plan.append((bug, dataset, SHIPPED[dataset]))
-        if healthy_configs and None in bugs:
+        if None in bugs:
             plan.append((None, dataset, None))
     runs = []
     for i, (bug, dataset, config) in enumerate(plan, 1):
@@ -176,7 +178,8 @@ def measure(bugs: list[Bug | None], datasets: list[str], rows: int, work: Path, 
         run = Run("healthy" if bug is None else bug.name, dataset, config.name if config else NO_CONFIG)
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(dir=work) as root:
-            args = run_args(config, train_file, val_file, Path(root), work / "cache", network_flags(attention))
+            args = run_args(config, train_file, val_file, Path(root), work / "cache", network_flags(attention),
+                            1 if bug else healthy_epochs)
             run.checks, run.accuracy, run.error = fit(args, bug, check_every)
         run.seconds = time.perf_counter() - started
         expected = "" if bug is None else f"; expected {' or '.join(bug.expects) or 'any warning'}: " + (
@@ -194,7 +197,7 @@ def checkpoint_run(path: str) -> Run:
     started = time.perf_counter()
     diagnosis = diagnose_checkpoint(path)
     data = diagnosis.data
-    run = Run("healthy", data.get("train_file") or data.get("dataset") or "?", str(diagnosis.checkpoint))
+    run = Run("healthy", data.get("train_file") or data.get("dataset") or "?", path)
     run.checks = checks(diagnosis.history) + [check("diagnose", diagnosis.findings)]
     run.seconds = time.perf_counter() - started
     log.info("%s: warnings %s; %.0f s", path, ", ".join(sorted(run.warnings())) or "none", run.seconds)
@@ -300,12 +303,15 @@ def main(argv=None):
                              "group: catalogue, field, outside")
     parser.add_argument("--rows", type=int, default=3000, help="training rows of each subset")
     parser.add_argument("--check-every", type=int, default=25, help="optimizer steps between validations")
+    parser.add_argument("--healthy-epochs", type=int, default=1,
+                        help="epochs of the healthy runs (bug runs train 1): more judges models that have learned")
     parser.add_argument("--attention", choices=["full", "local", "linformer", "sparse"],
                         help="attention kind of every run (local, sparse: window 8; linformer: 16 projected keys)")
     parser.add_argument("--no-healthy", action="store_true", help="no healthy (bug-free) runs")
     parser.add_argument("--healthy-checkpoints", nargs="+", default=[], metavar="RUN",
-                        help="trained runs (or checkpoints), e.g. full shipped runs: the verdicts their monitor "
-                             "recorded while they trained, and diagnose.py's checks on them")
+                        help="trained runs (a run folder: its best checkpoint) or checkpoints (last.ckpt holds every "
+                             "validation's verdicts), e.g. full shipped runs: the verdicts their monitor recorded while "
+                             "they trained, and diagnose.py's checks on them")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke test of the bench: synthetic only, 600 rows, 200 validation texts")
     parser.add_argument("--threads", type=int, default=1)
@@ -338,7 +344,7 @@ def main(argv=None):
     datasets, rows, validation_rows = (["synthetic"], 600, 200) if args.quick else (args.datasets, args.rows, None)
     args.work.mkdir(parents=True, exist_ok=True)
     runs = measure(bugs, datasets, rows, args.work, args.check_every, args.attention,
-                   validation_rows=validation_rows) if bugs else []
+                   validation_rows=validation_rows, healthy_epochs=args.healthy_epochs) if bugs else []
     runs += [checkpoint_run(path) for path in args.healthy_checkpoints]
     command = "python -m bench.diagnosis " + " ".join(argv if argv is not None else sys.argv[1:])
     text = report(runs, f"`{command.strip()}`")
