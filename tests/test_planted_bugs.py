@@ -11,7 +11,7 @@ import torch
 
 import model.attention as core
 from bench.bugs import BUGS, MASKED_KINDS, Plant, load_bug, replaced
-from bench.diagnosis import SHIPPED, Run, confusion_table, fit, run_args, select_bugs, subset_files, summary
+from bench.diagnosis import SHIPPED, Run, confusion_table, first_step_table, fit, run_args, select_bugs, subset_files, summary
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
 from monitor.views import has_virtual_keys, token_window
@@ -218,6 +218,8 @@ def test_the_bench_counts_what_each_run_was_told():
     table = confusion_table(runs)
     assert table[0] == "| planted bug | padding-leak | rows-not-normalized | none |"
     assert table[2:] == ["| padding-ignored (2) | 1 | 1 | · |", "| values-are-keys (1) | · | · | 1 |"]
+    assert first_step_table(runs)[2:] == ["| padding-ignored | padding-leak | 46 | not seen (+rows-not-normalized) |",
+                                          "| values-are-keys | any warning | not seen | n/a |"]
 
 
 # ---- the doctor on tiny training runs ---------------------------------------------------------------------------
