@@ -300,7 +300,7 @@ class AttentionMonitor(Callback):
             if heads > 1:
                 correlation = figures.score_correlation[layer, :heads, :heads].clone().fill_diagonal_(math.nan)
                 scalars[f"attention_doctor/score_correlation/layer{layer}"] = float(correlation.nan_to_num(-1).max())
-        for name in ("order_sensitivity", "unsteady_loss"):
+        for name in ("order_sensitivity", "position_sensitivity", "unsteady_loss"):
             scalars[f"attention_doctor/{name}"] = float(checks.get(name, math.nan))
         scalars |= {f"attention_doctor/{name}": float(value) for name, value in dynamics.items()}
         scalars = {name: value for name, value in scalars.items() if not math.isnan(value)}  # figures a kind has not

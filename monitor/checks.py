@@ -7,7 +7,11 @@
                        text's real tokens after the first shuffled: exactly 0, up to float rounding, when positions
                        never reach the model. Defined for full attention without the look-ahead mask only (the other kinds' key
                        windows and the causal mask depend on order by themselves): NaN otherwise
+    position_sensitivity  the same with the position vectors zeroed instead (every kind): exactly 0 when they never
+                       reach the model
     unsteady_loss      |loss of a second identical evaluation pass − the first|: 0 for a deterministic network
+    weight_similarity  (n_layers, H, H) mean cosine of two heads' W_Q, W_K and W_V slices: near 0 for independently
+                       initialised heads, 1 for copies
 
 Plain PyTorch: the network and a list of batches in, numbers out. The network is left as it was found (its
 training flag, its head gates).
@@ -42,7 +46,9 @@ def model_checks(model, batches: list[dict]) -> dict:
             attention.head_gate = None
             deltas.append(row)
         checks = {"head_loss_delta": deltas, "unsteady_loss": abs(mean_loss(model, batches) - base),
-                  "order_sensitivity": order_sensitivity(model, batches)}
+                  "order_sensitivity": order_sensitivity(model, batches),
+                  "position_sensitivity": position_sensitivity(model, batches),
+                  "weight_similarity": [weight_similarity(block.attention) for block in model.blocks]}
     finally:
         for block, gate in zip(model.blocks, gates):
             block.attention.head_gate = gate
@@ -80,6 +86,28 @@ def order_sensitivity(model, batches: list[dict]) -> float:
         total += float((p - q).abs().amax(dim=-1).sum())
         count += len(moved)
     return total / count if count else math.nan  # no text long enough to shuffle: nothing to tell
+
+
+def position_sensitivity(model, batches: list[dict]) -> float:
+    """Mean max_c |p_c − p'_c| with the position embedding's output replaced by zeros (a forward hook)."""
+    embedding = getattr(model, "position_embedding", None)
+    if embedding is None:
+        return math.nan
+    p = [model(b["input_ids"], b["padding_mask"]).logits.float().softmax(-1) for b in batches]
+    hook = embedding.register_forward_hook(lambda module, inputs, output: torch.zeros_like(output))
+    try:
+        q = [model(b["input_ids"], b["padding_mask"]).logits.float().softmax(-1) for b in batches]
+    finally:
+        hook.remove()
+    return float(torch.cat([(a - b).abs().amax(dim=-1) for a, b in zip(p, q)]).mean())
+
+
+def weight_similarity(attention) -> list[list[float]]:
+    """(H, H) mean over W_Q, W_K, W_V of the cosine between two heads' slices (d × D each)."""
+    H = attention.n_heads
+    slices = [F.normalize(linear.weight.detach().float().reshape(H, -1), dim=-1)
+              for linear in (attention.w_q, attention.w_k, attention.w_v)]
+    return (sum(s @ s.T for s in slices) / len(slices)).tolist()
 
 
 def sample_batches(batches, texts: int = SAMPLE_TEXTS) -> list[dict]:

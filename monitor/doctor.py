@@ -35,9 +35,10 @@ FUTURE_WEIGHT = 1e-4  # causal configs: weight on later keys, exactly 0 when the
 SMALL_SCORE_STD = 0.02  # every head of a layer: healthy ≥ 0.1 from initialisation on; scale ×0.001 ≤ 0.002
 SATURATED_GRADIENT_PASS = 0.2  # every head of a layer passes less than this share of gradient ...
 SATURATED_SCORE_STD = 5.0  # ... with a score spread at least this: no 1/√d_k with d_head 256
-SAME_SCORES = 0.9  # score correlation of two heads: independently initialised ≤ 0.5, copied heads ≥ 0.97
-UPDATE_RATIO = 0.1  # mean ‖ΔW‖/‖W‖ of the attention projections per optimizer step: healthy ≤ 0.03, lr ×30 ≥ 0.2
-ORDER_SENSITIVITY = 1e-5  # mean |Δp| with the tokens shuffled: exactly 0 (float noise) when positions never arrive
+SAME_SCORES = 0.9  # score correlation of two heads: independently initialised ≤ 0.2, copied heads 1
+SAME_WEIGHTS = 0.5  # ... with their W_Q, W_K, W_V slices this alike (cosine): independent ≤ 0.1, copied 1
+UPDATE_RATIO = 0.04  # mean ‖ΔW‖/‖W‖ of the attention projections per optimizer step: healthy ≤ 0.01, lr ×30 ≥ 0.09
+ORDER_SENSITIVITY = 1e-5  # mean |Δp| with the tokens shuffled or the positions zeroed: 0 (float noise) when they never arrive
 UNSTEADY = 1e-5  # |Δloss| between two identical evaluation passes: exactly 0 for a deterministic network
 AVERAGING_ENTROPY = 0.95  # a head this uniform averages its keys
 NEEDED_LOSS = 0.005  # Δloss when the head is zeroed: above this the loss needs it
@@ -80,12 +81,14 @@ VERDICTS: dict[str, Verdict] = {
         "the scores are multiplied by a scale far too small, so every row is uniform and tokens cannot be told apart",
         "check the scale is 1/√d_k (not 1/d_k², not a tiny temperature)"),
     "identical-heads": Verdict(
-        "warning", f"two heads of a layer score alike: score_correlation ≥ {SAME_SCORES:g}",
+        "warning", f"two heads of a layer score alike, score_correlation ≥ {SAME_SCORES:g}, from alike weights, "
+        f"weight_similarity ≥ {SAME_WEIGHTS:g} (when the model checks ran)",
         "the heads started from the same weights (one head copied into all), so they learn the same thing",
         "initialise each head's W_Q, W_K, W_V slices independently"),
     "positions-unused": Verdict(
-        "warning", f"order_sensitivity < {ORDER_SENSITIVITY:g} though the config gives positions: shuffling a "
-        "text's tokens changes no prediction",
+        "warning", f"order_sensitivity or position_sensitivity < {ORDER_SENSITIVITY:g} though the config gives "
+        "positions: shuffling a text's tokens (full attention), or zeroing its position vectors, changes no "
+        "prediction",
         "position vectors never reach the model (dropped before the first layer, or zero)",
         "add the position embedding to the token embedding before the first attention layer"),
     "unstable-training": Verdict(
@@ -181,9 +184,11 @@ def model_findings(checks: dict, dynamics: dict, config) -> list[Finding]:
     if dynamics.get("nonfinite_loss") or ratio >= UPDATE_RATIO:
         findings.append(Finding("unstable-training", None, None,
                                 {"update_ratio": ratio, "nonfinite_loss": float(dynamics.get("nonfinite_loss", 0))}))
-    order = checks.get("order_sensitivity", math.nan)
-    if order < ORDER_SENSITIVITY and config is not None and config.positions != "none":
-        findings.append(Finding("positions-unused", None, None, {"order_sensitivity": order}))
+    order, position = checks.get("order_sensitivity", math.nan), checks.get("position_sensitivity", math.nan)
+    if (order < ORDER_SENSITIVITY or position < ORDER_SENSITIVITY) and config is not None \
+            and config.positions != "none":
+        findings.append(Finding("positions-unused", None, None,
+                                {"order_sensitivity": order, "position_sensitivity": position}))
     unsteady = checks.get("unsteady_loss", math.nan)
     if unsteady >= UNSTEADY:
         findings.append(Finding("something-wrong", None, None, {"unsteady_loss": unsteady}))
@@ -226,10 +231,15 @@ def layer_warnings(figures: HealthFigures, layer: int, checks: dict) -> list[Fin
         best = int(correlation.nan_to_num(-math.inf).flatten().argmax())
         a, b = divmod(best, heads)
         value = float(correlation[a, b])
-        if value >= SAME_SCORES:
+        weights = checks.get("weight_similarity")
+        same_weights = math.nan if weights is None else weights[layer][a][b]
+        # Scores alike AND weights alike (when the checks ran): heads that merely collapse onto the same keys
+        # (a learning rate far too high) score alike from independent weights.
+        if value >= SAME_SCORES and not same_weights < SAME_WEIGHTS:
             similarity = float(figures.head_similarity[layer, a, b])
             found.append(Finding("identical-heads", layer, None,
-                                 {"score_correlation": value, "head_similarity": similarity, "head_a": a, "head_b": b}))
+                                 {"score_correlation": value, "weight_similarity": same_weights,
+                                  "head_similarity": similarity, "head_a": a, "head_b": b}))
     return found
 
 

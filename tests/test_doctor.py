@@ -92,6 +92,10 @@ def test_identical_heads_are_caught_and_independent_ones_are_not():
     assert verdicts(figures) == ["identical-heads"]
     independent = figures_of(layer_of(random_scores(), key_padding()))
     assert independent.score_correlation[0, 0, 1].abs() < 0.3 and verdicts(independent) == []
+    # Heads that score alike from independent weights (collapsed onto the same keys) are not copies.
+    apart = {"weight_similarity": [[[1.0, 0.05], [0.05, 1.0]]]}
+    assert verdicts(figures, checks=apart) == []
+    assert verdicts(figures, checks={"weight_similarity": [[[1.0, 0.99], [0.99, 1.0]]]}) == ["identical-heads"]
 
 
 def test_a_tiny_scale_is_a_warning_but_a_healthy_uniform_head_only_a_note():
@@ -118,6 +122,27 @@ def test_model_rules_read_the_training_dynamics_and_the_order_check():
     assert verdicts(figures, checks={"order_sensitivity": 1e-8}, config=learned) == ["positions-unused"]
     assert verdicts(figures, checks={"order_sensitivity": 1e-8}, config=NetworkConfig(positions="none")) == []
     assert verdicts(figures, checks={"order_sensitivity": 0.05}, config=learned) == []
+    assert verdicts(figures, checks={"position_sensitivity": 0.0}, config=learned) == ["positions-unused"]
+
+
+def test_the_model_checks_see_zeroed_positions_and_copied_heads():
+    from monitor.checks import model_checks
+
+    torch.manual_seed(0)
+    model = AttentionClassifier(NetworkConfig(vocab_size=30, num_classes=2, max_length=L, d_model=16, n_heads=H,
+                                              attention="local", window=2))
+    batch = {"input_ids": torch.randint(2, 30, (B, L)), "padding_mask": padding_mask(), "labels": torch.tensor([0, 1, 0, 1])}
+    checks = model_checks(model, [batch])
+    assert checks["position_sensitivity"] > 1e-4 and math.isnan(checks["order_sensitivity"])  # local: no shuffle
+    assert abs(checks["weight_similarity"][0][0][1]) < 0.5 and checks["unsteady_loss"] == 0.0
+    assert len(checks["head_loss_delta"][0]) == H and model.training  # left as it was found
+    with torch.no_grad():
+        model.position_embedding.weight.zero_()  # positions that never reach the model
+        attention = model.blocks[0].attention
+        for linear in (attention.w_q, attention.w_k, attention.w_v):
+            linear.weight.view(H, -1)[1] = linear.weight.view(H, -1)[0]
+    checks = model_checks(model, [batch])
+    assert checks["position_sensitivity"] == 0.0 and checks["weight_similarity"][0][0][1] > 0.999
 
 
 @pytest.mark.parametrize("kind", ["full", "local", "sparse", "linformer"])
