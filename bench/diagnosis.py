@@ -162,9 +162,9 @@ def subset_files(dataset: str, rows: int, folder: Path, validation_rows: int | N
 
 def measure(bugs: list[Bug | None], datasets: list[str], rows: int, work: Path, check_every: int,
             attention: str | None = None, validation_rows: int | None = None,
-            healthy_epochs: int = 1) -> list[Run]:
+            healthy_epochs: int = 1, done=lambda runs: None) -> list[Run]:
     """Every bug (None: healthy) × dataset, plus the healthy no-config runs; sequential, one process. A bug run
-    trains 1 epoch, a healthy run `healthy_epochs`."""
+    trains 1 epoch, a healthy run `healthy_epochs`. done(runs so far) is called after each run."""
     plan = []
     for dataset in datasets:
         for bug in bugs:
@@ -188,6 +188,7 @@ def measure(bugs: list[Bug | None], datasets: list[str], rows: int, work: Path, 
                  run.config, ", ".join(sorted(run.warnings())) or "none", expected, run.accuracy, run.seconds,
                  f"; stopped: {run.error}" if run.error else "")
         runs.append(run)
+        done(runs)
     return runs
 
 
@@ -351,15 +352,20 @@ def main(argv=None):
         bugs.append(None)
     datasets, rows, validation_rows = (["synthetic"], 600, 200) if args.quick else (args.datasets, args.rows, None)
     args.work.mkdir(parents=True, exist_ok=True)
-    runs = measure(bugs, datasets, rows, args.work, args.check_every, args.attention,
-                   validation_rows=validation_rows, healthy_epochs=args.healthy_epochs) if bugs else []
+    command = ("python -m bench.diagnosis " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+
+    def save(runs):  # after every run, so a long bench stopped halfway keeps what it measured
+        result = {**summary(runs), "runs": [asdict(run) for run in runs], "command": command}
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=1) if args.out.suffix == ".json"
+                                else report(runs, f"`{command}`") + "\n")
+        return result
+
+    runs = measure(bugs, datasets, rows, args.work, args.check_every, args.attention, validation_rows=validation_rows,
+                   healthy_epochs=args.healthy_epochs, done=save) if bugs else []
     runs += [checkpoint_run(path) for path in args.healthy_checkpoints]
-    command = "python -m bench.diagnosis " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = report(runs, f"`{command.strip()}`")
-    print(text)
-    result = {**summary(runs), "runs": [asdict(run) for run in runs], "command": command}
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) if args.out.suffix == ".json" else text + "\n")
+    result = save(runs)
+    print(report(runs, f"`{command}`"))
     print(json.dumps({key: value for key, value in result.items() if key != "runs"}))
 
 
