@@ -243,7 +243,7 @@ class AttentionMonitor(Callback):
         if trainer.sanity_checking or not trainer.is_global_zero or dataloader_idx != 0:
             return  # under DDP the figures cover rank zero's share of the validation set
         held = sum(len(b["labels"]) for b in self.check_batches)
-        if held < self.check_limit:
+        if held < self.check_limit and "labels" in batch:  # a pretraining batch has no labels to lose
             self.check_batches.append({key: batch[key][: self.check_limit - held]
                                        for key in ("input_ids", "padding_mask", "labels")})
         if self.health_batches is not None and batch_idx >= self.health_batches:
@@ -265,7 +265,7 @@ class AttentionMonitor(Callback):
         classifier = getattr(pl_module, "label_names", None) is not None and hasattr(network, "head")
         checks = model_checks(network, self.check_batches) if classifier and self.check_batches else {}
         self.check_batches = []
-        dynamics = self.dynamics.summary(pl_module)
+        dynamics = self.dynamics.summary()
         self.findings = diagnose(figures, checks, dynamics, getattr(network, "config", None))
         step = trainer.global_step
         self.history.append({"step": step, "epoch": trainer.current_epoch, "findings": self.findings})

@@ -54,7 +54,7 @@ class TrainingDynamics:
             self.before = [p.detach().clone() for p in self.parameters]
             self.last_step = step
 
-    def summary(self, pl_module=None) -> dict:
+    def summary(self) -> dict:
         """The figures since the last summary (empty when no training batch came: a validate run); resets."""
         if not self.losses:
             return {}
