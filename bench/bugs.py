@@ -43,10 +43,12 @@ import torch
 
 import model.attention as core
 from model.attention import AttentionWeights
-from model.config import ATTENTIONS
+from model.kinds import ATTENTION_KINDS
 
 GROUPS = ("catalogue", "field", "outside")
-MASKED_KINDS = ("full", "local", "sparse")  # kinds whose key layout holds real token keys (not linformer's)
+KINDS = tuple(ATTENTION_KINDS)
+# Kinds whose keys are tokens of the text (not linformer's projections): the only ones a mask bug can reach.
+MASKED_KINDS = tuple(name for name, kind in ATTENTION_KINDS.items() if kind.key_layout != "virtual")
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ class Bug:
     plant: Callable[["Plant"], None]
     expects: tuple[str, ...] = ()  # verdicts that name its cause; empty: any warning does
     group: str = "catalogue"
-    kinds: tuple[str, ...] = ATTENTIONS
+    kinds: tuple[str, ...] = KINDS
 
     @property
     def summary(self) -> str:
@@ -66,7 +68,7 @@ class Bug:
 BUGS: dict[str, Bug] = {}
 
 
-def bug(expects: str | tuple[str, ...] | None = None, *, group: str = "catalogue", kinds=ATTENTIONS, name=None):
+def bug(expects: str | tuple[str, ...] | None = None, *, group: str = "catalogue", kinds=KINDS, name=None):
     """Registers the decorated function as a bug under its name (or `name`); expects: the verdict(s) the doctor
     should give, None for any warning."""
     if group not in GROUPS:

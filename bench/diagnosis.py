@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 import train
-from bench.bugs import BUGS, Bug, Plant, load_bug
+from bench.bugs import BUGS, KINDS, Bug, Plant, load_bug
 from bench.common import CONFIGS, ROOT
 from bench.subsets import subset, write
 from data.sources import load_splits
@@ -175,7 +175,8 @@ def measure(bugs: list[Bug | None], datasets: list[str], rows: int, work: Path, 
     runs = []
     for i, (bug, dataset, config) in enumerate(plan, 1):
         train_file, val_file = subset_files(dataset, rows, work / "data" / f"{dataset}-{rows}", validation_rows)
-        run = Run("healthy" if bug is None else bug.name, dataset, config.name if config else NO_CONFIG)
+        label = dataset if attention is None else f"{dataset}, {attention}"
+        run = Run("healthy" if bug is None else bug.name, label, config.name if config else NO_CONFIG)
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(dir=work) as root:
             args = run_args(config, train_file, val_file, Path(root), work / "cache", network_flags(attention),
@@ -184,7 +185,7 @@ def measure(bugs: list[Bug | None], datasets: list[str], rows: int, work: Path, 
         run.seconds = time.perf_counter() - started
         expected = "" if bug is None else f"; expected {' or '.join(bug.expects) or 'any warning'}: " + (
             f"step {step}" if (step := run.first_step(bug.expects)) is not None else "not seen")
-        log.info("[%d/%d] %s on %s (%s): warnings %s%s; val acc %.3f; %.0f s%s", i, len(plan), run.bug, dataset,
+        log.info("[%d/%d] %s on %s (%s): warnings %s%s; val acc %.3f; %.0f s%s", i, len(plan), run.bug, label,
                  run.config, ", ".join(sorted(run.warnings())) or "none", expected, run.accuracy, run.seconds,
                  f"; stopped: {run.error}" if run.error else "")
         runs.append(run)
@@ -314,7 +315,7 @@ def main(argv=None):
     parser.add_argument("--check-every", type=int, default=25, help="optimizer steps between validations")
     parser.add_argument("--healthy-epochs", type=int, default=1,
                         help="epochs of the healthy runs (bug runs train 1): more judges models that have learned")
-    parser.add_argument("--attention", choices=["full", "local", "linformer", "sparse"],
+    parser.add_argument("--attention", choices=KINDS,
                         help="attention kind of every run (local, sparse: window 8; linformer: 16 projected keys)")
     parser.add_argument("--no-healthy", action="store_true", help="no healthy (bug-free) runs")
     parser.add_argument("--healthy-checkpoints", nargs="+", default=[], metavar="RUN",

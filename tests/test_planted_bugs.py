@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import model.attention as core
-from bench.bugs import BUGS, MASKED_KINDS, Plant, load_bug, replaced
+from bench.bugs import BUGS, KINDS, MASKED_KINDS, Plant, load_bug, replaced
 from bench.diagnosis import SHIPPED, Run, confusion_table, first_step_table, fit, run_args, select_bugs, subset_files, summary
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
@@ -109,7 +109,7 @@ def test_an_unasked_look_ahead_gives_later_tokens_zero(kind):
     assert future_weight(*forward("look-ahead", kind)[:2]) == 0.0
 
 
-@pytest.mark.parametrize("kind", ["full", "local", "linformer", "sparse"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_softmax_over_queries_breaks_the_row_sums(kind):
     assert row_sum_error(*forward(None, kind)[:2]) < 1e-5
     assert row_sum_error(*forward("softmax-over-queries", kind)[:2]) > 0.1
