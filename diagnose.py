@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     from data.files import WriteError, write_text
     from data.sources import DataError
     from inference.diagnosis import diagnose_checkpoint, html_report, text_report
-    from model.checkpoint import CheckpointError
+    from data.checkpoint import CheckpointError
 
     data = {name: getattr(args, name) for name in ("dataset", "data_dir", "train_file", "val_file", "text_column",
                                                    "label_column", "val_fraction", "seed")}

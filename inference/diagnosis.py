@@ -25,9 +25,10 @@ from data.sources import load_splits
 from data.tokenizer import pad
 from inference.classifier import TextClassifier
 from inference.ensemble import resolve_checkpoint
-from model.checkpoint import CheckpointError, read_checkpoint
+from data.checkpoint import CheckpointError, read_checkpoint
 from monitor.checks import SAMPLE_TEXTS, model_checks
 from monitor.doctor import Finding, diagnose, figure_table_markdown, head_titles, verdict_table_markdown, warnings
+from model.kinds import ATTENTION_KINDS
 from monitor.health import AttentionHealth, HealthFigures
 
 DATA_SETTINGS = ("dataset", "data_dir", "train_file", "val_file", "test_file", "text_column", "label_column",
@@ -44,6 +45,7 @@ class Diagnosis:
     findings: list[Finding]
     history: list[dict] = field(default_factory=list)  # the monitor's, from the checkpoint: {"step", "epoch", "findings"}
     maps: list[tuple[list[str], list]] = field(default_factory=list)  # (tokens, one AttentionWeights per layer)
+    key_layout: str = "tokens"  # the kind's (model/kinds.py)
 
     @property
     def warnings(self) -> list[Finding]:
@@ -110,9 +112,10 @@ def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch
         batches.append({"input_ids": input_ids.to(classifier.device), "padding_mask": padding_mask.to(classifier.device),
                         "labels": torch.tensor([labels[i] for i in chosen], device=classifier.device)})
     health = AttentionHealth(rows_per_batch=None, causal=config.causal)
+    key_layout = ATTENTION_KINDS[config.attention].key_layout
     for batch in progress(batches):
         output = model(batch["input_ids"], batch["padding_mask"], need_weights=True)
-        health.update(output.attention, batch["padding_mask"])
+        health.update(output.attention, batch["padding_mask"], key_layout=key_layout)
     figures = health.compute()
     # The model checks on a spread of the sample's batches (short and long texts alike).
     step = max(1, len(batches) * batch_size // SAMPLE_TEXTS)
@@ -123,7 +126,7 @@ def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch
     for i in dict.fromkeys(picks):
         output = model(torch.tensor([ids[i]], device=classifier.device), None, need_weights=True)
         maps.append((tokens[i], [layer for layer in output.attention]))
-    return Diagnosis(path, settings, len(sample), figures, findings, stored_history(checkpoint), maps)
+    return Diagnosis(path, settings, len(sample), figures, findings, stored_history(checkpoint), maps, key_layout)
 
 
 def text_report(diagnosis: Diagnosis) -> str:
@@ -169,8 +172,9 @@ def map_images(diagnosis: Diagnosis) -> list[str]:
         most = max(heads)
         weights = torch.stack([torch.nn.functional.pad(layer.weights[0].float(), (0, 0, 0, 0, 0, most - h),
                                                        value=math.nan) for layer, h in zip(layers, heads)]).cpu()
-        positions = getattr(layers[0], "key_positions", None)
-        global_rows = getattr(layers[0], "global_rows", None)
+        long = diagnosis.key_layout != "tokens"
+        positions = layers[0].key_positions if long else None
+        global_rows = layers[0].global_rows if long else None
         global_weights = None if global_rows is None else torch.stack(
             [layer.global_rows.weights[0].float() for layer in layers]).cpu()
         figure = attention_figure(weights, tokens, " ".join(tokens)[:70], 40, None,

@@ -31,6 +31,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from data.datamodule import collate
 from data.tokenizer import UNK_ID
 from model.config import ConfigError
+from model.kinds import ATTENTION_KINDS
 from monitor.checks import SAMPLE_TEXTS, model_checks
 from monitor.doctor import Finding, diagnose, figure_table_markdown, head_titles, verdict_table_markdown
 from monitor.dynamics import TrainingDynamics

@@ -12,8 +12,9 @@ lengths (its padding mask, made from the lengths by the data module) and the con
 *should* have allowed: the mask figures (weight on padding, rows that see no real key, row sums, weight on later
 keys) are taken against that, so a layer that ignores, inverts or widens its mask shows in them.
 
-Which rows count. A query row is *counted* when its query is a real token (by the batch's lengths) and it should
-see two or more real keys (for a causal config, keys at or before it). A row with a single key has no choice to
+Which rows count. A query row is *counted* when its query is a real token (by the batch's lengths), it should
+see two or more real keys (for a causal config, keys at or before it), and its layer does not let it see exactly
+one (a kind may narrow what a query sees; a layer that lets it see none is counted: a mask that blocks everything). A row with a single key has no choice to
 make: its entropy is 0/log 1, undefined, and its max weight is 1 whatever the model learned, so counting it would
 make every causal head look collapsed. The sparse kind's global queries are counted in `global_rows`, not in the
 main layout, where the layer blocks them by design.
@@ -162,7 +163,8 @@ class AttentionHealth:
                key_layout: str = "tokens") -> None:
         """attention: one AttentionWeights (or LongAttentionWeights) per layer, as the network handed them out for
         this batch (`model(ids, key_padding_mask, need_weights=True).attention`); all layers share one mask.
-        key_padding_mask (B, L) bool, True at padding, as the data module made it from the texts' lengths."""
+        key_padding_mask (B, L) bool, True at padding, as the data module made it from the texts' lengths.
+        key_layout: the kind's (`ATTENTION_KINDS[config.attention].key_layout`, model/kinds.py)."""
         weights = attention[0].weights
         B, _, L, _ = weights.shape
         if self.sums is None:
@@ -177,8 +179,8 @@ class AttentionHealth:
         if key_padding_mask is None:
             key_padding_mask = torch.zeros(B, L, dtype=torch.bool, device=weights.device)
         lengths = (~key_padding_mask.bool()).sum(dim=-1)  # (B,) padding comes last
-        positions = getattr(attention[0], "key_positions", None)
-        global_rows = [getattr(layer, "global_rows", None) for layer in attention]
+        positions = None if key_layout == "tokens" else attention[0].key_positions
+        global_rows = [None if key_layout == "tokens" else layer.global_rows for layer in attention]
         g = 0 if global_rows[0] is None else global_rows[0].weights.shape[2]
         self.update_rows(attention, lengths, L, positions, first_query=g)
         if g:  # the sparse kind's global queries, over all L keys
@@ -200,8 +202,18 @@ class AttentionHealth:
         real_key = (keys >= 0)[None] & (keys[None] < lengths[:, None, None])  # (B, L, K) by the batch's lengths
         if virtual:
             real_key = torch.ones(B, n_queries, K, dtype=torch.bool, device=device)
-        should_see = real_key & (keys <= query[:, None]) if self.causal else real_key  # (B, L, K)
-        counted = (query < lengths[:, None]) & (query >= first_query) & (should_see.sum(dim=-1) >= 2)  # (B, L)
+        # A token may fill two columns (sparse: a global key inside the band): count each key once.
+        order = keys.sort(dim=-1)
+        repeat = torch.zeros_like(keys, dtype=torch.bool).scatter_(
+            -1, order.indices[:, 1:], order.values[:, 1:] == order.values[:, :-1])  # (L, K)
+        distinct = real_key if virtual else real_key & ~repeat
+        should_see = distinct & (keys <= query[:, None]) if self.causal else distinct  # (B, L, K)
+        # A row the layer lets see a single key has no choice to make (a kind may narrow what a query sees); a row
+        # it lets see none, while the batch says it should see two, is counted: a mask that blocks everything.
+        allowed = allowed_keys(attention[0].blocked, K, device)
+        choices = allowed.sum(dim=-1)[:, 0].expand(B, n_queries)  # (B, L)
+        counted = (query < lengths[:, None]) & (query >= first_query) & (should_see.sum(dim=-1) >= 2) \
+            & (choices != 1)  # (B, L)
         batch_index, query_index = counted.nonzero(as_tuple=True)  # (R,) each
         total = len(batch_index)
         if total == 0:
@@ -210,7 +222,6 @@ class AttentionHealth:
             pick = torch.randperm(total, generator=self.generator, device=device)[: self.rows_per_batch]
             batch_index, query_index = batch_index[pick], query_index[pick]
         share = total / len(batch_index)  # counted rows each row read stands for
-        allowed = allowed_keys(attention[0].blocked, K, device)
         row_allowed = allowed.expand(B, 1, n_queries, K)[batch_index, 0, query_index]  # (R, K)
         n_keys = row_allowed.sum(dim=-1, keepdim=True)  # (R, 1)
         row_keys = keys[query_index]  # (R, K)

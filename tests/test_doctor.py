@@ -13,6 +13,7 @@ from conftest import ROOT
 from model.attention import AttentionWeights
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
+from model.kinds import ATTENTION_KINDS
 from monitor.doctor import VERDICTS, Finding, diagnose, head_titles, verdict_table_markdown, warnings
 from monitor.health import AttentionHealth
 
@@ -145,7 +146,7 @@ def test_the_model_checks_see_zeroed_positions_and_copied_heads():
     assert checks["position_sensitivity"] == 0.0 and checks["weight_similarity"][0][0][1] > 0.999
 
 
-@pytest.mark.parametrize("kind", ["full", "local", "sparse", "linformer"])
+@pytest.mark.parametrize("kind", list(ATTENTION_KINDS))
 def test_every_kind_has_clean_mask_figures_and_an_ignored_mask_leaks(kind):
     torch.manual_seed(0)
     config = NetworkConfig(vocab_size=30, num_classes=2, max_length=L, d_model=16, n_heads=H, attention=kind,
@@ -153,8 +154,9 @@ def test_every_kind_has_clean_mask_figures_and_an_ignored_mask_leaks(kind):
     model = AttentionClassifier(config).eval()
     ids = torch.randint(2, 30, (B, L))
     attention = model(ids, padding_mask(), need_weights=True).attention
+    layout = ATTENTION_KINDS[kind].key_layout
     health = AttentionHealth()
-    health.update(attention, padding_mask())
+    health.update(attention, padding_mask(), key_layout=layout)
     figures = health.compute()
     assert figures.row_sum_error.max() < 1e-5
     assert verdicts(figures) == []
@@ -163,7 +165,7 @@ def test_every_kind_has_clean_mask_figures_and_an_ignored_mask_leaks(kind):
         return
     assert figures.pad_weight.max() == 0.0
     ignored = AttentionHealth()
-    ignored.update(model(ids, None, need_weights=True).attention, padding_mask())  # the batch's padding, unmasked
+    ignored.update(model(ids, None, need_weights=True).attention, padding_mask(), key_layout=layout)  # unmasked
     assert verdicts(ignored.compute()) == ["padding-leak"]
 
 

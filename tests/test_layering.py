@@ -14,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric", "torchmetrics")
-NETWORK = ("model", "model.attention", "model.long_attention", "model.classifier", "model.config", "model.checkpoint")
+NETWORK = ("model", "model.attention", "model.long_attention", "model.kinds", "model.classifier", "model.config")
+PACKAGES = ("model", "data", "training", "inference", "monitor", "bench")
 FIGURES_AND_INFERENCE = ("monitor", "monitor.health", "monitor.heatmap", "monitor.views", "monitor.doctor",
                          "monitor.checks", "inference", "inference.diagnosis", "predict", "diagnose")
 

@@ -10,12 +10,8 @@ from conftest import refuses_causal
 from model.attention import MultiHeadSelfAttention
 from model.classifier import AttentionClassifier
 from model.config import ConfigError, NetworkConfig
-from model.long_attention import (
-    LinformerSelfAttention,
-    LocalSelfAttention,
-    LongAttentionWeights,
-    SparseSelfAttention,
-)
+from model.kinds import ATTENTION_KINDS
+from model.long_attention import LocalSelfAttention, LongAttentionWeights
 from monitor.doctor import diagnose, warnings
 from monitor.health import AttentionHealth, normalized_entropy
 from monitor.heatmap import attention_figure
