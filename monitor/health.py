@@ -14,9 +14,9 @@ keys) are taken against that, so a layer that ignores, inverts or widens its mas
 
 Which rows count. A query row is *counted* when its query is a real token (by the batch's lengths), it should
 see two or more real keys (for a causal config, keys at or before it), and its layer does not let it see exactly
-one (a kind may narrow what a query sees; a layer that lets it see none is counted: a mask that blocks everything). A row with a single key has no choice to
-make: its entropy is 0/log 1, undefined, and its max weight is 1 whatever the model learned, so counting it would
-make every causal head look collapsed. The sparse kind's global queries are counted in `global_rows`, not in the
+one (a kind may narrow what a query sees; a row the layer lets see none is counted: a mask that blocks everything).
+A row with a single key has no choice to make: its entropy is 0/log 1, undefined, and its max weight is 1 whatever
+the model learned, so counting it would make every causal head look collapsed. The sparse kind's global queries are counted in `global_rows`, not in the
 main layout, where the layer blocks them by design.
 
 Cost. A validation batch of long texts holds millions of rows × keys; reading them all cost more than the
