@@ -43,7 +43,7 @@ class Diagnosis:
     texts: int  # validation texts read
     figures: HealthFigures
     findings: list[Finding]
-    history: list[dict] = field(default_factory=list)  # the monitor's, from the checkpoint: {"step", "epoch", "findings"}
+    history: list[dict] = field(default_factory=list)  # the monitor's, from the checkpoint: {"step", "epoch", …}
     maps: list[tuple[list[str], list]] = field(default_factory=list)  # (tokens, one AttentionWeights per layer)
     key_layout: str = "tokens"  # the kind's (model/kinds.py)
 
@@ -109,7 +109,8 @@ def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch
     for start in range(0, len(order), batch_size):
         chosen = order[start : start + batch_size]
         input_ids, padding_mask = pad([ids[i] for i in chosen])
-        batches.append({"input_ids": input_ids.to(classifier.device), "padding_mask": padding_mask.to(classifier.device),
+        device = classifier.device
+        batches.append({"input_ids": input_ids.to(device), "padding_mask": padding_mask.to(device),
                         "labels": torch.tensor([labels[i] for i in chosen], device=classifier.device)})
     health = AttentionHealth(rows_per_batch=None, causal=config.causal)
     key_layout = ATTENTION_KINDS[config.attention].key_layout
@@ -140,9 +141,8 @@ def text_report(diagnosis: Diagnosis) -> str:
     if diagnosis.history:
         lines.append("training history (the monitor's verdicts at each validation):")
         for entry in diagnosis.history:
-            names = [f"{f.verdict} ({f.where()})" for f in entry["findings"] if f.severity == "warning"]
             notes = sorted({f.verdict for f in entry["findings"] if f.severity == "note"})
-            lines.append(f"  epoch {entry['epoch']:>3} step {entry['step']:>6}: warnings: {', '.join(names) or 'none'}"
+            lines.append(f"  epoch {entry['epoch']:>3} step {entry['step']:>6}: warnings: {warned(entry) or 'none'}"
                          + (f"; notes: {', '.join(notes)}" if notes else ""))
     count = len(diagnosis.warnings)
     lines.append(f"{count} warning{'s' * (count != 1)}" + (": see above" if count else ": no bug class found"))
@@ -186,13 +186,17 @@ def map_images(diagnosis: Diagnosis) -> list[str]:
     return images
 
 
+def warned(entry: dict) -> str:
+    """A history entry's warnings, "verdict (where)", comma-separated."""
+    return ", ".join(f"{f.verdict} ({f.where()})" for f in entry["findings"] if f.severity == "warning")
+
+
 def html_report(diagnosis: Diagnosis) -> str:
     """One self-contained page: the verdicts with causes and fixes, the figures, the training history, the maps."""
     count = len(diagnosis.warnings)
     history = "".join(
-        f"<tr><td>{entry['epoch']}</td><td>{entry['step']}</td><td>"
-        f"{html.escape(', '.join(f'{f.verdict} ({f.where()})' for f in entry['findings'] if f.severity == 'warning') or 'none')}"
-        f"</td><td>{html.escape(', '.join(sorted({f.verdict for f in entry['findings'] if f.severity == 'note'})))}</td></tr>"
+        f"<tr><td>{entry['epoch']}</td><td>{entry['step']}</td><td>{html.escape(warned(entry) or 'none')}</td>"
+        f"<td>{html.escape(', '.join(sorted({f.verdict for f in entry['findings'] if f.severity == 'note'})))}</td></tr>"
         for entry in diagnosis.history)
     maps = "".join(f'<img alt="attention of a validation text" src="data:image/png;base64,{image}">'
                    for image in map_images(diagnosis))

@@ -195,9 +195,9 @@ class AttentionMonitor(Callback):
 
     def probe_figure(self, i: int, weights: torch.Tensor, tokens: list[str], title: str, key_padding_mask,
                      key_positions=None, global_weights=None, verdicts=None):
-        """The probe's heatmap, each panel titled with its head's verdict (verdicts[layer][head]). A probe's tokens never change, so after its first drawing the figure is kept with
-        its layout frozen and only the weights and the title are replaced: laying out the token labels is most of
-        the cost of a drawing (measured: a redraw takes about half the time of a fresh figure).
+        """The probe's heatmap, each panel titled with its head's verdict (verdicts[layer][head]). A probe's tokens
+        never change, so after its first drawing the figure is kept with its layout frozen and only the weights and
+        the titles are replaced: laying out the token labels is most of the cost of a drawing (measured: a redraw takes about half the time of a fresh figure).
         weights (n_layers, H, L, K) in the layer's layout; key_positions and global_weights as attention_figure."""
         if i not in self.figures_by_probe:
             figure = attention_figure(weights, tokens, title, self.max_tokens, key_padding_mask, key_positions,

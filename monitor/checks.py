@@ -5,8 +5,8 @@
                        averaging head doing its job; one it does not need is unused
     order_sensitivity  mean over texts of 3 or more tokens of max_c |p_c − p'_c|, p' the probabilities with the
                        text's real tokens after the first shuffled: exactly 0, up to float rounding, when positions
-                       never reach the model. Defined for full attention without the look-ahead mask only (the other kinds' key
-                       windows and the causal mask depend on order by themselves): NaN otherwise
+                       never reach the model. Defined for full attention without the look-ahead mask only (the
+                       other kinds' key windows and the causal mask depend on order by themselves): NaN otherwise
     position_sensitivity  the same with the position vectors zeroed instead (every kind): exactly 0 when they never
                        reach the model
     unsteady_loss      |loss of a second identical evaluation pass − the first|: 0 for a deterministic network

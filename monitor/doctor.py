@@ -39,7 +39,7 @@ SATURATED_SCORE_STD = 8.0  # ... with a score spread at least this (that healthy
 SAME_SCORES = 0.9  # score correlation of two heads: independently initialised ≤ 0.2, copied heads 1
 SAME_WEIGHTS = 0.5  # ... with their W_Q, W_K, W_V slices this alike (cosine): independent ≤ 0.1, copied 1
 UPDATE_RATIO = 0.04  # mean ‖ΔW‖/‖W‖ of the attention projections per optimizer step: healthy ≤ 0.01, lr ×30 ≥ 0.09
-ORDER_SENSITIVITY = 1e-5  # mean |Δp| with the tokens shuffled or the positions zeroed: 0 (float noise) when they never arrive
+ORDER_SENSITIVITY = 1e-5  # mean |Δp|, tokens shuffled or positions zeroed: 0 (float noise) when positions never arrive
 UNSTEADY = 1e-5  # |Δloss| between two identical evaluation passes: exactly 0 for a deterministic network
 AVERAGING_ENTROPY = 0.95  # a head this uniform averages its keys
 NEEDED_LOSS = 0.005  # Δloss when the head is zeroed: above this the loss needs it
@@ -108,7 +108,8 @@ VERDICTS: dict[str, Verdict] = {
         f"≥ {NEEDED_LOSS:g}, \"unused\" when it does not",
         "nothing, if accuracy is fine; an unused one can be pruned (bench/prune_heads.py)"),
     "unused-head": Verdict(
-        "note", f"abs(head_loss_delta) < {UNUSED_LOSS:g}: zeroing the head's output leaves the validation loss as it is",
+        "note", f"abs(head_loss_delta) < {UNUSED_LOSS:g}: zeroing the head's output leaves the validation loss as "
+        "it is",
         "the model does not use this head (yet)",
         "nothing; or fewer heads"),
     "still-learning": Verdict(

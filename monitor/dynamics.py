@@ -61,7 +61,8 @@ class TrainingDynamics:
         losses = torch.stack(self.losses).cpu()
         finite = losses[torch.isfinite(losses)]
         half = len(finite) // 2
-        first, second = finite[:half].mean().item() if half else math.nan, finite[half:].mean().item() if half else math.nan
+        first = finite[:half].mean().item() if half else math.nan
+        second = finite[half:].mean().item() if half else math.nan
         figures = {
             "update_ratio": torch.stack(self.ratios).mean().item() if self.ratios else math.nan,
             "nonfinite_loss": float(bool(self.nonfinite)),

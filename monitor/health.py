@@ -16,8 +16,8 @@ Which rows count. A query row is *counted* when its query is a real token (by th
 see two or more real keys (for a causal config, keys at or before it), and its layer does not let it see exactly
 one (a kind may narrow what a query sees; a row the layer lets see none is counted: a mask that blocks everything).
 A row with a single key has no choice to make: its entropy is 0/log 1, undefined, and its max weight is 1 whatever
-the model learned, so counting it would make every causal head look collapsed. The sparse kind's global queries are counted in `global_rows`, not in the
-main layout, where the layer blocks them by design.
+the model learned, so counting it would make every causal head look collapsed. The sparse kind's global queries are
+counted in `global_rows`, not in the main layout, where the layer blocks them by design.
 
 Cost. A validation batch of long texts holds millions of rows × keys; reading them all cost more than the
 validation pass itself (7 min 40 s per pass on IMDB at 512 tokens). So the figures are read from a fixed sample

@@ -132,7 +132,8 @@ def test_the_model_checks_see_zeroed_positions_and_copied_heads():
     torch.manual_seed(0)
     model = AttentionClassifier(NetworkConfig(vocab_size=30, num_classes=2, max_length=L, d_model=16, n_heads=H,
                                               attention="local", window=2))
-    batch = {"input_ids": torch.randint(2, 30, (B, L)), "padding_mask": padding_mask(), "labels": torch.tensor([0, 1, 0, 1])}
+    batch = {"input_ids": torch.randint(2, 30, (B, L)), "padding_mask": padding_mask(),
+             "labels": torch.tensor([0, 1, 0, 1])}
     checks = model_checks(model, [batch])
     assert checks["position_sensitivity"] > 1e-4 and math.isnan(checks["order_sensitivity"])  # local: no shuffle
     assert abs(checks["weight_similarity"][0][0][1]) < 0.5 and checks["unsteady_loss"] == 0.0
@@ -170,7 +171,8 @@ def test_every_kind_has_clean_mask_figures_and_an_ignored_mask_leaks(kind):
 
 
 def test_findings_are_plain_data_and_titles_carry_the_verdict(tmp_path):
-    findings = [Finding("padding-leak", 0, None, {"pad_weight": 0.2}), Finding("averaging-head", 1, 0, {"entropy": 0.98})]
+    findings = [Finding("padding-leak", 0, None, {"pad_weight": 0.2}),
+                Finding("averaging-head", 1, 0, {"entropy": 0.98})]
     path = tmp_path / "findings.pt"
     torch.save([f.to_dict() for f in findings], path)
     assert [Finding.from_dict(f) for f in torch.load(path, weights_only=True)] == findings
