@@ -22,7 +22,7 @@ from data.checkpoint import read_pretraining_checkpoint
 from data.files import WriteError, describe, write_atomically
 from data.sources import DataError, Splits, load_splits, local_copy_dir
 from data.teacher import out_of_fold_probabilities
-from data.tokenizer import KINDS, UNK_ID, cut, load_tokenizer, pad, stored_form, train_tokenizer, word_counts
+from data.tokenizer import FIRST_WORD_ID, KINDS, SPECIAL_TOKENS, UNK_ID, cut, load_tokenizer, pad, stored_form, train_tokenizer, word_counts
 from model.config import AUTO, FULL_ATTENTION_MAX_LENGTH, MAX_LENGTH
 from model.kinds import ATTENTION_KINDS
 
@@ -198,8 +198,9 @@ class TextDataModule(L.LightningDataModule):
             raise DataError(f"teacher must be ngram or null, got {teacher!r}")
         if tokenizer not in KINDS:
             raise DataError(f"tokenizer must be one of {', '.join(KINDS)}, got {tokenizer!r}")
-        if (max_length is not None and max_length < 1) or batch_size < 1 or (vocab_size is not None and vocab_size < 3):
-            raise DataError(f"max_length, batch_size must be >= 1 and vocab_size >= 3, got {max_length}, {batch_size}, {vocab_size}")
+        if (max_length is not None and max_length < 1) or batch_size < 1 or (vocab_size is not None and vocab_size <= FIRST_WORD_ID):
+            raise DataError(f"max_length, batch_size must be >= 1 and vocab_size >= {FIRST_WORD_ID + 1}, got {max_length}, "
+                            f"{batch_size}, {vocab_size}")
         for name, value, most in (("max_length", max_length, MAX_LENGTH), ("batch_size", batch_size, MAX_BATCH_SIZE),
                                   ("vocab_size", vocab_size, MAX_VOCAB_SIZE)):
             if value is not None and value > most:  # sizes memory: refused before anything is read
@@ -388,9 +389,10 @@ class TextDataModule(L.LightningDataModule):
         share = once / sum(counts.values())  # of the training text's running words
         keep_once = share > RARE_WORD_SHARE
         kept = len(counts) if keep_once else len(counts) - once
-        vocab_size = min(VOCAB_SIZE_CAP, max(kept, 1) + 2)  # + [PAD], [UNK]
-        return vocab_size, (f"vocab_size {vocab_size}: {kept} of the {len(counts)} distinct training words, + [PAD], "
-                            f"[UNK] (at most {VOCAB_SIZE_CAP}); the {once} seen once, {100 * share:.1f}% of the text, "
+        vocab_size = min(VOCAB_SIZE_CAP, max(kept, 1) + len(SPECIAL_TOKENS))
+        return vocab_size, (f"vocab_size {vocab_size}: {kept} of the {len(counts)} distinct training words, + "
+                            f"{', '.join(SPECIAL_TOKENS)} (at most {VOCAB_SIZE_CAP}); the {once} seen once, "
+                            f"{100 * share:.1f}% of the text, "
                             f"{'kept' if keep_once else 'left out'} (kept above {100 * RARE_WORD_SHARE:.0f}%)")
 
     def _choose_max_length(self, splits: Splits, vocab_size: int) -> tuple[int, str]:

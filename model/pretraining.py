@@ -27,7 +27,6 @@ from model.classifier import AttentionEncoder
 from model.config import NetworkConfig
 
 OBJECTIVES = ("masked", "replaced")
-MASK_ID, FIRST_WORD_ID = 1, 2  # [UNK] is the mask; [PAD] 0 and [UNK] 1 are never targets (data/tokenizer.py)
 
 
 class Corruption(NamedTuple):
@@ -37,10 +36,11 @@ class Corruption(NamedTuple):
 
 
 def choose(input_ids: torch.Tensor, key_padding_mask: torch.Tensor, fraction: float,
-           generator: torch.Generator | None = None) -> torch.Tensor:
-    """(B, L) bool: each real, known token (not padding, not [UNK]) chosen with probability `fraction`; a text with
-    any such token gets at least one (one drawn among them), so no text is read for nothing."""
-    candidates = ~key_padding_mask & (input_ids >= FIRST_WORD_ID)  # (B, L)
+           generator: torch.Generator | None = None, *, first_word_id: int) -> torch.Tensor:
+    """(B, L) bool: each real word (not padding, no special token: ids from `first_word_id` on) chosen with
+    probability `fraction`; a text with any word gets at least one (one drawn among them), so no text is read for
+    nothing."""
+    candidates = ~key_padding_mask & (input_ids >= first_word_id)  # (B, L)
     noise = torch.rand(input_ids.shape, generator=generator, device=input_ids.device)  # (B, L)
     chosen = candidates & (noise < fraction)
     # The candidate with the smallest noise of each row, for rows where nothing was chosen.
@@ -50,15 +50,17 @@ def choose(input_ids: torch.Tensor, key_padding_mask: torch.Tensor, fraction: fl
 
 
 def corrupt(objective: str, input_ids: torch.Tensor, key_padding_mask: torch.Tensor, fraction: float,
-            vocab_size: int, generator: torch.Generator | None = None) -> Corruption:
-    """The objective's input and targets for a batch (see the module docstring)."""
-    chosen = choose(input_ids, key_padding_mask, fraction, generator)
+            vocab_size: int, generator: torch.Generator | None = None, *, mask_id: int,
+            first_word_id: int) -> Corruption:
+    """The objective's input and targets for a batch (see the module docstring). The tokenizer's ids: `mask_id`
+    hides a token, ids below `first_word_id` are special tokens, never chosen nor drawn."""
+    chosen = choose(input_ids, key_padding_mask, fraction, generator, first_word_id=first_word_id)
     device = input_ids.device
     if objective == "masked":
         roll = torch.rand(input_ids.shape, generator=generator, device=device)  # (B, L)
-        random_ids = torch.randint(FIRST_WORD_ID, max(vocab_size, FIRST_WORD_ID + 1), input_ids.shape,
+        random_ids = torch.randint(first_word_id, max(vocab_size, first_word_id + 1), input_ids.shape,
                                    generator=generator, device=device)
-        corrupted = torch.where(chosen & (roll < 0.8), MASK_ID, input_ids)
+        corrupted = torch.where(chosen & (roll < 0.8), mask_id, input_ids)
         corrupted = torch.where(chosen & (roll >= 0.8) & (roll < 0.9), random_ids, corrupted)
         return Corruption(corrupted, chosen, input_ids[chosen])
     if objective == "replaced":

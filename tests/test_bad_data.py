@@ -252,3 +252,40 @@ def test_broken_weights_give_an_error_per_text_never_nan_in_the_json(checkpoint,
     assert code == 0
     assert outputs == [{"text": "alpha w1 beta", "error": NON_FINITE}, {"text": "   ", "error": "empty text"}]
     assert "1 input(s) reported as errors" in err
+
+
+@pytest.mark.parametrize("option, value", [("batch_size", 10**7), ("max_length", 10**6), ("vocab_size", 10**9)])
+def test_data_sizes_are_bounded(option, value):
+    from data import DataError
+    from data.datamodule import TextDataModule
+
+    with pytest.raises(DataError, match=f"data.{option} {value} is larger than"):
+        TextDataModule(dataset="synthetic", **{option: value})
+    with pytest.raises(DataError, match=r"data.num_workers must be in 0\.\.\d+, got 100000"):
+        TextDataModule(dataset="synthetic", num_workers=100000)
+
+
+def test_labels_that_differ_only_by_surrounding_spaces_are_one_class(tmp_path, caplog):
+    path = csv_file(tmp_path, "".join(f"good film {i},pos\ngood one {i}, pos \nbad film {i},neg \n" for i in range(6)))
+    splits = splits_of(path)
+    assert splits.label_names == ["neg", "pos"]
+    assert "removed the spaces around 12 of 18 labels (e.g. ' pos ' → 'pos')" in caplog.text
+
+
+def test_an_unreadable_cache_names_the_reason(tmp_path, caplog):
+    data = datamodule(tmp_path)
+    path = data.cache_path()
+    data.state  # noqa: B018  (writes the cache)
+    path.write_bytes(b"")
+    datamodule(tmp_path).state  # noqa: B018
+    assert "unreadable cache (EOFError" in caplog.text or "unreadable cache (RuntimeError: " in caplog.text
+    assert "unreadable cache ()" not in caplog.text
+
+
+def test_the_emoji_only_teacher_hint_names_both_settings():
+    from data import DataError
+    from data.teacher import out_of_fold_probabilities
+
+    with pytest.raises(DataError, match=r"--data.teacher null --model.distillation 0"):
+        out_of_fold_probabilities(["🙂🙂", "🙁", "🙂", "🙁🙁"] * 5, [1, 0, 1, 0] * 5, 2, seed=0,
+                                  source="emoji.csv")

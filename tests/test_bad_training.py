@@ -1,6 +1,7 @@
 """Nothing lost, nothing silent, in train.py and the Python API: bad checkpoints, failed resumes, NaN losses."""
 
-import hashlib
+import errno
+import logging
 import os
 import pickle
 import subprocess
@@ -11,28 +12,25 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import prune
 import train
-from conftest import ONE_PROBE, QUIET, ROOT, SMOKE
+from conftest import ONE_PROBE, QUIET, ROOT, SMOKE, digest, error_line, save_checkpoint, tiny_classifier
+from conftest import fit as smoke_fit
 from inference import TextClassifier
 
-SHORT = ["--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "2"]
+SIX_BATCHES = ["--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "2"]  # the resume and NaN tests count steps: 6 per epoch
 
 
 def fit(root, *extra):
-    return train.main(["fit", "--config", SMOKE, "--data.cache_dir", str(root / "cache"),
-                       "--trainer.default_root_dir", str(root), *QUIET, *ONE_PROBE, *SHORT, *extra])
+    return smoke_fit(root, *SIX_BATCHES, *extra)
 
 
 def script(root, *args) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(ROOT / "train.py"), *args, "--data.cache_dir", str(root / "cache"),
-         "--trainer.default_root_dir", str(root), *QUIET, *SHORT],
+         "--trainer.default_root_dir", str(root), *QUIET, *SIX_BATCHES],
         cwd=root, capture_output=True, text=True,
     )
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def one_error_line(result: subprocess.CompletedProcess) -> str:
@@ -89,7 +87,7 @@ def test_a_bad_checkpoint_is_refused_in_one_line_naming_it(run, tmp_path, kind, 
     path = bad_checkpoint(kind, tmp_path, version / "checkpoints" / "last.ckpt")
     with pytest.raises(SystemExit) as stop:  # train.main's own exit: the line the process prints on stderr
         train.main(["validate", "--config", SMOKE, "--ckpt_path", str(path), "--data.cache_dir",
-                    str(tmp_path / "cache"), "--trainer.default_root_dir", str(tmp_path), *QUIET, *SHORT])
+                    str(tmp_path / "cache"), "--trainer.default_root_dir", str(tmp_path), *QUIET, *SIX_BATCHES])
     line = str(stop.value.code)
     assert line.startswith(f"error: {path}: ") and message in line and "\n" not in line
     assert not (Path(__file__).parent / "PWNED").exists()
@@ -178,7 +176,7 @@ def test_a_checkpoint_of_an_earlier_layout_is_refused_before_a_run_folder_is_mad
     torch.save(checkpoint, old)
     with pytest.raises(SystemExit) as stop:  # train.main's own exit: the line the process prints on stderr
         train.main(["validate", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
-                    "--trainer.default_root_dir", str(tmp_path), *QUIET, *ONE_PROBE, *SHORT, "--ckpt_path", str(old)])
+                    "--trainer.default_root_dir", str(tmp_path), *QUIET, *ONE_PROBE, *SIX_BATCHES, "--ckpt_path", str(old)])
     assert str(stop.value.code).startswith(f"error: {old}: a checkpoint of an earlier layout")
     assert "version 0.1.0 of this project" in str(stop.value.code)
     assert not (tmp_path / "lightning_logs").exists()
@@ -235,7 +233,104 @@ def test_test_without_a_labelled_test_split_is_one_line_and_leaves_no_run_folder
     _, version = run
     with pytest.raises(SystemExit) as stop:
         train.main(["test", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
-                    "--trainer.default_root_dir", str(tmp_path), *QUIET, *ONE_PROBE, *SHORT,
+                    "--trainer.default_root_dir", str(tmp_path), *QUIET, *ONE_PROBE, *SIX_BATCHES,
                     "--ckpt_path", str(version / "checkpoints" / "last.ckpt")])
     assert str(stop.value.code).startswith("error: no test split") and "`validate`" in str(stop.value.code)
     assert not (tmp_path / "lightning_logs").exists()
+
+
+def test_a_checkpoint_write_that_fails_keeps_the_previous_one_whole(tmp_path, monkeypatch):
+    """Lightning's checkpoints go through the atomic writer: a write that dies (a full disk, a kill) in the second
+    epoch leaves the first epoch's last.ckpt as it was, and training stops with one line."""
+    from lightning.fabric.plugins.io import torch_io
+
+    fit(tmp_path, "--trainer.max_epochs", "1")
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    before = digest(last)
+
+    def dies_half_way(tiny_checkpoint, path):
+        Path(path).write_bytes(b"PK\x03\x04 half a checkpoint")
+        raise RuntimeError("PytorchStreamWriter failed writing file data/3: file write failed")
+
+    monkeypatch.setattr(torch_io, "_atomic_save", dies_half_way)
+    with pytest.raises(SystemExit) as stop:
+        fit(tmp_path, "--trainer.max_epochs", "2", "--ckpt_path", "last")
+    assert "cannot write the checkpoint: PytorchStreamWriter failed" in error_line(stop)
+    assert digest(last) == before and not list(last.parent.glob(".*.tmp"))
+
+
+def test_a_huge_window_from_train_py_is_one_line(tmp_path):
+    with pytest.raises(SystemExit) as stop:
+        fit(tmp_path, "--model.network.attention", "local", "--model.network.window", "100000")
+    assert "window 100000 is larger than max_length 24" in error_line(stop)
+    assert not (tmp_path / "lightning_logs").exists()
+
+
+def test_max_length_1_trains_and_checkpoints_with_an_empty_health_sample(tmp_path, caplog):
+    """No query has two keys: the health figures are a "no-data" note and the weight histogram is skipped."""
+    caplog.set_level(logging.INFO, logger="monitor.callback")
+    fit(tmp_path, "--data.max_length", "1", "--trainer.max_epochs", "1")
+    assert (tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    assert "attention the model: no-data: " in caplog.text
+
+
+def test_a_read_only_filesystem_for_the_logs_is_one_line(tmp_path, monkeypatch):
+    real = os.makedirs
+
+    def read_only(path, *args, **kwargs):
+        if "lightning_logs" in str(path):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "makedirs", read_only)
+    with pytest.raises(SystemExit) as stop:
+        fit(tmp_path, "--trainer.max_epochs", "1")
+    line = error_line(stop)
+    assert "lightning_logs" in line and "read-only file system" in line and "--trainer.default_root_dir" in line
+
+
+def test_fit_from_a_weights_only_checkpoint_says_it_cannot_resume(tmp_path, tiny_checkpoint, capsys):
+    pruned = tmp_path / "pruned.ckpt"
+    assert prune.main(["--ckpt", str(tiny_checkpoint), "--importance-limit", "20", "--limit", "20", "--no-table",
+                       "--prune", "1", "--out", str(pruned)]) == 0
+    with pytest.raises(SystemExit) as stop:
+        fit(tmp_path, "--ckpt_path", str(pruned), "--trainer.max_epochs", "1")
+    line = error_line(stop)
+    assert line.startswith(f"error: {pruned}: holds the weights only") and "cannot resume" in line
+    assert "predict.py" in line
+
+
+def test_ckpt_path_last_without_a_checkpoint_says_it_starts_fresh(tmp_path, caplog):
+    (tmp_path / "lightning_logs" / "version_0").mkdir(parents=True)  # a run killed before its first checkpoint
+    with caplog.at_level(logging.WARNING, logger="train"):
+        fit(tmp_path, "--ckpt_path", "last", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1")
+    assert "--ckpt_path last: no run under" in caplog.text and "starting a fresh run" in caplog.text
+
+
+@pytest.mark.parametrize("subcommand, name", [("validate", "last"), ("test", "last"), ("validate", "best")])
+def test_a_special_checkpoint_name_with_nothing_behind_it_is_one_line(tmp_path, subcommand, name):
+    with pytest.raises(SystemExit) as stop:
+        train.main([subcommand, "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
+                    "--trainer.default_root_dir", str(tmp_path), "--ckpt_path", name, *QUIET, *SIX_BATCHES])
+    assert error_line(stop).startswith(f"error: --ckpt_path {name}: ")
+    assert not (tmp_path / "lightning_logs").exists()
+
+
+def test_a_checkpoint_train_py_did_not_write_is_one_line_in_train_py(tmp_path):
+    path = save_checkpoint(tiny_classifier(), tmp_path / "by_hand.ckpt")
+    with pytest.raises(SystemExit) as stop:
+        train.main(["validate", "--config", SMOKE, "--ckpt_path", str(path), "--data.cache_dir", str(tmp_path / "cache"),
+                    *QUIET])
+    assert error_line(stop).startswith(f"error: {path}: not written by train.py")
+
+
+def test_running_out_of_gpu_memory_is_one_line(tmp_path, monkeypatch):
+    from training.module import ClassifierModule
+
+    def out_of_memory(self, batch, batch_idx):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 240.00 GiB")
+
+    monkeypatch.setattr(ClassifierModule, "training_step", out_of_memory)
+    with pytest.raises(SystemExit) as stop:
+        fit(tmp_path, "--trainer.max_epochs", "1")
+    assert error_line(stop) == "error: out of memory on the GPU; lower data.batch_size or data.max_length"

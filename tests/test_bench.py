@@ -21,11 +21,10 @@ import yaml
 
 from bench import ensemble, speed
 from bench.common import best_checkpoint, network_config
-from conftest import ONE_PROBE, ROOT, SMOKE
+from conftest import ONE_PROBE, ROOT, SMOKE, save_checkpoint, tiny_classifier
 from data.tokenizer import PAD_ID, UNK_ID
 from inference import CheckpointError
 from model.config import ConfigError, NetworkConfig
-from test_explain import save_checkpoint, tiny_classifier
 
 
 def test_peak_memory_counts_the_tensors_alive_at_once():

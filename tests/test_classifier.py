@@ -1,8 +1,9 @@
 import pytest
 import torch
 
+from conftest import SMALL, refuses
 from model.classifier import AttentionClassifier
-from model.config import POOLINGS, ConfigError, NetworkConfig
+from model.config import MAX_LENGTH, POOLINGS, ConfigError, NetworkConfig
 
 
 def classifier(**settings) -> AttentionClassifier:
@@ -22,16 +23,6 @@ def test_forward_shapes_for_every_pooling(pooling):
     assert logits.shape == (3, 3)
     assert len(attention) == 2 and all(a.weights.shape == a.scores.shape == (3, 2, 5, 5) for a in attention)
     assert model(token_ids, mask).attention is None
-
-
-@pytest.mark.parametrize("pooling", ["mean", "max", "attention"])
-def test_pooling_ignores_padding(pooling):
-    model = classifier(vocab_size=20, num_classes=2, d_model=16, n_heads=2, pooling=pooling).eval()
-    short = torch.tensor([[3, 4]])
-    padded = torch.tensor([[3, 4, 0, 0]])
-    logits_short = model(short, torch.tensor([[False, False]])).logits
-    logits_padded = model(padded, torch.tensor([[False, False, True, True]])).logits
-    torch.testing.assert_close(logits_short, logits_padded, atol=1e-5, rtol=1e-5)
 
 
 def test_rejects_too_long_input_and_unknown_pooling():
@@ -59,29 +50,34 @@ def test_a_few_steps_drive_the_loss_down(pooling):
     assert losses[-1] < 0.1 * losses[0]
 
 
-@pytest.mark.parametrize("kernel", ["manual", "fused"])
-@pytest.mark.parametrize("pooling", ["mean", "max", "attention"])
+@pytest.mark.parametrize("pooling", POOLINGS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_padded_batch_equals_each_text_alone(pooling, causal, kernel):
-    """Padding is left out of every per-token step: each text in a padded batch gets the logits and gradients it
-    gets alone, with or without weights handed out."""
-    torch.manual_seed(0)
-    model = classifier(
-        vocab_size=20, num_classes=3, d_model=16, n_heads=2, n_layers=2, d_ff=32, pooling=pooling, causal=causal,
-        bias=True, dropout=0.0, embedding_dropout=0.0, attention_kernel=kernel,
-    )
-    token_ids, mask = tiny_batch()
-    batch = model(token_ids, mask).logits
-    # The manual kernel runs the very same code with weights handed out; the fused one switches to it for them.
-    exact = 0 if kernel == "manual" else 1e-5
-    torch.testing.assert_close(model(token_ids, mask, need_weights=True).logits, batch, atol=exact, rtol=exact)
-    for row in range(len(token_ids)):
-        alone = token_ids[row : row + 1, : int((~mask[row]).sum())]  # (1, n): no padding at all
-        torch.testing.assert_close(model(alone).logits[0], batch[row], atol=1e-5, rtol=1e-5)
-    parameters = list(model.parameters())
-    (grad_batch,) = torch.autograd.grad(batch[1].sum(), parameters[:1])
-    (grad_alone,) = torch.autograd.grad(model(token_ids[1:2, :2]).logits.sum(), parameters[:1])
-    torch.testing.assert_close(grad_batch, grad_alone, atol=1e-5, rtol=1e-4)
+def test_padded_batch_equals_each_text_alone(registered_kind, pooling, causal):
+    """Padding is left out of every per-token step, for every kind, pooling and kernel it takes: each text in a
+    padded batch gets the logits and gradients it gets alone, with or without weights handed out."""
+    if refuses(registered_kind, causal=causal, pooling=pooling):
+        pytest.skip(f"{registered_kind} refuses causal: {causal} with pooling: {pooling}")
+    kernels = [k for k in ("manual", "fused") if not refuses(registered_kind, attention_kernel=k)]
+    for kernel in kernels:
+        torch.manual_seed(0)
+        model = classifier(
+            vocab_size=20, num_classes=3, d_model=16, n_heads=2, n_layers=2, d_ff=32, pooling=pooling, causal=causal,
+            bias=True, dropout=0.0, embedding_dropout=0.0, attention=registered_kind, attention_kernel=kernel,
+            **SMALL,
+        )
+        token_ids, mask = tiny_batch()
+        batch = model(token_ids, mask).logits
+        # The manual kernel runs the very same code with weights handed out; the fused one switches to it for them.
+        exact = 0 if kernel == "manual" else 1e-5
+        torch.testing.assert_close(model(token_ids, mask, need_weights=True).logits, batch, atol=exact, rtol=exact)
+        for row in range(len(token_ids)):
+            alone = token_ids[row : row + 1, : int((~mask[row]).sum())]  # (1, n): no padding at all
+            torch.testing.assert_close(model(alone).logits[0], batch[row], atol=1e-5, rtol=1e-5)
+        parameters = list(model.parameters())
+        (grad_batch,) = torch.autograd.grad(batch[1].sum(), parameters[:1])
+        (grad_alone,) = torch.autograd.grad(model(token_ids[1:2, :2]).logits.sum(), parameters[:1])
+        torch.testing.assert_close(grad_batch, grad_alone, atol=1e-5, rtol=1e-4)
+    assert kernels[0] == "manual"
 
 
 def test_packed_path_gives_finite_logits_for_an_all_padding_sequence():
@@ -141,6 +137,20 @@ def test_embedding_norm_makes_attention_blind_to_the_embeddings_scale(embedding_
         ({"scale": 0.0}, "scale"),
         ({"embedding_std": 0.0}, "embedding_std"),
         ({"embedding_std": -1.0}, "embedding_std"),
+        ({"attention": "local", "window": 0}, "window must be an integer >= 1"),
+        ({"attention": "sparse", "window": -3}, "window"),
+        ({"attention": "linformer", "projection_length": 0}, "projection_length must be an integer >= 1"),
+        ({"attention": "linformer", "projection_length": 256, "max_length": 128}, "projection_length 256 is larger than max_length 128"),
+        ({"attention": "linformer", "causal": True}, "causal: true with attention: linformer"),
+        ({"attention": "sparse", "global_tokens": 200, "max_length": 128}, "global_tokens 200 is larger than max_length 128"),
+        ({"attention": "local", "attention_kernel": "fused"}, "attention_kernel fused applies to attention: full only"),
+        ({"attention": "banded"}, "attention must be one of full, local, linformer, sparse"),
+        ({"attention": "local", "window": 100000, "max_length": 128}, "window 100000 is larger than max_length 128"),
+        ({"attention": "sparse", "window": 200, "max_length": 128}, "window 200 is larger than max_length 128"),
+        ({"max_length": MAX_LENGTH + 1}, f"max_length {MAX_LENGTH + 1} is larger than {MAX_LENGTH}"),
+        ({"d_model": 100000, "n_heads": 2}, "the network would have"),
+        ({"vocab_size": 10**9}, "the network would have"),
+        ({"d_ff": 10**8}, "the network would have"),
     ],
 )
 def test_impossible_settings_are_refused_with_one_line_naming_them(settings, setting):
@@ -154,3 +164,8 @@ def test_config_round_trips_through_a_plain_dict_and_refuses_unknown_keys():
     assert NetworkConfig.from_dict(config.to_dict()) == config
     with pytest.raises(ConfigError, match="d_modle"):
         NetworkConfig.from_dict({**config.to_dict(), "d_modle": 64})
+
+
+def test_a_window_as_long_as_the_text_is_still_allowed():
+    NetworkConfig(attention="local", window=128, max_length=128)
+    NetworkConfig(attention="full", window=64, max_length=8)  # window is not used by full attention

@@ -8,36 +8,10 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import NEGATIVE, POSITIVE, ROOT, rows, write
 from data.datamodule import BucketBatchSampler, TextDataModule, collate
 from data.sources import DataError, load_splits, stratified_split
 from data.tokenizer import PAD_ID, load_tokenizer, train_tokenizer
-
-POSITIVE = ["a great film", "wonderful and moving", "i loved it", "brilliant acting", "a joy to watch", "superb"]
-NEGATIVE = ["a dull mess", "boring and slow", "i hated it", "terrible acting", "a waste of time", "awful"]
-
-
-def rows(n=4):
-    return [(t, "pos") for t in POSITIVE * n] + [(t, "neg") for t in NEGATIVE * n]
-
-
-def write(path, rows, fmt=None, text="text", label="label"):
-    fmt = fmt or path.suffix.lstrip(".")
-    if fmt in ("csv", "tsv"):
-        sep = "," if fmt == "csv" else "\t"
-        lines = [f"{text}{sep}{label}"] + [f"{t}{sep}{y}" for t, y in rows]
-        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    elif fmt == "jsonl":
-        path.write_text("".join(json.dumps({text: t, label: y}) + "\n" for t, y in rows), encoding="utf-8")
-    elif fmt == "json":
-        path.write_text(json.dumps([{text: t, label: y} for t, y in rows]), encoding="utf-8")
-    elif fmt == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        pq.write_table(pa.table({text: [t for t, _ in rows], label: [y for _, y in rows]}), path)
-    return path
-
 
 def splits_of(train_file, **kwargs):
     args = dict(dataset="sst2", data_dir=None, val_file=None, test_file=None, text_column=None, label_column=None,

@@ -9,13 +9,11 @@ import torch
 import torch.nn.functional as F
 
 import train
-from conftest import ROOT
+from conftest import ROOT, fit, rows, write
 from data.datamodule import TextDataModule
 from data.teacher import is_cjk, out_of_fold_probabilities
 from model.config import NetworkConfig
 from training.module import ClassifierModule
-from test_data import rows, write
-from test_training import fit
 
 
 def test_teacher_learns_words_that_carry_the_label():

@@ -2,48 +2,15 @@
 attention kinds, bad input, and predict.py --explain / --html."""
 
 import json
-import random
 from pathlib import Path
 
 import pytest
 import torch
 
 import predict
-from data.tokenizer import UNK_ID, stored_form, train_tokenizer
-from inference import TextClassifier
+from conftest import KINDS, SYNTHETIC, save_checkpoint, tiny_classifier
+from data.tokenizer import UNK_ID
 from inference.explain import METHODS, EmbeddingForward, explain_ids, rollout, spearman
-from model.classifier import AttentionClassifier
-from model.config import NetworkConfig
-from model.kinds import ATTENTION_KINDS
-
-WORDS = [f"w{i}" for i in range(20)] + ["alpha", "beta", "好", "差"]
-SMALL = dict(window=2, global_tokens=1, projection_length=4)  # each kind reads the settings it takes
-KINDS = list(ATTENTION_KINDS)
-
-
-def tiny_classifier(attention="full", pooling="mean", n_layers=2, seed=0, **overrides) -> TextClassifier:
-    """A random 2-layer network and a word tokenizer over WORDS: enough to check what the methods compute."""
-    rng = random.Random(seed)
-    texts = [" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(200)]
-    tokenizer = train_tokenizer(texts, vocab_size=64, max_length=12, kind="word")
-    torch.manual_seed(seed)
-    config = NetworkConfig(vocab_size=64, num_classes=2, max_length=12, d_model=16, n_heads=2, n_layers=n_layers,
-                           d_ff=32, dropout=0.0, embedding_dropout=0.0, pooling=pooling, attention=attention,
-                           **(SMALL | overrides))
-    return TextClassifier(AttentionClassifier(config), tokenizer, ["neg", "pos"], device="cpu")
-
-
-def save_checkpoint(classifier: TextClassifier, path, data: dict | None = None):
-    """A checkpoint in train.py's layout (weights, network, tokenizer, label names), written without training."""
-    checkpoint = {
-        "state_dict": {f"model.{k}": v for k, v in classifier.model.state_dict().items()},
-        "hyper_parameters": {"network": classifier.model.config.to_dict(), "label_names": classifier.label_names},
-        "TextDataModule": {"tokenizer": stored_form(classifier.tokenizer.to_str())},
-    }
-    if data is not None:
-        checkpoint["datamodule_hyper_parameters"] = data
-    torch.save(checkpoint, path)
-    return path
 
 
 def ids_of(classifier, text):
@@ -216,9 +183,7 @@ def test_faithfulness_bench_over_a_split_and_for_one_text(tmp_path, capsys):
 
     classifier = tiny_classifier()
     classifier.label_names = ["0", "1"]
-    data = {"dataset": "synthetic", "data_dir": None, "train_file": None, "val_file": None, "test_file": None,
-            "text_column": None, "label_column": None, "val_fraction": 0.1, "seed": 0}
-    ckpt = save_checkpoint(classifier, tmp_path / "tiny.ckpt", data=data)
+    ckpt = save_checkpoint(classifier, tmp_path / "tiny.ckpt", data=SYNTHETIC)
     assert faithfulness.main(["--ckpt", str(ckpt), "--limit", "6", "--ig-steps", "8"]) == 0
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert summary["texts"] == 6 and summary["split"] == "validation"

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 import export
 from model.kinds import ATTENTION_KINDS
-from test_explain import KINDS, save_checkpoint, tiny_classifier
+from conftest import REGISTERED_KINDS, registry_with_plugged_in, save_checkpoint, tiny_classifier
 
 pytestmark = pytest.mark.slow  # torch.export and ONNX conversion: ~10-30 s per kind on 2 cores
 TOLERANCE = 1e-4
@@ -22,14 +22,16 @@ TOLERANCE = 1e-4
 TEXTS = ["w1 alpha w2 beta w3 w4 w5 w6 w7", "beta 好 差", "alpha", "w3 [PAD] w4 zzz", "w8 w9 w10 w11 w12 w13"]
 
 
-@pytest.fixture(scope="module", params=list(KINDS))
+@pytest.fixture(scope="module", params=REGISTERED_KINDS)
 def exported(request, tmp_path_factory):
+    """Each kind of the registry, and the plugged-in one (tests/test_kinds.py), exported."""
     kind = request.param
     folder = tmp_path_factory.mktemp(f"export_{kind}")
-    classifier = tiny_classifier(kind)
-    ckpt = save_checkpoint(classifier, folder / "tiny.ckpt")
-    assert export.main(["--ckpt", str(ckpt), "--out", str(folder / "out"), "--attention"]) == 0
-    return kind, classifier, folder / "out"
+    with registry_with_plugged_in():
+        classifier = tiny_classifier(kind)
+        ckpt = save_checkpoint(classifier, folder / "tiny.ckpt")
+        assert export.main(["--ckpt", str(ckpt), "--out", str(folder / "out"), "--attention"]) == 0
+        yield kind, classifier, folder / "out"
 
 
 def run_onnx(out, texts):

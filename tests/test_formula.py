@@ -3,14 +3,11 @@
 and without weights, and the monitor's figures all follow, for full, local, sparse and linformer alike. The default
 kernel never calls torch's fused attention; the opt-in does."""
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import model.attention
-import train
 from conftest import refuses_causal
 from data.tokenizer import train_tokenizer
 from inference import TextClassifier
@@ -19,7 +16,6 @@ from model.kinds import ATTENTION_KINDS
 from monitor.health import AttentionHealth
 from training.module import ClassifierModule
 
-ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["alpha beta gamma delta", "beta beta alpha", "gamma delta alpha beta gamma", "delta"]
 TEMPERATURE = 4.0
 KINDS = dict(window=2, global_tokens=1, projection_length=4)  # small enough that the band and the projection matter
@@ -69,9 +65,8 @@ def everything_the_paths_give(module, classifier, batch):
     return loss, plain, [p.probabilities for p in with_weights], health.compute().entropy.mean().item()
 
 
-@pytest.mark.parametrize("kind", list(ATTENTION_KINDS))
-def test_an_edit_of_the_formula_reaches_training_prediction_and_monitor_alike(kind, monkeypatch):
-    module, classifier, batch = tiny_model(kind)
+def test_an_edit_of_the_formula_reaches_training_prediction_and_monitor_alike(registered_kind, monkeypatch):
+    module, classifier, batch = tiny_model(registered_kind)
     before = everything_the_paths_give(module, classifier, batch)
     calls = []
     monkeypatch.setattr(model.attention, "attention", sharper(model.attention.attention, calls))
@@ -87,36 +82,31 @@ def test_an_edit_of_the_formula_reaches_training_prediction_and_monitor_alike(ki
     assert entropy_after < entropy_before - 0.01  # and the monitor: sharper scores, lower entropy
 
 
-@pytest.mark.parametrize("kind", list(ATTENTION_KINDS))
 @pytest.mark.parametrize("causal", [False, True])
-def test_no_kind_calls_the_fused_kernel_by_default(kind, causal, monkeypatch):
-    if causal and refuses_causal(kind):
-        pytest.skip(f"{kind} refuses the look-ahead mask")
+def test_no_kind_calls_the_fused_kernel_by_default(registered_kind, causal, monkeypatch):
+    """Every path of the LightningModule, the TextClassifier and the layer, forward and backward."""
+    if causal and refuses_causal(registered_kind):
+        pytest.skip(f"{registered_kind} refuses the look-ahead mask")
 
     def refuse(*args, **kwargs):
         raise AssertionError("F.scaled_dot_product_attention was called with the default kernel")
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", refuse)
-    module, classifier, batch = tiny_model(kind, causal=causal, pooling="mean")
+    module, classifier, batch = tiny_model(registered_kind, causal=causal, pooling="mean")
     module.train()
     module.training_step(batch, 0).backward()
     module.eval()
     module.validation_step(batch, 0)
     classifier.predict(TEXTS)
     classifier.predict(TEXTS, attention=True)
+    layer = module.model.blocks[0].attention.train()  # and the layer's padded path, which the classifier leaves
+    x = torch.randn(*batch["input_ids"].shape, 16)
+    layer(x, key_padding_mask=batch["padding_mask"])[0].sum().backward()
 
 
-def test_default_training_never_calls_the_fused_kernel(tmp_path, monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("F.scaled_dot_product_attention was called by default training")
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", refuse)
-    cli = train.main([
-        "fit", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data.cache_dir", str(tmp_path / "cache"),
-        "--trainer.default_root_dir", str(tmp_path), "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "5",
-        "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false",
-    ])
-    assert cli.model.network.attention_kernel == "manual" and cli.trainer.global_step == 5
+def test_a_whole_default_training_run_never_calls_the_fused_kernel(smoke_run):
+    assert smoke_run.cli.model.network.attention_kernel == "manual" and smoke_run.fused_calls == 0
+    assert smoke_run.cli.trainer.global_step > 0
 
 
 def test_the_fused_opt_in_does_call_it_and_only_where_no_weights_are_asked_for(monkeypatch):

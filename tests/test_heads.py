@@ -2,6 +2,7 @@
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,14 +10,13 @@ import torch.nn.functional as F
 
 import predict
 import prune
+import train
 from inference import TextClassifier
 from inference.classifier import read_checkpoint
 from inference.heads import accuracy, batches, head_importance, least_important, prune_checkpoint
 from model.config import ConfigError, NetworkConfig
-from test_explain import KINDS, WORDS, save_checkpoint, tiny_classifier
-
-SYNTHETIC = {"dataset": "synthetic", "data_dir": None, "train_file": None, "val_file": None, "test_file": None,
-             "text_column": None, "label_column": None, "val_fraction": 0.1, "seed": 0}
+from conftest import (KINDS, ONE_PROBE, QUIET, SHORT, SMOKE, SYNTHETIC, WORDS, digest, error_line, save_checkpoint,
+                      tiny_classifier)
 TEXTS = ["w1 alpha w2 beta w3", "beta w4 alpha", "w5 w6 w7 好", "alpha beta w8 w9 w10 w11"]
 
 
@@ -128,3 +128,66 @@ def test_prune_command_writes_a_checkpoint_predict_loads(tmp_path, capsys):
     with pytest.raises(SystemExit, match="cannot prune 3 heads"):
         prune.main(["--ckpt", str(ckpt), "--importance-limit", "50", "--limit", "50", "--prune", "3",
                     "--out", str(out), "--no-table"])
+
+
+def no_computation(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("computed before the inputs were checked")
+
+    monkeypatch.setattr(prune, "head_importance", fail)
+
+
+@pytest.mark.parametrize("target", ["same", "directory"])
+def test_prune_heads_refuses_its_input_or_a_directory_as_out_before_computing(tiny_checkpoint, tmp_path, monkeypatch,
+                                                                             target):
+    no_computation(monkeypatch)
+    before = digest(tiny_checkpoint)
+    out = tiny_checkpoint if target == "same" else tmp_path
+    with pytest.raises(SystemExit) as stop:
+        prune.main(["--ckpt", str(tiny_checkpoint), "--prune", "1", "--out", str(out)])
+    line = error_line(stop)
+    assert line.startswith(f"error: {out}: ") and ("own input" in line if target == "same" else "directory" in line)
+    assert digest(tiny_checkpoint) == before
+
+
+def test_prune_heads_reports_a_failed_save_in_one_line_and_writes_nothing(tiny_checkpoint, tmp_path, monkeypatch):
+    def full_disk(obj, path, *args, **kwargs):
+        Path(path).write_bytes(b"PK half")
+        raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 192 vs 64")
+
+    out = tmp_path / "pruned.ckpt"
+    monkeypatch.setattr(prune.torch, "save", full_disk)
+    with pytest.raises(SystemExit) as stop:
+        prune.main(["--ckpt", str(tiny_checkpoint), "--importance-limit", "20", "--limit", "20", "--no-table",
+                    "--prune", "1", "--out", str(out)])
+    assert error_line(stop).startswith(f"error: {out}: cannot write the pruned checkpoint: [enforce fail")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full.ckpt"]
+
+
+def test_a_pruned_network_with_other_head_counts_per_layer_is_validated_with_the_monitor(tiny_checkpoint, tmp_path):
+    pruned = tmp_path / "pruned.ckpt"
+    assert prune.main(["--ckpt", str(tiny_checkpoint), "--importance-limit", "20", "--limit", "20", "--no-table",
+                       "--prune", "1", "--out", str(pruned)]) == 0
+    assert sorted(read_checkpoint(pruned)["hyper_parameters"]["network"]["layer_heads"]) == [1, 2]
+    cli = train.main(["validate", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
+                      "--data.max_length", "12", "--trainer.default_root_dir", str(tmp_path), "--ckpt_path",
+                      str(pruned), *QUIET, *ONE_PROBE, *SHORT])
+    assert "val/acc" in cli.trainer.callback_metrics
+    (monitor,) = [c for c in cli.trainer.callbacks if type(c).__name__ == "AttentionMonitor"]
+    assert sorted(monitor.figures.heads_of(layer) for layer in range(2)) == [1, 2]
+
+
+def test_health_figures_cover_the_heads_each_layer_has():
+    from model.attention import AttentionWeights
+    from monitor.health import AttentionHealth
+
+    def layer(heads):
+        scores = torch.randn(2, heads, 5, 5)
+        return AttentionWeights(scores.softmax(-1), scores, None)
+
+    health = AttentionHealth()
+    health.update([layer(1), layer(2)])
+    figures = health.compute()
+    assert [figures.heads_of(layer) for layer in range(2)] == [1, 2] and figures.heads == [1, 2]
+    assert figures.entropy[0, 1].isnan() and not figures.entropy[1].isnan().any()
+    assert figures.weight_sample[0, 1].isnan().all() and not figures.weight_sample[1].isnan().any()

@@ -11,6 +11,7 @@ from matplotlib.ft2font import FT2Font
 from PIL import Image
 
 import monitor.heatmap as heatmap
+from model.config import ConfigError
 from monitor.heatmap import attention_figure, figure_to_array, find_cjk_font, save_png
 
 TOKENS = ["[CLS]", "我", "喜欢", "这部", "电影", "but", "the", "ending", "drags"]
@@ -137,3 +138,11 @@ def test_latin_tokens_never_warn_about_fonts(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="monitor.heatmap"):
         fig = attention_figure(random_attention(1, 1, 3), ["the", "ending", "drags"])
     assert not caplog.records and draw_and_collect_glyph_warnings(fig) == []
+
+
+@pytest.mark.parametrize("option", ["num_probes", "max_tokens"])
+def test_monitor_figure_sizes_are_bounded(option):
+    from monitor import AttentionMonitor
+
+    with pytest.raises(ConfigError, match=f"AttentionMonitor {option} must be in"):
+        AttentionMonitor(**{option: 100000})

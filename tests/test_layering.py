@@ -8,11 +8,11 @@ import ast
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric", "torchmetrics")
 NETWORK = ("model", "model.attention", "model.long_attention", "model.kinds", "model.classifier", "model.config")
 PACKAGES = ("model", "data", "training", "inference", "monitor", "bench")

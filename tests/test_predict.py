@@ -15,8 +15,9 @@ import torch
 
 import predict
 import train
-from conftest import LABELS, ONE_PROBE, QUIET, ROOT, SMOKE, TEXTS
+from conftest import LABELS, ONE_PROBE, QUIET, ROOT, SMOKE, TEXTS, tiny_classifier
 from inference import CheckpointError, TextClassifier
+from inference.classifier import COUNT_CHARACTERS
 from inference.answers import prediction_outputs
 
 
@@ -407,3 +408,52 @@ def test_special_token_strings_get_the_same_ids_and_prediction_in_validate_and_p
     validated = {tuple(row): probabilities for row, probabilities in seen}
     for text_ids, output in zip(ids, outputs):
         assert list(output["probabilities"].values()) == pytest.approx(validated[tuple(text_ids)], abs=1e-5)
+
+
+def test_ig_steps_and_batch_size_have_an_upper_bound(tiny_checkpoint, capsys):
+    for option in ("--ig-steps", "--batch-size"):
+        with pytest.raises(SystemExit) as stop:
+            predict.main(["--ckpt", str(tiny_checkpoint), "--explain", option, "100000000", "alpha"])
+        assert stop.value.code == 2
+        assert f"argument {option}: must be in 1.." in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"ig_steps .* must be in 1..1024, got 100000"):
+        tiny_classifier().explain(["w1 w2"], ig_steps=100000)
+
+
+def test_explain_with_only_empty_inputs_keeps_the_page_and_says_why(tiny_checkpoint, tmp_path, capsys):
+    page = tmp_path / "page.html"
+    page.write_text("an earlier report")
+    assert predict.main(["--ckpt", str(tiny_checkpoint), "--explain", "--html", str(page), " ", ""]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"error: {page}: not written: every input is empty, there is nothing to explain\n"
+    assert page.read_text() == "an earlier report"
+
+
+def test_explain_counts_empty_inputs_and_refuses_its_input_file_as_the_page(tiny_checkpoint, tmp_path, capsys):
+    assert predict.main(["--ckpt", str(tiny_checkpoint), "--explain", "w1 alpha", " "]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out.splitlines()[1]) == {"text": " ", "error": "empty text"}
+    assert '1 empty input(s) reported as {"error": "empty text"} (text 2)' in err
+    texts = tmp_path / "texts.txt"
+    texts.write_text("w1 alpha\n")
+    assert predict.main(["--ckpt", str(tiny_checkpoint), "--explain", "--file", str(texts), "--html", str(texts)]) == 2
+    assert "own input" in capsys.readouterr().err and texts.read_text() == "w1 alpha\n"
+
+
+def test_the_truncation_note_gives_the_texts_own_length_in_tokens(tiny_checkpoint, capsys):
+    long_text = " ".join(["alpha"] * 3000)  # 15,000 characters: cut to 12 × 50 before tokenizing
+    assert predict.main(["--ckpt", str(tiny_checkpoint), long_text]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["truncated_from"] == 3000
+    assert "text 1: 3000 tokens, truncated to the model's max_length of 12" in err
+    huge = "alpha " * (COUNT_CHARACTERS // 6 + 10)
+    assert predict.main(["--ckpt", str(tiny_checkpoint), "--explain", huge]) == 0
+    counted = len(huge[:COUNT_CHARACTERS].split())  # a word tokenizer: one token per word
+    assert f"text 1: at least {counted} tokens; explained as" in capsys.readouterr().err
+
+
+def test_help_documents_the_local_bands_slots_outside_the_text(capsys):
+    with pytest.raises(SystemExit):
+        predict.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "local/sparse: a position below 0 or past the last token is a band slot outside the text" in help_text

@@ -9,18 +9,18 @@ import torch
 import torch.nn.functional as F
 
 import train
+from conftest import QUIET, ROOT
 from data.pretraining import PretrainDataModule
 from data.sources import DataError
-from data.tokenizer import stored_form
+from data.tokenizer import FIRST_WORD_ID, MASK_ID, stored_form
 from inference import TextClassifier
 from inference.classifier import CheckpointError
 from model.config import NetworkConfig
 from model.kinds import ATTENTION_KINDS
-from model.pretraining import FIRST_WORD_ID, MASK_ID, PretrainingNetwork, choose, corrupt
+from model.pretraining import PretrainingNetwork, choose, corrupt
 from training.encoder import ENCODER_PARTS, encoder_state
 
-ROOT = Path(__file__).resolve().parents[1]
-QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+IDS = dict(mask_id=MASK_ID, first_word_id=FIRST_WORD_ID)  # the tokenizer's, as training/pretraining.py passes them
 TINY = ["--model.network.d_model", "16", "--model.network.n_heads", "2", "--model.network.d_ff", "16"]
 
 
@@ -85,7 +85,7 @@ def test_masking_picks_only_real_known_tokens_and_at_least_one_per_text():
     ids = torch.tensor([[5, 6, 7, 8, 0, 0], [MASK_ID, 9, 0, 0, 0, 0], [4, 4, 4, 4, 4, 4]])
     padding = ids == 0
     for seed in range(20):
-        chosen = choose(ids, padding, 0.15, torch.Generator().manual_seed(seed))
+        chosen = choose(ids, padding, 0.15, torch.Generator().manual_seed(seed), first_word_id=FIRST_WORD_ID)
         assert not (chosen & padding).any() and not (chosen & (ids == MASK_ID)).any()
         assert chosen.any(dim=1).all()  # every text has something to predict
         assert chosen[1].tolist() == [False, True, False, False, False, False]  # its only known token
@@ -97,7 +97,7 @@ def test_masked_objective_predicts_the_chosen_places_only_with_the_original_ids(
     padding = torch.zeros_like(ids, dtype=torch.bool)
     padding[1, 6:] = True
     ids[padding] = 0
-    corruption = corrupt("masked", ids, padding, 0.3, 12, torch.Generator().manual_seed(1))
+    corruption = corrupt("masked", ids, padding, 0.3, 12, torch.Generator().manual_seed(1), **IDS)
     assert torch.equal(corruption.targets, ids[corruption.chosen])
     assert torch.equal(corruption.input_ids[~corruption.chosen], ids[~corruption.chosen])  # the rest is untouched
     network = PretrainingNetwork(tiny_network(), "masked")
@@ -125,7 +125,7 @@ def test_replaced_objective_marks_exactly_the_swapped_tokens():
     ids = torch.randint(FIRST_WORD_ID, 50, (3, 12), generator=torch.Generator().manual_seed(0))
     padding = torch.zeros_like(ids, dtype=torch.bool)
     padding[2, 8:] = True
-    corruption = corrupt("replaced", ids, padding, 0.3, 50, torch.Generator().manual_seed(2))
+    corruption = corrupt("replaced", ids, padding, 0.3, 50, torch.Generator().manual_seed(2), **IDS)
     changed = corruption.input_ids != ids
     assert torch.equal(corruption.chosen, changed) and changed.any()
     assert torch.equal(corruption.targets, changed[~padding].float())
@@ -141,13 +141,13 @@ def test_the_loss_goes_down_on_a_repetitive_text(objective):
     optimizer = torch.optim.AdamW(network.parameters(), lr=1e-2)
     losses = []
     for step in range(150):
-        loss, correct, _ = network.loss(corrupt(objective, ids, padding, 0.2, 8), padding)
+        loss, correct, _ = network.loss(corrupt(objective, ids, padding, 0.2, 8, **IDS), padding)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
     network.eval()
-    _, correct, _ = network.loss(corrupt(objective, ids, padding, 0.2, 8, torch.Generator().manual_seed(9)), padding)
+    _, correct, _ = network.loss(corrupt(objective, ids, padding, 0.2, 8, torch.Generator().manual_seed(9), **IDS), padding)
     assert sum(losses[-10:]) < 0.2 * sum(losses[:10])
     assert correct.mean() > 0.9
 
@@ -159,7 +159,7 @@ def test_every_attention_kind_takes_a_pretraining_step(attention, objective):
     ids = torch.randint(FIRST_WORD_ID, 12, (3, 9))
     padding = torch.zeros_like(ids, dtype=torch.bool)
     padding[0, 5:] = True
-    loss, _, output = network.loss(corrupt(objective, ids, padding, 0.15, 12), padding, need_weights=True)
+    loss, _, output = network.loss(corrupt(objective, ids, padding, 0.15, 12, **IDS), padding, need_weights=True)
     loss.backward()
     assert torch.isfinite(loss) and len(output.attention) == 1
     assert network.blocks[0].attention.w_q.weight.grad.abs().sum() > 0

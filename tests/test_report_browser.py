@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inference.report import write_report
-from test_explain import tiny_classifier
+from conftest import tiny_classifier
 
 CHROMIUM = os.environ.get("CHROMIUM", shutil.which("chromium") or shutil.which("chromium-browser") or "")
 

@@ -20,10 +20,9 @@ from pathlib import Path
 import pytest
 
 import predict
-from test_explain import save_checkpoint, tiny_classifier
+from conftest import ROOT, save_checkpoint, tiny_classifier
 
 pytestmark = pytest.mark.slow  # a server process with its worker
-ROOT = Path(__file__).resolve().parents[1]
 MAX_TEXTS, MAX_BYTES = 4, 4000
 CHROMIUM = os.environ.get("CHROMIUM", shutil.which("chromium") or shutil.which("chromium-browser") or "")
 TEXTS = ["w1 alpha w2 beta w3", "beta 好 差 alpha", "   ", "w5 w6"]

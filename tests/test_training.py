@@ -9,15 +9,9 @@ import pytest
 import torch
 
 import train
-from conftest import LABELS, ONE_PROBE, QUIET, ROOT, SMOKE
+from conftest import LABELS, ONE_PROBE, QUIET, ROOT, SMOKE, fit
 from inference import TextClassifier
 from training.module import ClassifierModule
-
-
-def fit(tmp_path, *extra):
-    args = ["fit", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"),
-            "--trainer.logger.init_args.save_dir", str(tmp_path), *QUIET, *ONE_PROBE, *extra]
-    return train.main(args)
 
 
 def run_script(tmp_path, *args):

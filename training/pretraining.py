@@ -5,6 +5,7 @@ import lightning as L
 import torch
 from torchmetrics import MeanMetric
 
+from data.tokenizer import FIRST_WORD_ID, MASK_ID
 from model.config import ConfigError, NetworkConfig
 from model.pretraining import OBJECTIVES, PretrainingNetwork, corrupt
 from training.module import NonFiniteLossError, adamw_with_warmup
@@ -48,7 +49,7 @@ class PretrainModule(L.LightningModule):
 
     def corrupt(self, batch, generator=None):
         return corrupt(self.hparams.objective, batch["input_ids"], batch["padding_mask"], self.hparams.mask_fraction,
-                       self.network.vocab_size, generator)
+                       self.network.vocab_size, generator, mask_id=MASK_ID, first_word_id=FIRST_WORD_ID)
 
     def training_step(self, batch, batch_idx):
         loss, correct, _ = self.model.loss(self.corrupt(batch), batch["padding_mask"])
