@@ -257,8 +257,8 @@ def smoke_run(tmp_path_factory) -> SmokeRun:
 # The modules that take longest (`--durations=0`), run first: pytest-xdist hands whole modules to the workers in
 # collection order (`--dist loadfile --no-loadscope-reorder`, pyproject.toml), so the long ones start early and the
 # many short ones even out the end. Only the order changes; a module missing here just runs later.
-LONGEST_FIRST = ["test_export.py", "test_training.py", "test_bench.py", "test_bad_training.py", "test_predict.py",
-                 "test_bad_inputs_round2.py", "test_pretraining.py", "test_adaptive.py"]
+LONGEST_FIRST = ["test_pretraining.py", "test_export.py", "test_training.py", "test_bad_training.py", "test_bench.py",
+                 "test_predict.py", "test_adaptive.py", "test_heads.py"]
 
 
 def pytest_collection_modifyitems(items):

@@ -232,6 +232,7 @@ def test_only_newline_ends_a_line_of_input(checkpoint, tmp_path, capsys):
     assert [o["text"] for o in outputs] == ["alpha w1\rbeta", "w2\x0bw3 \u2028 w4\x1c", "beta w5 alpha"]
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_closed_standard_input_is_a_one_line_error(checkpoint):
     result = subprocess.run(["bash", "-c", f'exec "{sys.executable}" predict.py --ckpt "{checkpoint}" --file - <&-'],
                             capture_output=True, text=True, cwd=ROOT)

@@ -93,6 +93,7 @@ def test_a_bad_checkpoint_is_refused_in_one_line_naming_it(run, tmp_path, kind, 
     assert not (Path(__file__).parent / "PWNED").exists()
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_a_checkpoint_that_would_run_code_is_refused_by_a_real_process_without_a_traceback(run, tmp_path):
     root, version = run
     path = bad_checkpoint("code", tmp_path, version / "checkpoints" / "last.ckpt")
@@ -161,6 +162,7 @@ def test_a_nan_loss_stops_training_in_one_line_and_keeps_the_last_good_checkpoin
     assert all(torch.isfinite(tensor).all() for tensor in state.values())
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_a_huge_learning_rate_ends_in_the_nan_line_not_a_traceback(tmp_path):
     line = one_error_line(script(tmp_path, "fit", "--config", SMOKE, "--trainer.max_epochs", "2", "--model.lr", "1e4"))
     assert "training loss is nan" in line
@@ -206,6 +208,7 @@ def test_predict_refuses_texts_that_are_not_strings_in_one_line(run, bad):
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+@pytest.mark.slow  # a fresh Python process
 def test_a_read_only_log_folder_is_one_line(tmp_path):
     root = tmp_path / "locked"
     root.mkdir()

@@ -183,6 +183,7 @@ def test_ensemble_refuses_a_checkpoint_with_other_labels(smoke_run, tmp_path, ca
     assert str(smoke_run.best) in ensemble_refusal(capfd, "--config", other, smoke_run.best)
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_ensemble_missing_checkpoint_is_a_one_line_error_in_a_real_process(smoke_run, tmp_path):
     result = run_ensemble("--config", smoke_run.run / "config.yaml", tmp_path / "nope.ckpt")
     assert result.returncode != 0 and "nope.ckpt" in result.stderr and "Traceback" not in result.stderr
@@ -193,6 +194,7 @@ def test_ensemble_missing_config_is_a_one_line_error(smoke_run, tmp_path, capfd)
     assert "nope.yaml" in ensemble_refusal(capfd, "--config", tmp_path / "nope.yaml", smoke_run.best)
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_fit_and_test_script_reports_time_memory_and_the_best_checkpoint(tmp_path):
     result = subprocess.run(["bash", str(ROOT / "bench" / "fit_and_test.sh"), str(tmp_path / "run"), "--config",
                              SMOKE, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "4",

@@ -225,6 +225,7 @@ TOKENIZER_CASES = [
 ]
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_tokenizer_training_gives_the_same_vocabulary_in_every_process():
     # Hash order differs between processes (not within one), so only fresh processes can show the difference: four,
     # each with its own hash seed, each training every case in turn.

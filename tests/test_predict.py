@@ -75,6 +75,7 @@ def test_file_and_stdin_give_the_same_output_as_arguments(ckpt, tmp_path, capsys
     assert from_file == from_arguments == from_stdin
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_stdin_through_a_pipe_in_a_real_process(ckpt):
     result = script("--ckpt", ckpt, "--file", "-", "--top-k", "1", stdin="\n".join(TEXTS).encode())
     assert result.returncode == 0, result.stderr.decode()
@@ -304,6 +305,7 @@ def test_bad_checkpoint_gives_one_line_error_and_exit_code_2(kind, ckpt, tmp_pat
         TextClassifier.from_checkpoint(path)
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_bad_checkpoint_in_a_real_process_has_no_traceback_unless_debug(ckpt, tmp_path):
     path = make_bad_checkpoint("truncated", ckpt, tmp_path)
     quiet = script("--ckpt", path, "alpha")
@@ -330,6 +332,7 @@ def imported_top_level_modules(stderr: bytes) -> set[str]:
     return {name.split(".")[0] for name in lines}
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_predict_imports_no_lightning_or_other_heavy_packages(ckpt):
     result = script("--ckpt", ckpt, "alpha beta", python_flags=["-X", "importtime"])
     assert result.returncode == 0
@@ -338,6 +341,7 @@ def test_predict_imports_no_lightning_or_other_heavy_packages(ckpt):
     assert not modules & HEAVY
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_heatmaps_do_import_matplotlib(ckpt, tmp_path):
     result = script("--ckpt", ckpt, "--attention-png", tmp_path, "alpha beta", python_flags=["-X", "importtime"])
     assert result.returncode == 0

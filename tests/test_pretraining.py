@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import train
-from conftest import QUIET, ROOT
+from conftest import ONE_PROBE, QUIET, ROOT
 from data.pretraining import PretrainDataModule
 from data.sources import DataError
 from data.tokenizer import FIRST_WORD_ID, MASK_ID, stored_form
@@ -50,7 +50,7 @@ def pretrain(tmp_path, *extra, files=None):
     args = ["pretrain", "--data.train_file", str(files["train"]), "--data.val_file", str(files["validation"]),
             "--data.test_file", str(files["test"]), "--data.cache_dir", str(tmp_path / "cache"),
             "--data.batch_size", "8", "--trainer.max_epochs", "1", "--trainer.logger.init_args.save_dir",
-            str(tmp_path / "pretrain"), *TINY, *QUIET, *extra]
+            str(tmp_path / "pretrain"), *TINY, *QUIET, *ONE_PROBE, *extra]
     return train.main(args)
 
 
@@ -60,7 +60,7 @@ def fine_tune(tmp_path, checkpoint, *extra, files=None):
             "--data.val_file", str(files["validation"]),
             "--data.cache_dir", str(tmp_path / "cache"), "--model.init_from", str(checkpoint),
             "--trainer.max_epochs", "1", "--trainer.logger.init_args.save_dir", str(tmp_path / "fit"),
-            *TINY, *QUIET, *extra]
+            *TINY, *QUIET, *ONE_PROBE, *extra]
     return train.main(args)
 
 
@@ -276,8 +276,9 @@ def test_fine_tuned_checkpoint_is_self_contained(pretrained, fine_tuned):
 
 
 def test_pretraining_resumes_from_last(tmp_path):
-    steps = pretrain(tmp_path).trainer.global_step
-    resumed = pretrain(tmp_path, "--ckpt_path", "last", "--trainer.max_epochs", "2")
+    short = ["--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
+    steps = pretrain(tmp_path, *short).trainer.global_step
+    resumed = pretrain(tmp_path, *short, "--ckpt_path", "last", "--trainer.max_epochs", "2")
     assert resumed.trainer.global_step == 2 * steps
     assert resumed.trainer.logger.version == "version_0"  # the same run, continued
 

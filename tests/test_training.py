@@ -85,6 +85,7 @@ def test_bad_input_gives_one_line_error_and_nonzero_exit(tmp_path, args, message
     assert message in str(stop.value.code) and "\n" not in str(stop.value.code)
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
     result = run_script(tmp_path, "fit", "--config", SMOKE, "--data.dataset", "sst3")
     assert result.returncode != 0
@@ -104,6 +105,7 @@ def test_ddp_on_two_cpu_processes(tmp_path):
     assert checkpoint["global_step"] == 2 * (steps_per_epoch_one_process // 2)  # each rank took half the batches
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_no_offline_copy_and_no_network_says_what_to_do(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "ATTENTION_DATA_ROOT"}
     env["HF_HUB_OFFLINE"] = "1"  # what an unreachable hub looks like, without waiting for network time-outs
