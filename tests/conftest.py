@@ -30,7 +30,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402 (after the thread setting)
 import torch.nn.functional as F  # noqa: E402
 
-import train  # noqa: E402
 from data.tokenizer import stored_form, train_tokenizer  # noqa: E402
 from inference import TextClassifier  # noqa: E402
 from model.attention import MultiHeadSelfAttention  # noqa: E402
@@ -162,6 +161,8 @@ def tiny_checkpoint(tmp_path) -> Path:
 
 def fit(root: Path, *extra):
     """train.py fit on configs/smoke.yaml in-process, logging under `root`, one probe, no progress bar."""
+    import train  # Lightning: loaded by the workers that train, not by pytest-xdist's controller
+
     return train.main(["fit", "--config", SMOKE, "--data.cache_dir", str(root / "cache"),
                        "--trainer.logger.init_args.save_dir", str(root), *QUIET, *ONE_PROBE, *extra])
 
@@ -237,6 +238,8 @@ class SmokeRun:
 
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory) -> SmokeRun:
+    import train
+
     root = tmp_path_factory.mktemp("smoke_run")
     train_file = write_csv(root / "markers.csv", marker_rows(SMOKE_ROWS))
     overlay = monitor_overlay(root / "monitor.yaml", num_probes=1, probe_texts=[PROBE_TEXT])
