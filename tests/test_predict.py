@@ -123,8 +123,6 @@ def test_attention_png_writes_one_readable_heatmap_per_text(ckpt, tmp_path, caps
 
 @pytest.mark.parametrize("attention", ["local", "sparse", "linformer"])
 def test_weights_for_heatmaps_alone_put_no_attention_field_in_the_output(attention):
-    from test_explain import tiny_classifier
-
     classifier = tiny_classifier(attention)
     texts = ["alpha beta gamma", "beta beta alpha gamma delta"]
     (plain, _), _ = prediction_outputs(classifier, texts, weights=True)
