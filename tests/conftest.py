@@ -40,7 +40,7 @@ from model.kinds import ATTENTION_KINDS  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
-SHORT = ["--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2"]  # a fit whose claim needs no learning
+SHORT = ["--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2"]  # for claims that need no learning
 # smoke.yaml's AttentionMonitor draws 4 probe heatmaps at every validation end, half of a short fit's time. A fit whose
 # claim is not about the probes keeps the monitor (its health figures and verdicts, a probe figure) with one probe.
 ONE_PROBE = ["--trainer.callbacks",

@@ -18,7 +18,8 @@ from conftest import ONE_PROBE, QUIET, ROOT, SMOKE, digest, error_line, save_che
 from conftest import fit as smoke_fit
 from inference import TextClassifier
 
-SIX_BATCHES = ["--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "2"]  # the resume and NaN tests count steps: 6 per epoch
+# The resume and NaN tests count steps: 6 per epoch.
+SIX_BATCHES = ["--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "2"]
 
 
 def fit(root, *extra):
