@@ -261,9 +261,12 @@ def run_explain(args, classifier, texts: list[str]) -> int:
                      token_count(texts[i], explanation.truncated_from), classifier.max_length)
     note_unread([(i + 1, out["error"]) for i, (out, explanation) in enumerate(pairs) if explanation is None], where)
     if args.html:
+        from inference.ensemble import resolve_checkpoint
         from inference.report import write_report
+        from inference.verdicts import stored_verdicts
 
-        write_report([explanation for _, explanation in pairs if explanation is not None], args.html)
+        write_report([explanation for _, explanation in pairs if explanation is not None], args.html,
+                     stored_verdicts(resolve_checkpoint(args.ckpt[0])))
         log.info("report written to %s", args.html)
     return 0
 

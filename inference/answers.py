@@ -134,9 +134,11 @@ def answer(classifier, pairs: list[tuple]) -> dict:
 
 
 def model_info(paths: list) -> dict:
-    """What GET /info says about the model, read from the checkpoints (safely: data/checkpoint.py)."""
-    from inference.ensemble import resolve_checkpoint
+    """What GET /info says about the model, read from the checkpoints (safely: data/checkpoint.py), with the
+    attention doctor's latest verdicts each carries (inference/verdicts.py; the page's badges)."""
     from data.checkpoint import read_checkpoint, stored_label_names
+    from inference.ensemble import resolve_checkpoint
+    from inference.verdicts import latest_verdicts
     from model.config import network_config
 
     members = []
@@ -147,11 +149,11 @@ def model_info(paths: list) -> dict:
         config = network_config(checkpoint["hyper_parameters"], labels)
         members.append({"checkpoint": Path(file).name, "labels": labels, "attention": config.attention,
                         "max_length": config.max_length, "network": config.to_dict(),
-                        "training": training_figures(checkpoint)})
+                        "training": training_figures(checkpoint), "verdicts": latest_verdicts(checkpoint)})
     first = members[0]
     return {"labels": first["labels"], "attention": first["attention"],
             "max_length": min(member["max_length"] for member in members), "ensemble": len(members) > 1,
-            "checkpoints": members}
+            "verdicts": first["verdicts"] if len(members) == 1 else None, "checkpoints": members}
 
 
 def training_figures(checkpoint: dict) -> dict:

@@ -43,6 +43,7 @@ from monitor.views import token_window
 
 TOKENS_PER_PASS = 16384  # tokens of one text's copies per forward pass (see texts_per_pass)
 METHODS = ("attention", "rollout", "grad_x_input", "integrated_gradients", "occlusion")
+SIGNED_METHODS = ("grad_x_input", "integrated_gradients", "occlusion")  # for or against the class; the others ≥ 0
 DELETION_KS = (1, 2, 3, 4, 5)
 RANDOM_ORDERS = 8  # random permutations averaged for the deletion floor
 
