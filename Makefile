@@ -54,10 +54,11 @@ bench: setup
 fonts: setup
 	bash scripts/install_cjk_font.sh --install
 
-# Opt-in, needs root: Debian's chromium, so tests/test_report_browser.py opens the explanation page in a real
-# headless browser (playwright, from the dev extra, drives it; it downloads no browser). Without it the test skips.
+# Needs root (CI runs it, .ci/run): Debian's chromium, so tests/test_report_browser.py (and test_serve.py's page)
+# open the explanation page in a real headless browser (playwright, from the dev extra, drives it; it downloads no
+# browser). Without it those tests skip and say why.
 browser: setup-dev
-	apt-get install -y chromium
+	command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 
 clean:
 	rm -rf $(VENV) lightning_logs .cache

@@ -2,6 +2,7 @@
 attention kinds, bad input, and predict.py --explain / --html."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,32 @@ def test_faithfulness_bench_over_a_split_and_for_one_text(tmp_path, capsys):
     assert one["texts"] == 1 and one["deletion"]["occlusion"]["curve"][3:] == [None, None]  # 3 tokens: k ≤ 3
     with pytest.raises(SystemExit):
         faithfulness.main(["--ckpt", str(ckpt), "--ig-steps", "0"])
+
+
+def test_the_page_reads_the_monitors_latest_verdicts_from_the_checkpoint(tmp_path, capsys):
+    from inference.answers import model_info
+    from inference.verdicts import latest_verdicts
+
+    finding = {"verdict": "padding-leak", "severity": "warning", "layer": 1, "head": None,
+               "figures": {"pad_weight": 0.03, "entropy": math.nan}}
+    history = [{"step": 5, "epoch": 0, "findings": []}, {"step": 9, "epoch": 1, "findings": [finding]}]
+    verdicts = latest_verdicts({"callbacks": {"AttentionMonitor{'num_probes': 1}": {"history": history}}})
+    assert verdicts["epoch"] == 1 and verdicts["step"] == 9
+    (read,) = verdicts["findings"]
+    assert read["verdict"] == "padding-leak" and read["severity"] == "warning" and (read["layer"], read["head"]) == (1, None)
+    assert read["figures"] == {"pad_weight": 0.03, "entropy": None}  # JSON has no NaN
+    for unexamined in ({}, {"callbacks": {"ModelCheckpoint": {"history": history}}},
+                       {"callbacks": {"AttentionMonitor": {"history": []}}},
+                       {"callbacks": {"AttentionMonitor": {"history": [{"findings": [{"layer": "x"}]}]}}}):
+        assert latest_verdicts(unexamined) is None
+
+    ckpt = save_checkpoint(tiny_classifier(), tmp_path / "tiny.ckpt")
+    assert model_info([ckpt])["verdicts"] is None  # no monitor in a hand-written checkpoint
+    stored = torch.load(ckpt, weights_only=True)
+    stored["callbacks"] = {"AttentionMonitor": {"history": history}}
+    torch.save(stored, ckpt)
+    assert model_info([ckpt])["verdicts"] == verdicts
+    assert model_info([ckpt, ckpt])["verdicts"] is None  # an ensemble draws no maps
+    page = tmp_path / "report.html"
+    assert predict.main(["--ckpt", str(ckpt), "--explain", "--html", str(page), "w1 alpha"]) == 0
+    assert '"verdict": "padding-leak"' in page.read_text(encoding="utf-8")

@@ -240,12 +240,12 @@ def test_typing_a_text_shows_its_label_tokens_and_heatmaps(tab, server):
     text = "the acting is wonderful but the plot is dull 好"
     page.fill("#input", text)
     page.click("#submit")
-    page.wait_for_selector("#text0 canvas", timeout=60_000)
+    page.wait_for_selector("#text0 canvas.heat", timeout=60_000)
     label = page.locator("#text0 .label").text_content()
     expected = post(server, {"texts": [text]})[1]["predictions"][0]["label"]
     assert label == f"predicted: {expected}"
     info = json.loads(get(server, "/info")[1])["model"]["checkpoints"][0]["network"]
-    assert page.locator("#text0 canvas").count() == info["n_layers"] * info["n_heads"]
+    assert page.locator("#text0 canvas.heat").count() == info["n_layers"] * info["n_heads"]
     assert "好" in page.locator("#text0 p").first.text_content()
     page.click("#switch button[data-method='occlusion']")
     page.hover("#text0 .tok >> nth=1")

@@ -13,11 +13,12 @@ function el(tag, cls, text) {
   if (text !== undefined) e.textContent = text;
   return e;
 }
-function ramp(stops, x) {  // x in [0, 1] → 'rgb(…)' along the stops
+function rgb(stops, x) {  // x in [0, 1] → [r, g, b] along the stops
   const t = Math.max(0, Math.min(1, x)) * (stops.length - 1), i = Math.min(stops.length - 2, Math.floor(t));
-  const f = t - i, c = stops[i].map((a, k) => Math.round(a + f * (stops[i + 1][k] - a)));
-  return `rgb(${c.join(',')})`;
+  const f = t - i;
+  return stops[i].map((a, k) => Math.round(a + f * (stops[i + 1][k] - a)));
 }
+const ramp = (stops, x) => `rgb(${rgb(stops, x).join(',')})`;
 function colourBar(stops, low, high, caption) {  // a gradient with its end values and what it measures
   const bar = el('div', 'colourbar'), c = el('canvas');
   c.width = 200; c.height = 12; const ctx = c.getContext('2d');
@@ -72,11 +73,18 @@ function paintTokens() {
   });
 }
 // ---- attention maps: one colour scale for every head of a text -----------------------------------------------------
+function cells(m, top) {  // the map at one pixel per cell, on the scale 0..top
+  const n = m.length, k = m[0].length, image = new ImageData(k, n), small = el('canvas');
+  for (let i = 0; i < n; i++) for (let j = 0; j < k; j++) {
+    image.data.set([...rgb(VIRIDIS, m[i][j] / top), 255], 4 * (i * k + j));
+  }
+  small.width = k; small.height = n; small.getContext('2d').putImageData(image, 0, 0);
+  return small;
+}
 function drawMap(canvas, m, cell, top, hover) {
   const ctx = canvas.getContext('2d'), n = m.length, k = m[0].length;
-  for (let i = 0; i < n; i++) for (let j = 0; j < k; j++) {
-    ctx.fillStyle = ramp(VIRIDIS, m[i][j] / top); ctx.fillRect(j * cell, i * cell, cell, cell);
-  }
+  if (canvas.scaleTop !== top) { canvas.cells = cells(m, top); canvas.scaleTop = top; }  // hovering only redraws
+  ctx.imageSmoothingEnabled = false; ctx.drawImage(canvas.cells, 0, 0, k * cell, n * cell);
   ctx.strokeStyle = '#f22'; ctx.lineWidth = 2;
   if (hover.row !== null && hover.row < n) ctx.strokeRect(1, hover.row * cell + 1, k * cell - 2, cell - 2);
   if (hover.col !== null && hover.col < k) ctx.strokeRect(hover.col * cell + 1, 1, cell - 2, n * cell - 2);
