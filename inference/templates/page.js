@@ -200,7 +200,7 @@ function mapBox(t, i, l, h, cell) {
   const title = el('div', 'map-title', `layer ${l} · head ${h} `); title.appendChild(badge(headFindings(l, h)));
   const grid = el('div', 'map-grid'), heat = el('canvas', 'heat'), rows = el('canvas', 'rows'), cols = el('canvas', 'cols');
   heat.width = cols.width = m[0].length * cell; heat.height = rows.height = m.length * cell;
-  rows.width = cols.height = Math.min(90, 8 + 7 * Math.max(...t.tokens.map(x => Math.min(10, x.length))));
+  rows.width = cols.height = Math.min(80, 8 + 6.5 * Math.max(...t.tokens.map(x => Math.min(10, x.length))));
   Object.assign(heat.dataset, {layer: l, head: h, cell: cell, row: ''});
   const at = e => [Math.min(n - 1, Math.floor(e.offsetY / cell)), Math.min(m[0].length - 1, Math.floor(e.offsetX / cell))];
   heat.onmousemove = e => { const [r, c] = at(e); highlight(i, r, c, [l, h]); };
@@ -213,7 +213,8 @@ function mapBox(t, i, l, h, cell) {
     own.textContent = check.checked ? ` (now 0–${fmt(Math.max(...m.map(r => Math.max(...r))))}: not comparable)` : '';
     redraw(i, {row: null, col: null});
   };
-  stretch.append(check, ' contrast: this map on its own scale', own);
+  stretch.append(check, ' contrast: own scale', own);
+  stretch.title = 'stretch this map to its own largest weight (0 to its max), no longer comparable with the others';
   box.append(title, grid, stretch);
   return box;
 }
@@ -244,8 +245,10 @@ function card(t, i) {
   box.appendChild(modelVerdicts());
   box.appendChild(el('div', 'hover note')); const maps = el('div', 'maps'); box.appendChild(maps);
   const n = t.tokens.length;
-  const cell = n <= LABEL_EVERY_TOKEN ? Math.max(9, Math.min(24, Math.floor(MAP_WIDTH / n))) : Math.max(3, Math.floor(540 / n));
-  t.attention.forEach((layer, l) => layer.forEach((_, h) => maps.appendChild(mapBox(t, i, l, h, cell))));
+  const cell = n <= LABEL_EVERY_TOKEN ? Math.max(9, Math.min(20, Math.floor(MAP_WIDTH / n))) : Math.max(3, Math.floor(540 / n));
+  t.attention.forEach((layer, l) => {  // a row per layer
+    const row = el('div', 'layer'); layer.forEach((_, h) => row.appendChild(mapBox(t, i, l, h, cell))); maps.appendChild(row);
+  });
   return box;
 }
 function show(data) {
