@@ -25,6 +25,7 @@ from data.sources import load_splits
 from data.tokenizer import pad
 from inference.classifier import TextClassifier
 from inference.ensemble import resolve_checkpoint
+from inference.verdicts import monitor_history
 from data.checkpoint import CheckpointError, read_checkpoint
 from monitor.checks import SAMPLE_TEXTS, model_checks
 from monitor.doctor import Finding, diagnose, figure_table_markdown, head_titles, verdict_table_markdown, warnings
@@ -85,11 +86,8 @@ def validation_sample(settings: dict, label_names: list[str], texts: int, seed: 
 
 def stored_history(checkpoint: dict) -> list[dict]:
     """The AttentionMonitor's history saved in the checkpoint (its state_dict), findings as Finding objects."""
-    for key, state in (checkpoint.get("callbacks") or {}).items():
-        if "AttentionMonitor" in key and isinstance(state, dict):
-            return [entry | {"findings": [Finding.from_dict(f) for f in entry["findings"]]}
-                    for entry in state.get("history", [])]
-    return []
+    return [entry | {"findings": [Finding.from_dict(f) for f in entry["findings"]]}
+            for entry in monitor_history(checkpoint)]
 
 
 @torch.no_grad()

@@ -1,15 +1,17 @@
 """The attention doctor's verdicts a checkpoint carries, for the explanation page's badges (inference/report.py).
 
-The AttentionMonitor records one entry per validation epoch in its callback state, {"step", "epoch", "findings":
-[finding dicts]}, and the checkpoint keeps it. The page shows the latest entry: each finding as plain JSON,
-{"verdict", "severity", "layer", "head", "figures", "cause", "fix"} (layer None: the whole model; head None: the
-whole layer), and draws a badge per head from the findings of that head and of its layer. A checkpoint with no
-monitor history (trained without the monitor, or written by hand) gives None: the page says "not examined".
+The AttentionMonitor (monitor/callback.py) records one entry per validation epoch in its callback state, {"step",
+"epoch", "findings": [Finding.to_dict()]}, and the checkpoint keeps it. The page shows the latest entry: each finding
+as plain JSON, {"verdict", "severity", "layer", "head", "figures", "cause", "fix"} (layer None: the whole model; head
+None: the whole layer; severity, cause and fix from monitor/doctor.py's VERDICTS), and draws a badge per head from
+the findings of that head and of its layer. A checkpoint with no monitor history (trained without the monitor, or
+written by hand) gives None: the page says "not examined".
 """
 
 import math
 
 from data.checkpoint import read_checkpoint
+from monitor.doctor import VERDICTS, Finding
 
 MONITOR = "AttentionMonitor"  # Lightning keys a callback's state by its class name (and its settings)
 
@@ -36,17 +38,22 @@ def latest_verdicts(checkpoint: dict) -> dict | None:
 
 
 def plain(finding) -> dict | None:
-    """One stored finding as the page reads it (figures that are not finite become None: JSON has no NaN), or None
-    when it is not a finding."""
-    if not isinstance(finding, dict) or not isinstance(finding.get("verdict"), str):
+    """One stored finding (monitor/doctor.py's Finding.to_dict) as the page reads it: with its severity, likely cause
+    and fix from the verdict table, figures that are not finite as None (JSON has no NaN); None when it is not a
+    finding. A verdict this version does not know is shown as a note."""
+    try:
+        found = Finding.from_dict(finding)
+        figures = {str(name): float(value) for name, value in found.figures.items()}
+    except (KeyError, TypeError, ValueError):
         return None
-    where = [finding.get("layer"), finding.get("head")]
-    if not all(w is None or isinstance(w, int) for w in where) or not isinstance(finding.get("figures", {}), dict):
+    if not isinstance(found.verdict, str) or not all(w is None or type(w) is int for w in (found.layer, found.head)):
         return None
-    figures = {str(name): float(value) if math.isfinite(float(value)) else None
-               for name, value in finding.get("figures", {}).items() if isinstance(value, (int, float))}
-    return {"verdict": finding["verdict"], "severity": finding.get("severity", "note"), "layer": where[0],
-            "head": where[1], "figures": figures, "cause": finding.get("cause", ""), "fix": finding.get("fix", "")}
+    verdict = VERDICTS.get(found.verdict)
+    figures = {name: value if math.isfinite(value) else None for name, value in figures.items()}
+    return {"verdict": found.verdict, "severity": verdict.severity if verdict else "note", "layer": found.layer,
+            "head": found.head, "figures": figures,
+            "cause": verdict.cause if verdict else "a verdict this version of the doctor does not know",
+            "fix": verdict.fix if verdict else ""}
 
 
 def stored_verdicts(path) -> dict | None:

@@ -200,15 +200,18 @@ def test_faithfulness_bench_over_a_split_and_for_one_text(tmp_path, capsys):
 def test_the_page_reads_the_monitors_latest_verdicts_from_the_checkpoint(tmp_path, capsys):
     from inference.answers import model_info
     from inference.verdicts import latest_verdicts
+    from monitor.doctor import VERDICTS, Finding
 
-    finding = {"verdict": "padding-leak", "severity": "warning", "layer": 1, "head": None,
-               "figures": {"pad_weight": 0.03, "entropy": math.nan}}
-    history = [{"step": 5, "epoch": 0, "findings": []}, {"step": 9, "epoch": 1, "findings": [finding]}]
+    finding = Finding("padding-leak", 1, None, {"pad_weight": 0.03, "entropy": math.nan}).to_dict()
+    unknown = {"verdict": "a-verdict-of-a-later-version", "layer": 0, "head": 1, "figures": {}}
+    history = [{"step": 5, "epoch": 0, "findings": []}, {"step": 9, "epoch": 1, "findings": [finding, unknown]}]
     verdicts = latest_verdicts({"callbacks": {"AttentionMonitor{'num_probes': 1}": {"history": history}}})
     assert verdicts["epoch"] == 1 and verdicts["step"] == 9
-    (read,) = verdicts["findings"]
-    assert read["verdict"] == "padding-leak" and read["severity"] == "warning" and (read["layer"], read["head"]) == (1, None)
+    read, later = verdicts["findings"]
+    assert read["verdict"] == "padding-leak" and (read["layer"], read["head"]) == (1, None)
+    assert read["severity"] == "warning" and read["fix"] == VERDICTS["padding-leak"].fix  # from the one table
     assert read["figures"] == {"pad_weight": 0.03, "entropy": None}  # JSON has no NaN
+    assert later["severity"] == "note" and "does not know" in later["cause"]
     for unexamined in ({}, {"callbacks": {"ModelCheckpoint": {"history": history}}},
                        {"callbacks": {"AttentionMonitor": {"history": []}}},
                        {"callbacks": {"AttentionMonitor": {"history": [{"findings": [{"layer": "x"}]}]}}}):

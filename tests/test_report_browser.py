@@ -5,8 +5,8 @@ inference.answers.answer_batch through a route, so no server process is needed).
 The model has a planted over-uniform head (layer 0 head 0: its W_Q ×0.1, a scale 10× too small: weights 0.10-0.16
 over 8 tokens) next to a sharp one (layer 0 head 1: W_Q ×8); the page must SHOW it: on the shared colour scale the
 uniform map's pixel spread is far below the sharp one's (1.7 against 46 grey levels), though on its own contrast,
-as each map was drawn before, it looks busy (14). Its checkpoint carries a hand-made monitor history, drawn as
-verdict badges.
+as each map was drawn before, it looks busy (14). Its checkpoint carries a hand-made monitor history of the shape
+monitor/callback.py stores (Finding.to_dict per finding), drawn as verdict badges.
 
 Skips, saying why, where chromium or the playwright package is missing: `make browser` installs both (root, apt).
 Set REPORT_SCREENSHOT=path.png to keep the report's screenshot for a look.
@@ -28,17 +28,18 @@ from inference.limits import ServerLimits
 from inference.report import live_page, write_report
 from inference.request import parse_request
 from inference.verdicts import stored_verdicts
+from monitor.doctor import VERDICTS
 from test_explain import save_checkpoint, tiny_classifier
 
 CHROMIUM = os.environ.get("CHROMIUM", shutil.which("chromium") or shutil.which("chromium-browser") or "")
 TEXTS = ["w1 alpha w2 beta w3 w4 w7 w9", "好 差 w5 差 好"]
 ORIGIN = "http://serve.test"  # the served page's origin, answered by routes
 HISTORY = [{"step": 10, "epoch": 0, "findings": []}, {"step": 20, "epoch": 1, "findings": [
-    {"verdict": "averaging-head", "severity": "note", "layer": 0, "head": 0,
+    {"verdict": "averaging-head", "layer": 0, "head": 0,
      "figures": {"entropy": 1.0, "head_loss_delta": math.nan}},
-    {"verdict": "padding-leak", "severity": "warning", "layer": 1, "head": None,
+    {"verdict": "padding-leak", "layer": 1, "head": None,
      "figures": {"pad_weight": 0.031, "padded_rows": 12.0}},
-    {"verdict": "still-learning", "severity": "note", "layer": None, "head": None, "figures": {"loss_drop": 0.2}},
+    {"verdict": "still-learning", "layer": None, "head": None, "figures": {"loss_drop": 0.2}},
 ]}]
 
 
@@ -153,6 +154,7 @@ def test_every_head_gets_its_verdict_badge_with_its_figures_on_hover(surface, re
     for h in (0, 1):  # a whole-layer warning is every head's
         assert badges[1, h].text_content() == "padding-leak" and "warning" in badges[1, h].get_attribute("class")
         assert "pad_weight 0.031" in badges[1, h].get_attribute("title")
+        assert VERDICTS["padding-leak"].fix in badges[1, h].get_attribute("title")
     assert "head_loss_delta n/a" in badges[0, 0].get_attribute("title")  # NaN is stored, JSON has none
     assert "epoch 1" in tab.locator("#text0 .verdicts").text_content()
     assert tab.locator("#text0 .verdicts .badge").text_content() == "still-learning"
