@@ -120,6 +120,10 @@ def served(browser, checkpoint):
     tab.close()
 
 
+def colours(tab):
+    return tab.eval_on_selector_all("#text0 .tok", "els => els.map(e => getComputedStyle(e).backgroundColor)")
+
+
 def heat(tab, layer, head, text=0):
     return tab.locator(f"#text{text} canvas.heat[data-layer='{layer}'][data-head='{head}']")
 
@@ -187,10 +191,9 @@ def test_the_legend_follows_the_method_sign(report):
     assert "purple" in tab.locator("#legend").text_content()
     tab.click("#switch button[data-method='attention']")
     assert "never negative" in tab.locator("#legend").text_content()
-    occlusion_colours = tab.eval_on_selector_all("#text0 .tok", "els => els.map(e => getComputedStyle(e).backgroundColor)")
+    attention_colours = colours(tab)
     tab.click("#switch button[data-method='occlusion']")
-    assert occlusion_colours != tab.eval_on_selector_all("#text0 .tok",
-                                                         "els => els.map(e => getComputedStyle(e).backgroundColor)")
+    assert attention_colours != colours(tab)
     assert "replaced by [UNK]" in tab.locator("#text0 .method-note").text_content() and errors == []
 
 

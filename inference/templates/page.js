@@ -55,7 +55,8 @@ function paintTokens() {
     : colourBar(BLUES, '0', 'top', 'weight the token gets (never negative: where the model looked, not for or ' +
                 'against the class); top = the largest score of this method in the text'));
   if (method in drops) {
-    const others = Object.entries(drops).filter(([m]) => m !== method).map(([m, d]) => `${STATE.titles[m] || m} ${d.toFixed(3)}`);
+    const others = Object.entries(drops).filter(([m]) => m !== method)
+      .map(([m, d]) => `${STATE.titles[m] || m} ${d.toFixed(3)}`);
     legend.appendChild(el('p', 'note', `${chosen ? 'Shown' : 'Shown by default, the most faithful on this page'}: ` +
       `${STATE.titles[method]} — replacing its top 1–5 tokens by [UNK] lowers p(predicted class) by ` +
       `${drops[method].toFixed(3)} on average (${others.join(', ')}).`));
@@ -89,7 +90,8 @@ function drawMap(canvas, m, cell, top, hover) {
   if (hover.row !== null && hover.row < n) ctx.strokeRect(1, hover.row * cell + 1, k * cell - 2, cell - 2);
   if (hover.col !== null && hover.col < k) ctx.strokeRect(hover.col * cell + 1, 1, cell - 2, n * cell - 2);
 }
-function shown(n, j, hovered) {  // a token is named on an axis: all up to 60 tokens, else every few, and the hovered one
+// A token is named on an axis: all up to 60 tokens, else every few, and the hovered one always.
+function shown(n, j, hovered) {
   return j === hovered || n <= LABEL_EVERY_TOKEN || j % Math.ceil(n / LABEL_EVERY_TOKEN) === 0;
 }
 function drawAxis(canvas, tokens, cell, hovered, vertical) {
@@ -126,7 +128,8 @@ function highlight(i, row, col = null, where = null) {
   if (row === null) { info.textContent = ''; return; }
   if (where !== null && col !== null) {
     const w = t.attention[where[0]][where[1]][row][col];
-    info.textContent = `layer ${where[0]} head ${where[1]}: query "${t.tokens[row]}" → key "${t.tokens[col]}": ${fmt(w)}`;
+    info.textContent = `layer ${where[0]} head ${where[1]}: query "${t.tokens[row]}" → key "${t.tokens[col]}": ` +
+      fmt(w);
     return;
   }
   const parts = t.attention.map((layer, l) => {
@@ -150,14 +153,17 @@ function badge(findings) {  // findings: those of one head, or null when the che
     return b;
   }
   const when = `the attention monitor, validation of epoch ${v.epoch} (step ${v.step})`;
-  const warnings = findings.filter(f => f.severity === 'warning'), shownFindings = warnings.length ? warnings : findings;
+  const warnings = findings.filter(f => f.severity === 'warning');
+  const shownFindings = warnings.length ? warnings : findings;
   b.classList.add(warnings.length ? 'warning' : findings.length ? 'note' : 'ok');
   b.textContent = shownFindings.length ? [...new Set(shownFindings.map(f => f.verdict))].join(', ') : 'ok';
-  b.title = (findings.length ? findings.map(findingLine).join('\n\n') : 'no finding: every check passed') + `\n\n— ${when}`;
+  b.title = (findings.length ? findings.map(findingLine).join('\n\n') : 'no finding: every check passed') +
+    `\n\n— ${when}`;
   return b;
 }
 function headFindings(l, h) {  // a head's own findings and those of its whole layer
-  return STATE.verdicts ? STATE.verdicts.findings.filter(f => f.layer === l && (f.head === null || f.head === h)) : null;
+  if (!STATE.verdicts) return null;
+  return STATE.verdicts.findings.filter(f => f.layer === l && (f.head === null || f.head === h));
 }
 function modelVerdicts() {
   const line = el('p', 'note verdicts');
@@ -169,7 +175,8 @@ function modelVerdicts() {
 }
 // ---- faithfulness -------------------------------------------------------------------------------------------------
 const COLUMNS = [
-  ['Spearman with occlusion', 'rank agreement of the method\'s token scores with exact occlusion: 1 = the same order, ' +
+  ['Spearman with occlusion', 'rank agreement of the method\'s token scores with exact occlusion: 1 = the same ' +
+   'order, ' +
    '0 = unrelated (occlusion itself is the reference)'],
   ['drop k=N', 'p(predicted class) minus p(predicted class) with the method\'s top N tokens replaced by [UNK]: the ' +
    'larger, the more those tokens mattered; "random" (random orders, averaged) is the floor'],
@@ -191,18 +198,22 @@ function faithfulnessTable(f) {
     table.appendChild(tr);
   });
   const legend = el('ul', 'note columns');
-  COLUMNS.forEach(([name, what]) => { const li = el('li'); li.append(el('b', '', name), `: ${what}`); legend.appendChild(li); });
+  COLUMNS.forEach(([name, what]) => {
+    const li = el('li'); li.append(el('b', '', name), `: ${what}`); legend.appendChild(li);
+  });
   return [table, legend];
 }
 // ---- one card per text --------------------------------------------------------------------------------------------
 function mapBox(t, i, l, h, cell) {
   const n = t.tokens.length, m = t.attention[l][h], box = el('div', 'map');
   const title = el('div', 'map-title', `layer ${l} · head ${h} `); title.appendChild(badge(headFindings(l, h)));
-  const grid = el('div', 'map-grid'), heat = el('canvas', 'heat'), rows = el('canvas', 'rows'), cols = el('canvas', 'cols');
+  const grid = el('div', 'map-grid'), heat = el('canvas', 'heat');
+  const rows = el('canvas', 'rows'), cols = el('canvas', 'cols');
   heat.width = cols.width = m[0].length * cell; heat.height = rows.height = m.length * cell;
   rows.width = cols.height = Math.min(80, 8 + 6.5 * Math.max(...t.tokens.map(x => Math.min(10, x.length))));
   Object.assign(heat.dataset, {layer: l, head: h, cell: cell, row: ''});
-  const at = e => [Math.min(n - 1, Math.floor(e.offsetY / cell)), Math.min(m[0].length - 1, Math.floor(e.offsetX / cell))];
+  const at = e => [Math.min(n - 1, Math.floor(e.offsetY / cell)),
+                   Math.min(m[0].length - 1, Math.floor(e.offsetX / cell))];
   heat.onmousemove = e => { const [r, c] = at(e); highlight(i, r, c, [l, h]); };
   heat.onmouseleave = () => highlight(i, null);
   grid.append(el('span'), cols, rows, heat);
@@ -236,7 +247,8 @@ function card(t, i) {
     e.onmouseenter = () => highlight(i, j); e.onmouseleave = () => highlight(i, null); toks.appendChild(e);
   });
   if (!t.attention) {
-    box.append(el('div', 'hover note'), el('div', 'maps', t.notes.attention || 'no token × token attention for this model'));
+    box.append(el('div', 'hover note'),
+               el('div', 'maps', t.notes.attention || 'no token × token attention for this model'));
     return box;
   }
   t.top = t.attention.flat(3).reduce((a, b) => Math.max(a, b), 1e-9);  // the one scale: the largest weight of any head
@@ -245,9 +257,12 @@ function card(t, i) {
   box.appendChild(modelVerdicts());
   box.appendChild(el('div', 'hover note')); const maps = el('div', 'maps'); box.appendChild(maps);
   const n = t.tokens.length;
-  const cell = n <= LABEL_EVERY_TOKEN ? Math.max(9, Math.min(20, Math.floor(MAP_WIDTH / n))) : Math.max(3, Math.floor(540 / n));
+  const cell = n <= LABEL_EVERY_TOKEN ? Math.max(9, Math.min(20, Math.floor(MAP_WIDTH / n)))
+                                      : Math.max(3, Math.floor(540 / n));
   t.attention.forEach((layer, l) => {  // a row per layer
-    const row = el('div', 'layer'); layer.forEach((_, h) => row.appendChild(mapBox(t, i, l, h, cell))); maps.appendChild(row);
+    const row = el('div', 'layer');
+    layer.forEach((_, h) => row.appendChild(mapBox(t, i, l, h, cell)));
+    maps.appendChild(row);
   });
   return box;
 }
