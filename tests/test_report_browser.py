@@ -29,7 +29,7 @@ from inference.report import live_page, write_report
 from inference.request import parse_request
 from inference.verdicts import stored_verdicts
 from monitor.doctor import VERDICTS
-from test_explain import save_checkpoint, tiny_classifier
+from conftest import save_checkpoint, tiny_classifier
 
 CHROMIUM = os.environ.get("CHROMIUM", shutil.which("chromium") or shutil.which("chromium-browser") or "")
 TEXTS = ["w1 alpha w2 beta w3 w4 w7 w9", "好 差 w5 差 好"]
