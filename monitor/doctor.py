@@ -106,7 +106,7 @@ VERDICTS: dict[str, Verdict] = {
         "note", f"entropy ≥ {AVERAGING_ENTROPY:g} with no bug-class figure: the head spreads its weight evenly",
         "a head that averages its keys (a bag of words); \"needed\" when zeroing it raises the validation loss by "
         f"≥ {NEEDED_LOSS:g}, \"unused\" when it does not",
-        "nothing, if accuracy is fine; an unused one can be pruned (bench/prune_heads.py)"),
+        "nothing, if accuracy is fine; an unused one can be pruned (prune.py)"),
     "unused-head": Verdict(
         "note", f"abs(head_loss_delta) < {UNUSED_LOSS:g}: zeroing the head's output leaves the validation loss as "
         "it is",
