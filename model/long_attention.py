@@ -63,6 +63,13 @@ class LongAttention(MultiHeadSelfAttention):
             raise ConfigError(f"attention_kernel {config.attention_kernel} applies to attention: full only, "
                               f"not {config.attention} (use attention_kernel: manual)")
 
+    @staticmethod
+    def at_most_max_length(config, name: str, why: str = "") -> None:
+        """A size a kind reads off the text (a window, global tokens, projected rows) may not exceed max_length."""
+        value = getattr(config, name)
+        if value > config.max_length:
+            raise ConfigError(f"{name} {value} is larger than max_length {config.max_length}{why}")
+
     def mask(self, key_padding_mask: torch.Tensor | None, L: int, device=None) -> torch.Tensor | None:
         """(B, L) bool, True at padding, or None: each kind builds its own blocked places from it."""
         return None if key_padding_mask is None else key_padding_mask.bool()
@@ -77,9 +84,8 @@ class LocalSelfAttention(LongAttention):
     @classmethod
     def check(cls, config) -> None:
         super().check(config)
-        if config.window > config.max_length:
-            raise ConfigError(f"window {config.window} is larger than max_length {config.max_length}: a block of w "
-                              f"queries scores 3w keys whatever the text's length (use window <= {config.max_length})")
+        cls.at_most_max_length(config, "window", ": a block of w queries scores 3w keys whatever the text's length "
+                               f"(use window <= {config.max_length})")
 
     @classmethod
     def settings(cls, config) -> dict:
@@ -158,8 +164,7 @@ class SparseSelfAttention(LocalSelfAttention):
     @classmethod
     def check(cls, config) -> None:
         super().check(config)
-        if config.global_tokens > config.max_length:
-            raise ConfigError(f"global_tokens {config.global_tokens} is larger than max_length {config.max_length}")
+        cls.at_most_max_length(config, "global_tokens")
 
     @classmethod
     def settings(cls, config) -> dict:
@@ -240,9 +245,7 @@ class LinformerSelfAttention(LongAttention):
     @classmethod
     def check(cls, config) -> None:
         super().check(config)
-        if config.projection_length > config.max_length:
-            raise ConfigError(f"projection_length {config.projection_length} is larger than max_length "
-                              f"{config.max_length}: there are not that many tokens to project")
+        cls.at_most_max_length(config, "projection_length", ": there are not that many tokens to project")
         if config.causal:
             raise ConfigError("causal: true with attention: linformer is not meaningful: each projected key mixes "
                               "every token, future ones included (use local or sparse)")
