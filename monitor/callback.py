@@ -200,8 +200,11 @@ class AttentionMonitor(Callback):
         the titles are replaced: laying out the token labels is most of the cost of a drawing (measured: a redraw takes about half the time of a fresh figure).
         weights (n_layers, H, L, K) in the layer's layout; key_positions and global_weights as attention_figure."""
         if i not in self.figures_by_probe:
+            # The layout is frozen after this drawing, so each panel gets its two-line title now, even before the
+            # first verdicts: a title that grows later would run into the figure's heading.
+            layout_titles = verdicts or [["not judged yet"] * weights.shape[1]] * weights.shape[0]
             figure = attention_figure(weights, tokens, title, self.max_tokens, key_padding_mask, key_positions,
-                                      global_weights, verdicts)
+                                      global_weights, layout_titles)
             figure_to_array(figure)  # lays it out once
             figure.set_layout_engine("none")
             self.figures_by_probe[i] = figure
