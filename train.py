@@ -37,7 +37,7 @@ from data.datamodule import NO_TEST_SPLIT
 from data.files import WriteError, reason
 from data.pretraining import PretrainDataModule, check_known
 from data.checkpoint import CheckpointError, load_safely, read_checkpoint, read_pretraining_checkpoint
-from model.config import ConfigError, NetworkConfig
+from model.config import ConfigError, NetworkConfig, max_length_caps
 from training.checkpoints import SPECIAL_NAMES, check_fits, check_restorable, resolve
 from training.module import ClassifierModule, NonFiniteLossError
 from training.encoder import check_pretrained
@@ -58,6 +58,16 @@ DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"  # what `fit` reads first whe
 PRETRAIN_CONFIG = ROOT / "configs" / "pretrain.yaml"  # and `pretrain`
 
 
+def check_network(config) -> None:
+    """The network's own rules (model/config.py), checked before the data are read: tokenizing IMDB must not end in
+    "window must be an integer >= 1". The sizes the data will choose stand in as the most they may be (a window no
+    longer than the text is checked again once the text's length is known)."""
+    network, data = config["model"]["network"], config["data"]
+    settings = {**vars(network), "num_classes": 2, "vocab_size": data.get("vocab_size") or 2 + 1,
+                "max_length": data.get("max_length") or max(max_length_caps(network.attention))}
+    NetworkConfig(**settings)
+
+
 class CLI(LightningCLI):
     def add_arguments_to_parser(self, parser):
         # Sizes the data decides travel to the model; the user never types them twice. Read from the DataModule
@@ -65,7 +75,7 @@ class CLI(LightningCLI):
         parser.link_arguments("data.max_length", "model.network.max_length", apply_on="instantiate")
         parser.link_arguments("data.vocab_size", "model.network.vocab_size", apply_on="instantiate")  # tokenizer ≤ it
         # The attention kind decides how long an unset max_length may be (whole long texts for the cheaper kinds).
-        parser.link_arguments("model.network.attention", "data.attention")
+        parser.link_arguments("model.network.attention", "data.max_length_caps", compute_fn=max_length_caps)
         # Fine-tuning from a pretraining checkpoint reads text with that checkpoint's tokenizer.
         parser.link_arguments("model.init_from", "data.tokenizer_from")
         parser.link_arguments("data.label_names", "model.label_names", apply_on="instantiate")
@@ -103,6 +113,7 @@ class CLI(LightningCLI):
 
     def before_instantiate_classes(self):
         config = self.config[self.subcommand] if self.subcommand else self.config
+        check_network(config)
         if self.subcommand in ("fit", None) and config["model"].get("distillation", 0) > 0 \
                 and not config["data"]["teacher"]:
             raise ConfigError(f"model.distillation {config['model']['distillation']} needs a teacher: "
@@ -197,7 +208,7 @@ class PretrainCLI(CLI):
     def add_arguments_to_parser(self, parser):
         parser.link_arguments("data.max_length", "model.network.max_length", apply_on="instantiate")
         parser.link_arguments("data.vocab_size", "model.network.vocab_size", apply_on="instantiate")
-        parser.link_arguments("model.network.attention", "data.attention")
+        parser.link_arguments("model.network.attention", "data.max_length_caps", compute_fn=max_length_caps)
         parser.set_defaults({"trainer.callbacks": [{"class_path": "monitor.AttentionMonitor"}]})
 
     def parse_arguments(self, parser, args):

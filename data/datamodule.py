@@ -23,8 +23,6 @@ from data.files import WriteError, describe, write_atomically
 from data.sources import DataError, Splits, load_splits, local_copy_dir
 from data.teacher import out_of_fold_probabilities
 from data.tokenizer import FIRST_WORD_ID, KINDS, SPECIAL_TOKENS, UNK_ID, cut, load_tokenizer, pad, stored_form, train_tokenizer, word_counts
-from model.config import AUTO, FULL_ATTENTION_MAX_LENGTH, MAX_LENGTH
-from model.kinds import ATTENTION_KINDS
 
 log = logging.getLogger(__name__)
 NO_TEST_SPLIT = ("no test split (SST-2's test labels are not public: its held-out figure is `validate`): give "
@@ -33,11 +31,11 @@ CACHE_VERSION = 5  # part of the cache key: bump it when tokenization or the spl
 
 # Adaptive sizes (data.max_length / data.vocab_size left unset), chosen from the training split alone:
 LENGTH_PERCENTILE = 100  # max_length covers the longest training text (batches are padded only to their longest
-MAX_LENGTH_CAP = FULL_ATTENTION_MAX_LENGTH  # text, so the tail is cheap; SST-2's validation sentences are longer
-                         # than most training phrases), but full attention costs L², so longer texts are cut here
-LONG_MAX_LENGTH_CAP = 2048  # the cheaper kinds (local, sparse, linformer; "auto" on long texts) read whole texts
-LONG_TEXT_SHARE = 0.2   # attention "auto": whole texts with local attention when more than this share of the
-                        # training texts is longer than MAX_LENGTH_CAP (IMDB 41%; ChnSentiCorp 10%, SST-2 0%)
+MAX_LENGTH_CAP = 256      # text, so the tail is cheap; SST-2's validation sentences are longer than most training
+                         # phrases), at most this unless max_length_caps says otherwise (train.py passes the
+                         # network's caps, model.config.max_length_caps: full attention costs L²)
+LONG_TEXT_SHARE = 0.2   # with two caps (attention "auto"): the second when more than this share of the training
+                        # texts is longer than the first (IMDB 41%; ChnSentiCorp 10%, SST-2 0%)
 SHORT_BUCKET_POOL, LONG_BUCKET_POOL = 1, 50  # bucket_pool unset: random batches for short texts, length-sorted
                         # pools for long ones, where padding a batch to its longest text would dominate the cost
 VOCAB_SIZE_CAP = 32000  # vocab_size unset: the training words seen twice or more, at most this many (the most
@@ -146,7 +144,7 @@ class TextDataModule(L.LightningDataModule):
         cache_dir: str = ".cache",
         teacher: str | None = None,
         tokenizer_from: str | None = None,
-        attention: str = "full",
+        max_length_caps: list[int] | None = None,
     ):
         """
         Args:
@@ -160,9 +158,8 @@ class TextDataModule(L.LightningDataModule):
             label_column: column holding the label, strings or integers (default: the dataset's, or "label").
             val_fraction: share of train held out for validation when there is no validation split (0 < f < 1).
             max_length: longer texts are truncated to this many tokens. Unset: the longest training text in
-                tokens, rounded up to a multiple of 8, at most 256 for full attention and at most 2,048 for the
-                cheaper kinds; with attention "auto", at most 2,048 when more than 20% of the training texts are
-                longer than 256 tokens, else at most 256 (logged at start and written into the run's config.yaml).
+                tokens, rounded up to a multiple of 8, at most max_length_caps (logged at start and written into
+                the run's config.yaml).
             batch_size: texts per batch; batches are bucketed by length and padded per batch.
             vocab_size: most tokens the tokenizer trained on the training split may have (fewer if the text has fewer).
                 Unset: the words (split as the tokenizer splits them) seen at least twice in the training split,
@@ -184,14 +181,16 @@ class TextDataModule(L.LightningDataModule):
                 None = no teacher.
             tokenizer_from: a pretraining checkpoint (`train.py pretrain`) whose tokenizer, vocab_size and
                 max_length are used instead of training a tokenizer here; train.py sets it from model.init_from.
-            attention: the network's attention kind, which decides how long an unset max_length may be; train.py
-                sets it from model.network.attention.
+            max_length_caps: how long an unset max_length may be: at most the first cap; with a second, at most
+                the second when more than 20% of the training texts are longer than the first. Unset: [256].
+                train.py sets it from model.network.attention: [256] for full attention, [2048] for the cheaper
+                kinds, [256, 2048] for "auto" (model.config.max_length_caps).
         """
         super().__init__()
         if not 0.0 < val_fraction < 1.0:
             raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
-        if attention not in (*ATTENTION_KINDS, AUTO):
-            raise DataError(f"attention must be one of {', '.join((*ATTENTION_KINDS, AUTO))}, got {attention!r}")
+        if max_length_caps is not None and (not 1 <= len(max_length_caps) <= 2 or min(max_length_caps) < 1):
+            raise DataError(f"data.max_length_caps must be one or two lengths >= 1, got {max_length_caps}")
         if bucket_pool is not None and bucket_pool < 1:
             raise DataError(f"bucket_pool must be >= 1 (or null: chosen from max_length), got {bucket_pool}")
         if teacher not in (None, "ngram"):
@@ -201,7 +200,7 @@ class TextDataModule(L.LightningDataModule):
         if (max_length is not None and max_length < 1) or batch_size < 1 or (vocab_size is not None and vocab_size <= FIRST_WORD_ID):
             raise DataError(f"max_length, batch_size must be >= 1 and vocab_size >= {FIRST_WORD_ID + 1}, got {max_length}, "
                             f"{batch_size}, {vocab_size}")
-        for name, value, most in (("max_length", max_length, MAX_LENGTH), ("batch_size", batch_size, MAX_BATCH_SIZE),
+        for name, value, most in (("batch_size", batch_size, MAX_BATCH_SIZE),
                                   ("vocab_size", vocab_size, MAX_VOCAB_SIZE)):
             if value is not None and value > most:  # sizes memory: refused before anything is read
                 raise DataError(f"data.{name} {value} is larger than {most}")
@@ -256,7 +255,7 @@ class TextDataModule(L.LightningDataModule):
         for key in ("batch_size", "num_workers", "cache_dir", "bucket_pool"):  # do not change what is encoded
             hp.pop(key)
         if hp.get("max_length") is not None:
-            hp.pop("attention", None)  # it only decides an unset max_length
+            hp.pop("max_length_caps", None)  # they only decide an unset max_length
         files = [hp[k] for k in ("train_file", "val_file", "test_file") if hp[k]]
 
         folder = local_copy_dir(hp["dataset"], hp["data_dir"]) if not files and hp["dataset"] != "synthetic" else None
@@ -396,22 +395,20 @@ class TextDataModule(L.LightningDataModule):
                             f"{'kept' if keep_once else 'left out'} (kept above {100 * RARE_WORD_SHARE:.0f}%)")
 
     def _choose_max_length(self, splits: Splits, vocab_size: int) -> tuple[int, str]:
-        attention = self.hparams.get("attention", "full")
-        cap = MAX_LENGTH_CAP if attention == "full" else LONG_MAX_LENGTH_CAP
+        caps = self.hparams.get("max_length_caps") or [MAX_LENGTH_CAP]
+        cap = max(caps)
         probe = self._train_tokenizer(splits, vocab_size, cap)
         probe.no_truncation()
         lengths = sorted(len(e.ids) for e in probe.encode_batch(cut(splits.texts["train"], cap)))
         if lengths[-1] == 0:
             raise DataError(f"{splits.sources.get('train', 'train')}: every training text is empty after tokenization: "
                             "cannot choose max_length; check text_column")
-        why = f"attention {attention}"
-        if attention == AUTO:
-            long_share = sum(length > MAX_LENGTH_CAP for length in lengths) / len(lengths)
-            if long_share <= LONG_TEXT_SHARE:
-                cap = MAX_LENGTH_CAP
-            why = (f"attention auto: {100 * long_share:.1f}% of training texts are longer than {MAX_LENGTH_CAP} tokens, "
-                   f"{'more' if cap > MAX_LENGTH_CAP else 'not more'} than {100 * LONG_TEXT_SHARE:.0f}%, so "
-                   f"{'whole texts with local attention' if cap > MAX_LENGTH_CAP else 'full attention'}")
+        why = f"max_length_caps {caps}"
+        if len(caps) == 2:
+            long_share = sum(length > caps[0] for length in lengths) / len(lengths)
+            cap = caps[1] if long_share > LONG_TEXT_SHARE else caps[0]
+            why += (f": {100 * long_share:.1f}% of training texts are longer than {caps[0]} tokens, "
+                    f"{'more' if cap == caps[1] else 'not more'} than {100 * LONG_TEXT_SHARE:.0f}%")
         at_percentile = lengths[min(len(lengths) - 1, math.ceil(LENGTH_PERCENTILE / 100 * len(lengths)) - 1)]
         max_length = min(cap, 8 * math.ceil(max(at_percentile, 1) / 8))
         longer = sum(length > max_length for length in lengths) / len(lengths)

@@ -16,6 +16,7 @@ POSITIONS = ("learned", "sinusoidal", "none")
 KERNELS = ("manual", "fused")
 AUTO = "auto"  # attention: full up to FULL_ATTENTION_MAX_LENGTH tokens, local beyond (NetworkConfig.resolved)
 FULL_ATTENTION_MAX_LENGTH = 256  # full attention costs L²: beyond this, "auto" reads texts with local attention
+LONG_MAX_LENGTH = 2048  # the cheaper kinds (local, sparse, linformer; "auto" on long texts) read texts up to this whole
 
 
 # Upper bounds on what sizes memory, checked before anything is built (a typo must not allocate 240 GB):
@@ -198,3 +199,13 @@ def network_config(hparams: dict, label_names: list[str]) -> NetworkConfig:
     if config.num_classes != len(label_names):
         raise ValueError(f"num_classes {config.num_classes} but {len(label_names)} label names")
     return config
+
+
+def max_length_caps(attention: str) -> list[int]:
+    """How long a data.max_length left unset may be for this attention kind (train.py hands it to the data as
+    data.max_length_caps): full attention costs L², so [256]; the cheaper kinds read whole texts, [2048]; "auto"
+    [256, 2048]: the data takes 2,048 when many training texts are longer than 256 tokens, and `resolved` then
+    reads them with local attention. (An unknown kind gets [256]; NetworkConfig refuses it.)"""
+    if attention == AUTO:
+        return [FULL_ATTENTION_MAX_LENGTH, LONG_MAX_LENGTH]
+    return [FULL_ATTENTION_MAX_LENGTH if attention == "full" else LONG_MAX_LENGTH]

@@ -255,7 +255,7 @@ def test_broken_weights_give_an_error_per_text_never_nan_in_the_json(checkpoint,
     assert "1 input(s) reported as errors" in err
 
 
-@pytest.mark.parametrize("option, value", [("batch_size", 10**7), ("max_length", 10**6), ("vocab_size", 10**9)])
+@pytest.mark.parametrize("option, value", [("batch_size", 10**7), ("vocab_size", 10**9)])
 def test_data_sizes_are_bounded(option, value):
     from data import DataError
     from data.datamodule import TextDataModule

@@ -270,6 +270,18 @@ def test_a_huge_window_from_train_py_is_one_line(tmp_path):
     assert not (tmp_path / "lightning_logs").exists()
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--data.max_length", "1000000"], "max_length 1000000 is larger than 65536 tokens"),
+    (["--model.network.attention", "banded"], "attention must be one of full, local, linformer, sparse, auto"),
+    (["--model.network.attention", "local", "--model.network.window", "0"], "window must be an integer >= 1, got 0"),
+])
+def test_a_bad_network_setting_is_refused_before_the_data_are_read(tmp_path, flags, message):
+    with pytest.raises(SystemExit) as stop:
+        fit(tmp_path, *flags)
+    assert message in error_line(stop)
+    assert not (tmp_path / "cache").exists()  # nothing was read, tokenized or cached
+
+
 def test_max_length_1_trains_and_checkpoints_with_an_empty_health_sample(tmp_path, caplog):
     """No query has two keys: the health figures are a "no-data" note and the weight histogram is skipped."""
     caplog.set_level(logging.INFO, logger="monitor.callback")

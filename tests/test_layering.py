@@ -1,6 +1,6 @@
-"""Arrows one way between packages: the network (model/) imports nothing of ours but itself and no Lightning; the
-monitor's figures and heatmaps (monitor.health, monitor.heatmap, monitor.views) and checkpoint reading load no
-Lightning and no data module; inference reads checkpoints without training/; reading a checkpoint loads nothing of
+"""Arrows one way between packages: the network (model/) imports nothing of ours but itself and no Lightning, and
+the data (data/) nothing of the network; the monitor's figures and heatmaps (monitor.health, monitor.heatmap,
+monitor.views) and checkpoint reading load no Lightning and no data module; inference reads checkpoints without training/; reading a checkpoint loads nothing of
 the network; no module imports one that imports it back. The imports run in fresh processes, the network's first:
 what is loaded is read after each group."""
 
@@ -105,6 +105,14 @@ def circles(graph: dict[str, set[str]]) -> list[set[str]]:
         if module not in index:
             visit(module)
     return found
+
+
+def test_the_data_import_nothing_of_the_network():
+    """data/ measures texts and reports what it chose; the network's settings reach it through train.py's links."""
+    graph = our_imports()
+    assert graph["data.datamodule"]  # the graph sees its imports
+    reached = {target for module, targets in graph.items() if module.split(".")[0] == "data" for target in targets}
+    assert {target for target in reached if target.split(".")[0] == "model"} == set()
 
 
 def test_no_import_circles():
