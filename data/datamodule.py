@@ -42,7 +42,7 @@ VOCAB_SIZE_CAP = 32000  # vocab_size unset: the training words seen twice or mor
 RARE_WORD_SHARE = 0.05  # frequent); those seen once too where they are more than this share of the text: small data,
                         # where [UNK] would replace them in numbers (1,000 SST-2 phrases: 20% of the words; keeping
                         # them: +3.4 points), not rare names and typos (ChnSentiCorp 0.15%, SST-2 0.06%, IMDB 0.4%;
-                        # docs/RESULTS.md "Small data: words seen once")
+                        # docs/RESULTS.md "Small data", words seen once)
 # Upper bounds on the settings that size memory (model/config.py bounds the network the same way):
 MAX_BATCH_SIZE = 65536
 MAX_VOCAB_SIZE = 1_048_576

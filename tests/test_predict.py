@@ -223,7 +223,7 @@ def test_empty_lines_keep_their_place_with_an_error(ckpt, tmp_path, capsys):
 
 def test_long_text_is_truncated_to_max_length_with_a_note(ckpt, classifier, capsys):
     long_text = " ".join(["alpha w1 beta"] * 30)
-    all_tokens = classifier.tokenizer.encode(long_text).tokens  # this tokenizer no longer truncates by itself
+    all_tokens = classifier.tokenizer.encode(long_text).tokens  # the tokenizer itself does not truncate
     assert classifier.max_length == 24 and len(all_tokens) > 24
     code, outputs, err = predict_cli(capsys, "--ckpt", ckpt, "--attention", long_text)
     assert code == 0
