@@ -115,6 +115,7 @@ def test_a_single_file_registered_dataset_has_a_fixed_stratified_test_split(tmp_
     assert len(first.texts["train"]) + len(first.texts["validation"]) + len(first.texts["test"]) == 100
 
 
+@pytest.mark.slow
 def test_training_length_with_no_max_epochs_gives_small_data_enough_steps(tmp_path):
     # Synthetic: 3,600 training texts, batch 64 → 57 steps per epoch → ceil(2000 / 57) = 36 epochs.
     cli = train.cli(["--config", SMOKE, "--data.cache_dir", str(tmp_path), "--trainer.max_epochs", "null"], run=False)
@@ -131,6 +132,7 @@ def stopper(cli):
     return callback
 
 
+@pytest.mark.slow
 def test_chosen_training_length_gives_early_stopping_enough_steps(tmp_path):
     # 57 steps per epoch: patience 5 epochs (285 steps) is raised to ceil(300 / 57) = 6, in config.yaml too.
     cli = train.cli(["--config", SMOKE, "--data.cache_dir", str(tmp_path), "--trainer.max_epochs", "null"], run=False)
@@ -145,6 +147,7 @@ def test_chosen_training_length_gives_early_stopping_enough_steps(tmp_path):
     assert stopper(cli).patience == 5  # the training length is the config's: so is the patience
 
 
+@pytest.mark.slow
 def test_early_stopping_and_the_attention_monitor_are_on_by_default(tmp_path):
     cli = train.cli(["--data.dataset", "synthetic", "--data.cache_dir", str(tmp_path)], run=False)
     monitors = [c for c in cli.trainer.callbacks if isinstance(c, AttentionMonitor)]
@@ -154,6 +157,7 @@ def test_early_stopping_and_the_attention_monitor_are_on_by_default(tmp_path):
     assert sum(isinstance(c, AttentionMonitor) for c in cli.trainer.callbacks) == 1
 
 
+@pytest.mark.slow
 def test_early_stopping_ends_a_run_that_stopped_improving(tmp_path):
     cli = train.main(["fit", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"), *QUIET,
                       "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.callbacks", "[]",
@@ -171,6 +175,7 @@ def chosen_run(tmp_path_factory):
     return tmp_path / "lightning_logs" / "version_0", cli
 
 
+@pytest.mark.slow
 def test_config_yaml_holds_the_chosen_sizes_and_the_model_was_built_with_them(chosen_run):
     run, cli = chosen_run
     saved = yaml.safe_load((run / "config.yaml").read_text())
@@ -179,6 +184,7 @@ def test_config_yaml_holds_the_chosen_sizes_and_the_model_was_built_with_them(ch
     assert saved["early_stopping"]["monitor"] == "val/acc"
 
 
+@pytest.mark.slow
 def test_rerun_from_config_yaml_scores_the_best_checkpoint_as_training_did(chosen_run, tmp_path):
     run, cli = chosen_run
     best = resolve_checkpoint(run)
@@ -217,6 +223,7 @@ def test_predict_py_takes_several_checkpoints_and_run_folders(chosen_run, capsys
     assert refused.value.code == 2 and "take one --ckpt" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_accuracy_bench_scores_a_run_by_its_best_checkpoint_and_keeps_its_validation_curve(chosen_run):
     from bench.accuracy import ensemble_accuracy, score_run
 
@@ -233,6 +240,7 @@ def test_accuracy_bench_scores_a_run_by_its_best_checkpoint_and_keeps_its_valida
     assert ensemble_accuracy([str(best), str(best)], splits, "validation") == pytest.approx(score, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_last_ckpt_is_the_last_epoch_even_when_it_is_not_the_best(tmp_path):
     train.main(["fit", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"), *QUIET,
                 "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.callbacks", "[]", "--model.lr", "0",

@@ -224,6 +224,7 @@ def predict_cli(capsys, *args) -> tuple[int, list[dict], str]:
     return code, [json.loads(line) for line in out.split("\n") if line], err  # JSON may hold U+2028 as it is
 
 
+@pytest.mark.slow
 def test_only_newline_ends_a_line_of_input(checkpoint, tmp_path, capsys):
     path = tmp_path / "texts.txt"
     path.write_bytes(b"alpha w1\rbeta\r\nw2\x0bw3 \xe2\x80\xa8 w4\x1c\nbeta w5 alpha")  # \r\n, lone \r, \v, U+2028, \x1c

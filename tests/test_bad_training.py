@@ -71,6 +71,7 @@ def bad_checkpoint(kind: str, folder: Path, good: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kind, message",
     [
@@ -114,6 +115,7 @@ def refused_in_process(capfd, root, *extra) -> str:
     return line
 
 
+@pytest.mark.slow
 def test_a_failed_resume_keeps_the_runs_config_and_checkpoint(run, capfd):
     root, version = run
     config, last = version / "config.yaml", version / "checkpoints" / "last.ckpt"
@@ -124,6 +126,7 @@ def test_a_failed_resume_keeps_the_runs_config_and_checkpoint(run, capfd):
     assert (digest(config), digest(last)) == before
 
 
+@pytest.mark.slow
 def test_resuming_with_other_labels_is_refused_before_anything_is_written(run, tmp_path, capfd):
     root, version = run
     other = tmp_path / "other.csv"
@@ -135,6 +138,7 @@ def test_resuming_with_other_labels_is_refused_before_anything_is_written(run, t
     assert digest(version / "config.yaml") == before
 
 
+@pytest.mark.slow
 def test_a_nan_loss_stops_training_in_one_line_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     """The loss turns NaN in the second epoch (step 8 of 6 per epoch): training stops at once with one line,
     and the checkpoints of the first epoch stay as they were."""
@@ -185,6 +189,7 @@ def test_a_checkpoint_of_an_earlier_layout_is_refused_before_a_run_folder_is_mad
     assert not (tmp_path / "lightning_logs").exists()
 
 
+@pytest.mark.slow
 def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path):
     """An interrupted run logged steps past its last checkpoint; after resuming, TensorBoard shows them once."""
     fit(tmp_path, "--trainer.max_epochs", "2", "--trainer.log_every_n_steps", "1")
@@ -233,6 +238,7 @@ def test_a_checkpoint_of_another_max_length_or_other_labels_is_refused_in_one_li
         check_fits("x.ckpt", checkpoint, NetworkConfig(max_length=64), ["neg", "pos"])
 
 
+@pytest.mark.slow
 def test_test_without_a_labelled_test_split_is_one_line_and_leaves_no_run_folder(run, tmp_path):
     _, version = run
     with pytest.raises(SystemExit) as stop:
@@ -243,6 +249,7 @@ def test_test_without_a_labelled_test_split_is_one_line_and_leaves_no_run_folder
     assert not (tmp_path / "lightning_logs").exists()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_write_that_fails_keeps_the_previous_one_whole(tmp_path, monkeypatch):
     """Lightning's checkpoints go through the atomic writer: a write that dies (a full disk, a kill) in the second
     epoch leaves the first epoch's last.ckpt as it was, and training stops with one line."""
@@ -270,6 +277,7 @@ def test_a_huge_window_from_train_py_is_one_line(tmp_path):
     assert not (tmp_path / "lightning_logs").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, message", [
     (["--data.max_length", "1000000"], "max_length 1000000 is larger than 65536 tokens"),
     (["--model.network.attention", "banded"], "attention must be one of full, local, linformer, sparse, auto"),
@@ -282,6 +290,7 @@ def test_a_bad_network_setting_is_refused_before_the_data_are_read(tmp_path, fla
     assert not (tmp_path / "cache").exists()  # nothing was read, tokenized or cached
 
 
+@pytest.mark.slow
 def test_max_length_1_trains_and_checkpoints_with_an_empty_health_sample(tmp_path, caplog):
     """No query has two keys: the health figures are a "no-data" note and the weight histogram is skipped."""
     caplog.set_level(logging.INFO, logger="monitor.callback")
@@ -290,6 +299,7 @@ def test_max_length_1_trains_and_checkpoints_with_an_empty_health_sample(tmp_pat
     assert "attention the model: no-data: " in caplog.text
 
 
+@pytest.mark.slow
 def test_a_read_only_filesystem_for_the_logs_is_one_line(tmp_path, monkeypatch):
     real = os.makedirs
 
@@ -305,6 +315,7 @@ def test_a_read_only_filesystem_for_the_logs_is_one_line(tmp_path, monkeypatch):
     assert "lightning_logs" in line and "read-only file system" in line and "--trainer.default_root_dir" in line
 
 
+@pytest.mark.slow
 def test_fit_from_a_weights_only_checkpoint_says_it_cannot_resume(tmp_path, tiny_checkpoint, capsys):
     pruned = tmp_path / "pruned.ckpt"
     assert prune.main(["--ckpt", str(tiny_checkpoint), "--importance-limit", "20", "--limit", "20", "--no-table",
@@ -316,6 +327,7 @@ def test_fit_from_a_weights_only_checkpoint_says_it_cannot_resume(tmp_path, tiny
     assert "predict.py" in line
 
 
+@pytest.mark.slow
 def test_ckpt_path_last_without_a_checkpoint_says_it_starts_fresh(tmp_path, caplog):
     (tmp_path / "lightning_logs" / "version_0").mkdir(parents=True)  # a run killed before its first checkpoint
     with caplog.at_level(logging.WARNING, logger="train"):
@@ -323,6 +335,7 @@ def test_ckpt_path_last_without_a_checkpoint_says_it_starts_fresh(tmp_path, capl
     assert "--ckpt_path last: no run under" in caplog.text and "starting a fresh run" in caplog.text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("subcommand, name", [("validate", "last"), ("test", "last"), ("validate", "best")])
 def test_a_special_checkpoint_name_with_nothing_behind_it_is_one_line(tmp_path, subcommand, name):
     with pytest.raises(SystemExit) as stop:
@@ -340,6 +353,7 @@ def test_a_checkpoint_train_py_did_not_write_is_one_line_in_train_py(tmp_path):
     assert error_line(stop).startswith(f"error: {path}: not written by train.py")
 
 
+@pytest.mark.slow
 def test_running_out_of_gpu_memory_is_one_line(tmp_path, monkeypatch):
     from training.module import ClassifierModule
 

@@ -139,6 +139,7 @@ def ensemble_summary(capsys, *args) -> dict:
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_ensemble_scores_checkpoints_on_the_split_train_py_validated_on(smoke_run, capsys):
     best = smoke_run.best
     # The same checkpoint twice: its average is itself, and the texts wrong in every one are exactly its errors.
@@ -154,6 +155,7 @@ def test_ensemble_scores_checkpoints_on_the_split_train_py_validated_on(smoke_ru
     assert summary["right_in_every_checkpoint"] == n - errors
 
 
+@pytest.mark.slow
 def test_ensemble_averages_with_nb_lr_on_two_classes(tmp_path, capsys):
     classifier = tiny_classifier()
     classifier.label_names = ["0", "1"]  # the synthetic dataset's label names

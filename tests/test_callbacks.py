@@ -93,6 +93,7 @@ def test_figures_are_the_health_of_the_whole_validation_set(monitored_run):
         torch.testing.assert_close(getattr(figures, name), getattr(expected, name))
 
 
+@pytest.mark.slow
 def test_tiny_scale_is_one_scale_warning_for_the_layer_with_its_figures(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="monitor.callback")
     run(tmp_path, "--model.network.scale", "0.0001", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "10")
@@ -103,6 +104,7 @@ def test_tiny_scale_is_one_scale_warning_for_the_layer_with_its_figures(tmp_path
     assert verdict_texts(events(tmp_path))[-1].count("| scale-too-small |") == 1
 
 
+@pytest.mark.slow
 def test_untrained_model_is_not_warned_about_but_its_verdict_is_logged(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="monitor.callback")
     run(tmp_path, "--model.network.scale", "0.0001", "--trainer.limit_val_batches", "2", subcommand="validate")
@@ -110,6 +112,7 @@ def test_untrained_model_is_not_warned_about_but_its_verdict_is_logged(tmp_path,
     assert "| scale-too-small |" in verdict_texts(events(tmp_path))[-1]
 
 
+@pytest.mark.slow
 def test_without_tensorboard_scalars_still_go_to_the_logger(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="monitor.callback")
     run(

@@ -112,6 +112,7 @@ def test_distillation_without_teacher_probabilities_is_an_error():
         ClassifierModule(distillation=1.5)
 
 
+@pytest.mark.slow
 def test_train_py_refuses_distillation_without_a_teacher(tmp_path, capfd):
     # train.main's own exits, in this process: the one line a real process prints (test_training.py shows in a real
     # process that a refused setting prints that line and no traceback).
@@ -124,6 +125,7 @@ def test_train_py_refuses_distillation_without_a_teacher(tmp_path, capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_smoke_run_with_a_teacher_trains(tmp_path):
     cli = fit(tmp_path, "--data.teacher", "ngram", "--model.distillation", "0.5", "--trainer.max_epochs", "1",
               "--trainer.limit_train_batches", "5", "--trainer.limit_val_batches", "2")
@@ -131,6 +133,7 @@ def test_smoke_run_with_a_teacher_trains(tmp_path):
     assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
 
 
+@pytest.mark.slow
 def test_the_generic_default_distills_on_a_users_own_file(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="data.teacher")
     path = write(tmp_path / "reviews.csv", rows(6), text="review", label="stars")

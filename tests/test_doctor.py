@@ -197,6 +197,7 @@ def diagnose_cli(*args):
     return subprocess.run([sys.executable, "diagnose.py", *args], cwd=ROOT, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_diagnose_exit_codes(smoke_run, tmp_path):
     healthy = diagnose_cli("--ckpt", str(smoke_run.run), "--texts", "100", "--out", str(tmp_path))
     assert healthy.returncode == 0, healthy.stderr

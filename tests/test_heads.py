@@ -164,6 +164,7 @@ def test_prune_heads_reports_a_failed_save_in_one_line_and_writes_nothing(tiny_c
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full.ckpt"]
 
 
+@pytest.mark.slow
 def test_a_pruned_network_with_other_head_counts_per_layer_is_validated_with_the_monitor(tiny_checkpoint, tmp_path):
     pruned = tmp_path / "pruned.ckpt"
     assert prune.main(["--ckpt", str(tiny_checkpoint), "--importance-limit", "20", "--limit", "20", "--no-table",

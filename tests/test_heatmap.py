@@ -95,6 +95,7 @@ def test_figure_grows_with_tokens_and_heads():
     assert wide[0] > 3 * small[0] and long[0] > small[0] and long[1] > small[1]
 
 
+@pytest.mark.slow
 def test_png_and_array_round_trip(tmp_path):
     fig = attention_figure(random_attention(1, 2, len(TOKENS)), TOKENS)
     path = save_png(fig, tmp_path / "attention.png", dpi=80)
@@ -121,6 +122,7 @@ def test_chinese_tokens_render_with_the_cjk_font():
     assert draw_and_collect_glyph_warnings(fig) == []
 
 
+@pytest.mark.slow
 def test_without_a_cjk_font_chinese_falls_back_with_one_warning(monkeypatch, caplog):
     monkeypatch.setattr(heatmap, "find_cjk_font", lambda: None)
     heatmap._warn_no_cjk_font.cache_clear()

@@ -35,6 +35,7 @@ def loaded() -> dict[str, set[str]]:
     return {"network": network, "figures and inference": figures_and_inference}
 
 
+@pytest.mark.slow
 def test_the_network_is_plain_pytorch(loaded):
     ours = {name.split(".")[0] for name in loaded["network"]} & {"data", "training", "inference", "monitor"}
     assert ours == set(), f"model/ imports {ours}"
@@ -54,6 +55,7 @@ def test_the_callback_is_still_found_where_configs_name_it():
     assert AttentionMonitor is defined
 
 
+@pytest.mark.slow
 def test_reading_a_checkpoint_loads_nothing_of_the_network_and_no_lightning():
     (loaded,) = loaded_after_each(("data.checkpoint",))
     assert "data.checkpoint" in loaded
@@ -122,6 +124,7 @@ def test_no_import_circles():
     assert circles(graph) == []
 
 
+@pytest.mark.slow
 def test_the_faces_share_code_through_inference_only_and_inference_has_no_circle():
     """serve.py loads no predict.py (nor the reverse); explain.py loads no classifier.py (classifier.py asks
     explain.py for explanations: one direction)."""

@@ -211,6 +211,7 @@ def test_health_reads_a_fixed_sample_of_rows_and_estimates_the_whole():
     torch.testing.assert_close(again.compute().entropy, sampled.compute().entropy)  # the same rows every time
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, columns", [("local", 40), ("sparse", 40), ("linformer", 16)])
 def test_heatmap_of_a_2000_token_text_is_a_readable_window(kind, columns):
     config = NetworkConfig(vocab_size=30, d_model=8, n_heads=2, max_length=2000, attention=kind, window=8,
@@ -262,6 +263,7 @@ def test_settings_of_other_kinds_do_not_get_in_the_way():
                         sum(p.numel() for p in full_layer().parameters()))  # local adds no parameter
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, columns", [("local", 5), ("linformer", 4), ("sparse", 6)])
 def test_predict_hands_out_each_kinds_layout_and_draws_it(kind, columns):
     from data.tokenizer import train_tokenizer

@@ -16,6 +16,7 @@ def test_growth_exponent_of_known_powers():
     assert bench.growth_exponent([512], [1.0]) is None
 
 
+@pytest.mark.slow
 def test_smoke_run_ends_with_the_summary_and_writes_the_plot(tmp_path, capsys):
     timing.main(["long", "--smoke", "--threads", "1", "--plot", str(tmp_path / "long.png")])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -68,6 +68,7 @@ def test_auto_stays_with_full_attention_when_few_texts_are_long(tmp_path):
     assert data.bucket_pool == 1  # random batches for short texts
 
 
+@pytest.mark.slow
 def test_full_attention_cuts_at_256_and_the_cheaper_kinds_read_up_to_2048(tmp_path):
     rows = review_rows(60, long_share=0.5, long_words=(2500, 3000))
     assert data_module(tmp_path, rows, "full").max_length == FULL_ATTENTION_MAX_LENGTH
@@ -75,6 +76,7 @@ def test_full_attention_cuts_at_256_and_the_cheaper_kinds_read_up_to_2048(tmp_pa
     assert data_module(tmp_path, rows, "full", max_length=100).max_length == 100  # a set max_length is kept
 
 
+@pytest.mark.slow
 def test_no_config_fit_on_long_texts_trains_local_attention_and_reruns_from_its_config(tmp_path):
     train_file = write_csv(tmp_path / "long.csv", review_rows(80, long_share=0.5))
     common = ["--data.cache_dir", str(tmp_path / "cache"), "--trainer.max_epochs", "1", "--trainer.callbacks", "[]",

@@ -236,6 +236,7 @@ def tiny_run(tiny_data, tmp_path, bug_name):
     return {name for check in checks for name in check["warnings"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, verdict", [
     ("padding-ignored", "padding-leak"),
     ("softmax-over-queries", "rows-not-normalized"),
@@ -246,5 +247,6 @@ def test_the_doctor_names_a_planted_bug(tiny_data, tmp_path, name, verdict):
     assert verdict in tiny_run(tiny_data, tmp_path, name)
 
 
+@pytest.mark.slow
 def test_a_healthy_tiny_run_gets_no_warning(tiny_data, tmp_path):
     assert tiny_run(tiny_data, tmp_path, None) == set()

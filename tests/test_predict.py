@@ -376,6 +376,7 @@ SPECIAL = ["alpha [PAD] beta w1", "[PAD]", "[UNK] w2 [UNK] alpha", "beta [PAD][P
            "[pad] w6 beta"]
 
 
+@pytest.mark.slow
 def test_special_token_strings_get_the_same_ids_and_prediction_in_validate_and_predict(run, tmp_path, capsys,
                                                                                         monkeypatch):
     """A text holding "[PAD]", "[UNK]" or another special-looking string: `train.py validate` (the DataModule's

@@ -132,6 +132,7 @@ def test_replaced_objective_marks_exactly_the_swapped_tokens():
     assert not changed[padding].any()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["masked", "replaced"])
 def test_the_loss_goes_down_on_a_repetitive_text(objective):
     torch.manual_seed(0)
@@ -167,6 +168,7 @@ def test_every_attention_kind_takes_a_pretraining_step(attention, objective):
 
 # ---- the pretraining text -----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_pretraining_text_is_train_plus_unlabeled_never_validation_or_test(tmp_path):
     files = labelled_files(tmp_path)
     unlabeled = write_lines(tmp_path / "more.txt", ["extra one text", "validation3 good fine movie 3",
@@ -230,6 +232,7 @@ def test_unlabeled_files_of_every_format_are_read(tmp_path, suffix):
 
 # ---- train.py pretrain, the hand-over, resume -----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_pretrain_logs_loss_accuracy_attention_and_writes_checkpoints(pretrained):
     tmp_path, cli, last = pretrained
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -246,6 +249,7 @@ def test_pretrain_logs_loss_accuracy_attention_and_writes_checkpoints(pretrained
     assert checkpoint["hyper_parameters"]["objective"] == "masked"
 
 
+@pytest.mark.slow
 def test_fine_tuning_starts_from_exactly_the_pretrained_weights_and_tokenizer(pretrained, tmp_path):
     _, _, last = pretrained
     files = labelled_files(tmp_path)
@@ -264,6 +268,7 @@ def test_fine_tuning_starts_from_exactly_the_pretrained_weights_and_tokenizer(pr
         assert torch.equal(own[name], tensor), name
 
 
+@pytest.mark.slow
 def test_fine_tuned_checkpoint_is_self_contained(pretrained, fine_tuned):
     _, _, last = pretrained
     checkpoint = fine_tuned
@@ -275,6 +280,7 @@ def test_fine_tuned_checkpoint_is_self_contained(pretrained, fine_tuned):
     assert saved == stored_form(torch.load(last, weights_only=True)["PretrainDataModule"]["tokenizer"])
 
 
+@pytest.mark.slow
 def test_pretraining_resumes_from_last(tmp_path):
     short = ["--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
     steps = pretrain(tmp_path, *short).trainer.global_step
@@ -299,6 +305,7 @@ def test_fine_tuning_from_a_classifier_checkpoint_is_one_line(fine_tuned, tmp_pa
     assert not (tmp_path / "second" / "fit").exists()  # nothing written
 
 
+@pytest.mark.slow
 def test_fine_tuning_from_a_file_that_is_no_checkpoint_is_one_line(tmp_path, capsys):
     junk = tmp_path / "junk.ckpt"
     junk.write_bytes(b"not a checkpoint")
@@ -371,6 +378,7 @@ def test_a_minority_of_unknown_tokens_is_a_warning_with_the_share(caplog):
         check_known(split([5, UNK_ID, UNK_ID, UNK_ID]), "p.ckpt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content, expected", [
     (b"", "no rows"),
     (b"text\n", "no rows"),
@@ -385,6 +393,7 @@ def test_an_empty_or_unreadable_unlabeled_file_is_one_line(tmp_path, capsys, con
     assert not (tmp_path / "pretrain").exists()
 
 
+@pytest.mark.slow
 def test_a_damaged_parquet_and_a_missing_file_are_one_line(tmp_path, capsys):
     bad = tmp_path / "more.parquet"
     bad.write_bytes(b"PAR1 not really parquet")
@@ -394,6 +403,7 @@ def test_a_damaged_parquet_and_a_missing_file_are_one_line(tmp_path, capsys):
                                          json.dumps([str(missing)]))
 
 
+@pytest.mark.slow
 def test_texts_too_short_to_mask_are_one_line(tmp_path, capsys):
     files = {}
     for split in ("train", "validation", "test"):
@@ -432,6 +442,7 @@ def test_word_vector_baseline_is_a_deterministic_checkpoint_fine_tuning_starts_f
     assert table.shape[1] == 16 and torch.equal(classifier.token_embedding.weight, table)
 
 
+@pytest.mark.slow
 def test_pretraining_is_given_the_network_of_the_fine_tuning_configs(tmp_path):
     from bench.pretraining import network_args
     from training.encoder import ENCODER_SETTINGS

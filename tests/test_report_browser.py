@@ -136,6 +136,7 @@ def pixel_spread(tab, layer, head) -> float:
     return float(image[2:-2, 2:-2].std())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("surface", ["report", "served"])
 def test_a_planted_uniform_head_looks_uniform_on_the_shared_scale(surface, request):
     tab, errors = request.getfixturevalue(surface)[:2]

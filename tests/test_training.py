@@ -18,6 +18,7 @@ def run_script(tmp_path, *args):
     return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_smoke_config_learns_the_marker_task(smoke_run):
     """Which marker comes first (or none): only attention between positions tells the first two classes apart."""
     assert smoke_run.cli.trainer.callback_metrics["val/acc"] > 0.9
@@ -40,6 +41,7 @@ def test_checkpoints_best_and_last_load_without_running_code(smoke_run):
         assert tokenizer["model"]["type"] == "WordPiece" and tokenizer["truncation"] is None
 
 
+@pytest.mark.slow
 def test_fit_from_a_checkpoint_reads_it_once_before_lightning_does(smoke_run, tmp_path, monkeypatch):
     last = smoke_run.last
     reads = []
@@ -57,6 +59,7 @@ def test_model_vocabulary_and_classes_come_from_the_data(smoke_run):
     assert cli.model.model.head.out_features == len(LABELS)
 
 
+@pytest.mark.slow
 def test_resume_from_last_continues_the_step_count(tmp_path):
     short = ["--trainer.limit_train_batches", "5", "--trainer.limit_val_batches", "2"]
     fit(tmp_path, "--trainer.max_epochs", "1", *short)
@@ -69,6 +72,7 @@ def test_resume_from_last_continues_the_step_count(tmp_path):
     assert not (tmp_path / "lightning_logs" / "version_1").exists()  # the same run went on
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -117,6 +121,7 @@ def test_no_offline_copy_and_no_network_says_what_to_do(tmp_path):
     assert "error: dataset 'ag_news': no local copy (data_dir, or ATTENTION_DATA_ROOT/ag_news)" in result.stderr
 
 
+@pytest.mark.slow
 def test_ema_model_is_the_average_the_checkpoint_keeps(tmp_path):
     cli = fit(tmp_path, "--trainer.max_epochs", "1", "--model.ema_decay", "0.9", "--trainer.limit_train_batches", "10",
               "--trainer.limit_val_batches", "2")
@@ -128,6 +133,7 @@ def test_ema_model_is_the_average_the_checkpoint_keeps(tmp_path):
     torch.testing.assert_close(checkpoint["state_dict"]["model.head.weight"], averaged["head.weight"])
 
 
+@pytest.mark.slow
 def test_weightless_settings_survive_save_and_load(tmp_path):
     """scale, causal, pooling and positions hold no weights: only the stored NetworkConfig can bring them back."""
     cli = fit(
@@ -150,6 +156,7 @@ def test_weightless_settings_survive_save_and_load(tmp_path):
     torch.testing.assert_close(torch.tensor(got), expected, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_default_root_dir_holds_logs_and_checkpoints(tmp_path):
     root = tmp_path / "runs"
     train.main(["fit", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"), *QUIET, *ONE_PROBE,
@@ -159,6 +166,7 @@ def test_default_root_dir_holds_logs_and_checkpoints(tmp_path):
     assert (root / "lightning_logs" / "version_0" / "config.yaml").exists()
 
 
+@pytest.mark.slow
 def test_ema_is_updated_once_per_optimizer_step_not_per_micro_batch(tmp_path, monkeypatch):
     updates = []
     original = ClassifierModule.update_average

@@ -76,6 +76,7 @@ def short_fit_args(tmp_path, train_file, *extra):
             "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1", *QUIET, *extra]
 
 
+@pytest.mark.slow
 def test_a_fresh_fit_starts_from_the_word_vectors_and_a_resume_keeps_its_weights(tmp_path, monkeypatch):
     import training.word_vectors
 
