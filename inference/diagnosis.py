@@ -25,6 +25,7 @@ from data.sources import load_splits
 from data.tokenizer import pad
 from inference.classifier import TextClassifier
 from inference.ensemble import resolve_checkpoint
+from inference.splits import SPLIT_KEYS
 from inference.verdicts import monitor_history
 from data.checkpoint import CheckpointError, read_checkpoint
 from monitor.checks import SAMPLE_TEXTS, model_checks
@@ -32,8 +33,6 @@ from monitor.doctor import Finding, diagnose, figure_table_markdown, head_titles
 from model.kinds import ATTENTION_KINDS
 from monitor.health import AttentionHealth, HealthFigures
 
-DATA_SETTINGS = ("dataset", "data_dir", "train_file", "val_file", "test_file", "text_column", "label_column",
-                 "val_fraction", "seed")
 MAPS = 2  # validation texts drawn in the report
 
 
@@ -62,7 +61,7 @@ def data_settings(checkpoint: dict, overrides: dict) -> dict:
     """The data settings the checkpoint recorded, with `overrides` (None values ignored) on top; giving files or a
     dataset replaces the recorded source as a whole."""
     recorded = {key: value for key, value in (checkpoint.get("datamodule_hyper_parameters") or {}).items()
-                if key in DATA_SETTINGS}
+                if key in SPLIT_KEYS}
     given = {key: value for key, value in overrides.items() if value is not None}
     if {"dataset", "train_file", "data_dir"} & given.keys():
         recorded = {key: value for key, value in recorded.items() if key in ("val_fraction", "seed")}

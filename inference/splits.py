@@ -4,6 +4,7 @@ train.py makes them; ATTENTION_DATA_ROOT for the local copy): what head pruning 
 from data.sources import load_splits
 from data.checkpoint import read_checkpoint
 
+# The data settings a checkpoint records that decide its splits (load_splits' arguments): diagnose.py reads them too.
 SPLIT_KEYS = ("dataset", "data_dir", "train_file", "val_file", "test_file", "text_column", "label_column",
               "val_fraction", "seed")
 
