@@ -337,13 +337,7 @@ class TextDataModule(L.LightningDataModule):
         if hp.tokenizer_from:
             tokenizer, vocab_size, max_length, choices = self._pretrained_tokenizer()
         else:
-            vocab_size, max_length, choices = hp.vocab_size, hp.max_length, []
-            if vocab_size is None:
-                vocab_size, choice = self._choose_vocab_size(splits)
-                choices.append(choice)
-            if max_length is None:
-                max_length, choice = self._choose_max_length(splits, vocab_size)
-                choices.append(choice)
+            vocab_size, max_length, choices = self._sizes(splits)
             # With the chosen sizes, exactly what a config that states them builds: a rerun from config.yaml is exact.
             tokenizer = self._train_tokenizer(splits, vocab_size, max_length)
         state = self._encode(tokenizer, splits, max_length)
@@ -377,6 +371,17 @@ class TextDataModule(L.LightningDataModule):
             cut(splits.texts["train"], max_length), vocab_size=vocab_size, max_length=max_length, kind=hp.tokenizer,
             split_cjk=hp.split_cjk, split_punctuation=hp.split_punctuation,
         )
+
+    def _sizes(self, splits: Splits) -> tuple[int, int, list[str]]:
+        """vocab_size and max_length as set, or chosen from the training texts where unset, with why (logged)."""
+        vocab_size, max_length, choices = self.hparams.vocab_size, self.hparams.max_length, []
+        if vocab_size is None:
+            vocab_size, choice = self._choose_vocab_size(splits)
+            choices.append(choice)
+        if max_length is None:
+            max_length, choice = self._choose_max_length(splits, vocab_size)
+            choices.append(choice)
+        return vocab_size, max_length, choices
 
     def _choose_vocab_size(self, splits: Splits) -> tuple[int, str]:
         counts = word_counts(cut(splits.texts["train"], MAX_LENGTH_CAP), split_cjk=self.hparams.split_cjk,

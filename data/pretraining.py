@@ -91,13 +91,7 @@ class PretrainDataModule(TextDataModule):
         parts = {"train": [texts[i] for i in order[n_held:]], "validation": [texts[i] for i in order[:n_held]]}
         splits = Splits(parts, {name: [0] * len(part) for name, part in parts.items()}, [],
                         {"train": " + ".join(counts), "validation": "held-out pretraining text"})
-        vocab_size, max_length, choices = hp.vocab_size, hp.max_length, []
-        if vocab_size is None:
-            vocab_size, choice = self._choose_vocab_size(splits)
-            choices.append(choice)
-        if max_length is None:
-            max_length, choice = self._choose_max_length(splits, vocab_size)
-            choices.append(choice)
+        vocab_size, max_length, choices = self._sizes(splits)
         tokenizer = self._train_tokenizer(splits, vocab_size, max_length)
         state = self._encode(tokenizer, splits, max_length)
         for name in ("train", "validation"):
