@@ -77,10 +77,10 @@ def main(argv=None) -> int:
     from data.files import WriteError, write_text
     from data.sources import DataError
     from inference.diagnosis import diagnose_checkpoint, html_report, text_report
+    from inference.splits import SPLIT_KEYS
     from data.checkpoint import CheckpointError
 
-    data = {name: getattr(args, name) for name in ("dataset", "data_dir", "train_file", "val_file", "text_column",
-                                                   "label_column", "val_fraction", "seed")}
+    data = {name: getattr(args, name, None) for name in SPLIT_KEYS}  # --data.* given here, over the recorded ones
     try:
         diagnosis = diagnose_checkpoint(
             args.ckpt, data, texts=args.texts, batch_size=args.batch_size, device=args.device,
