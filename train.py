@@ -60,10 +60,10 @@ PRETRAIN_CONFIG = ROOT / "configs" / "pretrain.yaml"  # and `pretrain`
 
 def check_network(config) -> None:
     """The network's own rules (model/config.py), checked before the data are read: tokenizing IMDB must not end in
-    "window must be an integer >= 1". The sizes the data will choose stand in as the most they may be (a window no
-    longer than the text is checked again once the text's length is known)."""
+    "window must be an integer >= 1". Sizes the data will choose stand in so that no rule refuses wrongly: max_length
+    as the most it may be, vocab_size as the least (the network is checked again once both are known)."""
     network, data = config["model"]["network"], config["data"]
-    settings = {**vars(network), "num_classes": 2, "vocab_size": data.get("vocab_size") or 2 + 1,
+    settings = {**vars(network), "num_classes": 2, "vocab_size": data.get("vocab_size") or 1,
                 "max_length": data.get("max_length") or max(max_length_caps(network.attention))}
     NetworkConfig(**settings)
 

@@ -189,8 +189,9 @@ class TextDataModule(L.LightningDataModule):
         super().__init__()
         if not 0.0 < val_fraction < 1.0:
             raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
-        if max_length_caps is not None and (not 1 <= len(max_length_caps) <= 2 or min(max_length_caps) < 1):
-            raise DataError(f"data.max_length_caps must be one or two lengths >= 1, got {max_length_caps}")
+        if max_length_caps is not None and (not 1 <= len(max_length_caps) <= 2 or min(max_length_caps) < 1
+                                            or list(max_length_caps) != sorted(max_length_caps)):
+            raise DataError(f"data.max_length_caps must be one length >= 1, or two rising, got {max_length_caps}")
         if bucket_pool is not None and bucket_pool < 1:
             raise DataError(f"bucket_pool must be >= 1 (or null: chosen from max_length), got {bucket_pool}")
         if teacher not in (None, "ngram"):
@@ -400,7 +401,7 @@ class TextDataModule(L.LightningDataModule):
                             f"{'kept' if keep_once else 'left out'} (kept above {100 * RARE_WORD_SHARE:.0f}%)")
 
     def _choose_max_length(self, splits: Splits, vocab_size: int) -> tuple[int, str]:
-        caps = self.hparams.get("max_length_caps") or [MAX_LENGTH_CAP]
+        caps = self.hparams.max_length_caps or [MAX_LENGTH_CAP]
         cap = max(caps)
         probe = self._train_tokenizer(splits, vocab_size, cap)
         probe.no_truncation()

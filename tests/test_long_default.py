@@ -36,7 +36,8 @@ def data_module(tmp_path, rows, attention, **kwargs) -> TextDataModule:
                           cache_dir=str(tmp_path / "cache"), **kwargs)
 
 
-@pytest.mark.parametrize(("max_length", "kind"), [(8, "full"), (FULL_ATTENTION_MAX_LENGTH, "full"), (FULL_ATTENTION_MAX_LENGTH + 8, "local")])
+@pytest.mark.parametrize(("max_length", "kind"),
+                         [(8, "full"), (FULL_ATTENTION_MAX_LENGTH, "full"), (FULL_ATTENTION_MAX_LENGTH + 8, "local")])
 def test_auto_is_full_attention_up_to_256_tokens_and_local_beyond(max_length, kind):
     config = NetworkConfig(attention="auto", max_length=max_length, window=8)
     assert config.resolved().attention == kind
@@ -97,6 +98,7 @@ def test_the_data_alone_cuts_where_full_attention_does_and_refuses_bad_caps():
     """A TextDataModule made without train.py (the Python API) caps like full attention, the network's default."""
     from data import DataError
 
-    assert [MAX_LENGTH_CAP] == max_length_caps("full") == max_length_caps(NetworkConfig().attention)[:1]
-    with pytest.raises(DataError, match=r"data.max_length_caps must be one or two lengths >= 1, got \[0\]"):
-        TextDataModule(dataset="synthetic", max_length_caps=[0])
+    assert NetworkConfig().attention == "full" and [MAX_LENGTH_CAP] == max_length_caps("full")
+    for caps in ([0], [2048, 256], [1, 2, 3]):
+        with pytest.raises(DataError, match=r"data.max_length_caps must be one length >= 1, or two rising, got"):
+            TextDataModule(dataset="synthetic", max_length_caps=caps)
