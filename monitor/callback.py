@@ -25,6 +25,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from matplotlib.text import Text
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -220,7 +221,10 @@ class AttentionMonitor(Callback):
             title += f" (first {shown.shape[-2]} of {n} tokens)"
         if key_positions is not None and bool((torch.as_tensor(key_positions) < 0).all()):
             title += f", over {shown.shape[-1]} projected keys"
-        figure.suptitle(title, fontsize=10)  # replaces the text of the existing title
+        # The heading keeps the place the layout gave it: a new suptitle() would go back to matplotlib's default height
+        # and run into the panel titles.
+        heading = next(text for text in figure.findobj(Text) if text.get_text() == figure.get_suptitle())
+        heading.set_text(title)
         return figure
 
     # ---- health -------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import train
 from conftest import ONE_PROBE, PROBE_TEXT, QUIET, SMOKE, SMOKE_EPOCHS
 from monitor.callback import AttentionMonitor, pick_probes
 from monitor.health import AttentionHealth
+from monitor.heatmap import figure_to_array
 
 FIGURES = ("entropy", "max_weight", "score_std", "gradient_pass", "pad_weight", "row_sum_error")
 
@@ -147,3 +148,22 @@ def test_a_reused_probe_figure_shows_the_new_weights_of_real_tokens_only():
     for image, expected in zip(images, second[:, :, :5, :5].flatten(0, 1)):
         assert torch.allclose(torch.as_tensor(image.data), expected)
     assert figure.get_suptitle() == "epoch 1 (first 5 of 6 tokens)"
+
+
+def test_a_reused_probe_figure_keeps_its_heading_where_the_layout_put_it():
+    """The layout is frozen after the first drawing: a new heading takes the old one's place, above the panel titles
+    (a fresh suptitle would sit at matplotlib's default height and run into them)."""
+    from matplotlib.text import Text
+
+    monitor = AttentionMonitor()
+    weights, tokens = torch.rand(2, 4, 24, 24).softmax(-1), [f"t{i}" for i in range(24)]
+    figure = monitor.probe_figure(0, weights, tokens, '"a text"\nvalidation #1, step 0', None)
+    figure_to_array(figure)
+    heading = [t for t in figure.findobj(Text) if t.get_text() == '"a text"\nvalidation #1, step 0']
+    (where,) = {t.get_position() for t in heading}
+    monitor.probe_figure(0, weights, tokens, '"a text"\nvalidation #1; predicted pos (0.94), step 500', None)
+    figure_to_array(figure)
+    (moved,) = [t for t in figure.findobj(Text) if t.get_text().endswith("step 500")]
+    assert moved.get_position() == where
+    panel_tops = [ax.title.get_window_extent().y1 for ax in figure.axes if ax.images]
+    assert moved.get_window_extent().y0 > max(panel_tops)  # above every panel title, not over them
