@@ -87,17 +87,15 @@ def exportable(classifier, attention: bool):
 def named_outputs(model, output) -> dict:
     """{name: tensor} of what the export hands out, in output order, from one forward's ClassifierOutput: the
     logits and, when it holds weights, each layer's, in the kind's key layout (model/kinds.py)."""
-    from model.kinds import ATTENTION_KINDS
-
     outputs = {"logits": output.logits}
     if output.attention is None:
         return outputs
     layers = output.attention
     outputs.update({f"attention.{i}": layer.weights for i, layer in enumerate(layers)})
-    if ATTENTION_KINDS[model.config.attention].key_layout != "tokens":
+    if layers[0].key_positions is not None:  # a long kind's own layout (model/attention.py's AttentionWeights)
         outputs["attention_keys"] = layers[0].key_positions
-        if layers[0].global_rows is not None:
-            outputs.update({f"global_attention.{i}": layer.global_rows.weights for i, layer in enumerate(layers)})
+    if layers[0].global_rows is not None:
+        outputs.update({f"global_attention.{i}": layer.global_rows.weights for i, layer in enumerate(layers)})
     return outputs
 
 
@@ -167,9 +165,7 @@ def export_config(classifier, checkpoint_name: str, names: list[str]) -> dict:
 
     config = classifier.model.config
     layouts = {"logits": "B × classes, in the order of labels; softmax gives the probabilities"}
-    from model.kinds import ATTENTION_KINDS
-
-    long_kind = ATTENTION_KINDS[config.attention].key_layout != "tokens"
+    long_kind = "attention_keys" in names  # its own key layout, named by attention_keys
     for name in names[1:]:
         if name.startswith("attention."):
             layouts[name] = ("B × H × L × K: query rows over the K columns attention_keys names (predict.py "

@@ -48,7 +48,7 @@ from model.kinds import ATTENTION_KINDS
 GROUPS = ("catalogue", "field", "outside")
 KINDS = tuple(ATTENTION_KINDS)
 # Kinds whose keys are tokens of the text (not linformer's projections): the only ones a mask bug can reach.
-MASKED_KINDS = tuple(name for name, kind in ATTENTION_KINDS.items() if kind.key_layout != "virtual")
+MASKED_KINDS = tuple(name for name, kind in ATTENTION_KINDS.items() if kind.keys_are_tokens)
 
 
 @dataclass(frozen=True)
@@ -253,21 +253,8 @@ def look_ahead(plant):
 
 
 def _block_future(layer):
-    if hasattr(layer, "band_mask"):  # local and sparse: block the band's later keys, in the kind's block layout
-        original_band = layer.band_mask
-
-        def band_mask(L, padding, device):
-            w = layer.window
-            offset = torch.arange(3 * w, device=device) - torch.arange(w, device=device)[:, None] - w  # key − query
-            return original_band(L, padding, device) | (offset > 0)
-
-        layer.band_mask = band_mask
-        if hasattr(layer, "global_mask"):  # sparse: the global keys and the global queries' rows too
-            original_global = layer.global_mask
-            layer.global_mask = lambda padding, queries, keys, device: original_global(padding, queries, keys, device) \
-                | (torch.arange(keys, device=device) > torch.arange(queries, device=device)[:, None])
-    else:  # full: the product's own look-ahead mask, asked for by nobody
-        layer.mask = lambda key_padding_mask, L, device=None: core.attention_mask(key_padding_mask, True, L, device)
+    # Each kind blocks later keys its own way, in the key layout it was built with (model/kinds.py).
+    layer.look_ahead = True
 
 
 @bug("unstable-training")

@@ -40,8 +40,9 @@ from model.kinds import ATTENTION_KINDS
 
 log = logging.getLogger("bench.long")
 
-# The kinds that never build L × L (their hand-out is not token × token), each against full attention.
-LONG_KINDS = tuple(name for name, kind in ATTENTION_KINDS.items() if kind.key_layout != "tokens")
+# The kinds that read whole long texts (they never build L × L), each against full attention.
+LONG_KINDS = tuple(name for name, kind in ATTENTION_KINDS.items()
+                   if kind.length_cap > ATTENTION_KINDS["full"].length_cap)
 SIDES = ("full", "fused", *LONG_KINDS, "peer")
 PLANS = {
     "default": dict(lengths=(128, 256, 512, 1024, 2048, 4096, 8192), warmup=2, repeats=5, batch=2),

@@ -156,7 +156,7 @@ def kinds() -> dict:
                 probability = max(probability, float(np.abs(probabilities[row] - expected).max()))
                 for layer in range(classifier.model.config.n_layers):
                     got = outputs[f"attention.{layer}"][row, :, :n]
-                    got = got[..., :n] if ATTENTION_KINDS[kind].key_layout == "tokens" else got
+                    got = got[..., :n] if prediction.attention_keys is None else got  # columns are tokens
                     weight = max(weight, float(np.abs(got - prediction.attention[layer].numpy()).max()))
             figures[kind] = {"max_abs_probability_difference": probability, "max_abs_weight_difference": weight}
     return figures

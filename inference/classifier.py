@@ -19,7 +19,7 @@ from data.checkpoint import CheckpointError, read_checkpoint, stored_label_names
 from inference.texts import COUNT_CHARACTERS, check_texts
 from model.classifier import AttentionClassifier
 from model.config import network_config
-from model.kinds import ATTENTION_KINDS
+from monitor.views import stacked_layers
 
 __all__ = ["CheckpointError", "Prediction", "TextClassifier", "network_config", "read_checkpoint"]
 
@@ -175,15 +175,9 @@ class TextClassifier:
         mask = key_padding_mask.to(self.device) if key_padding_mask.any() else None
         output = self.model(input_ids.to(self.device), mask, need_weights=attention)
         probabilities = output.logits.float().softmax(dim=-1).cpu()  # (B, num_classes)
-        weights = keys = global_weights = None
-        if attention:  # each layer's own weights, (B, n_layers, H, L, L) or in a long kind's layout
-            layers = output.attention
-            weights = torch.stack([layer.weights for layer in layers], dim=1).float().cpu()
-            if ATTENTION_KINDS[self.model.config.attention].key_layout != "tokens":
-                keys = layers[0].key_positions.cpu()
-                if layers[0].global_rows is not None:
-                    global_weights = torch.stack([layer.global_rows.weights for layer in layers], dim=1).float().cpu()
-        return probabilities, (weights, keys, global_weights)
+        if not attention:
+            return probabilities, (None, None, None)
+        return probabilities, stacked_layers(output.attention)  # each layer's own weights, in its kind's layout
 
     def _label_probabilities(self, probabilities: list[float], top_k: int | None) -> dict[str, float]:
         pairs = list(zip(self.label_names, probabilities))

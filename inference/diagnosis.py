@@ -14,7 +14,6 @@ and padded by their lengths, as in training. No Lightning.
 import base64
 import html
 import io
-import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +29,8 @@ from inference.verdicts import monitor_history
 from data.checkpoint import CheckpointError, read_checkpoint
 from monitor.checks import SAMPLE_TEXTS, model_checks
 from monitor.doctor import Finding, diagnose, figure_table_markdown, head_titles, verdict_table_markdown, warnings
-from model.kinds import ATTENTION_KINDS
 from monitor.health import AttentionHealth, HealthFigures
+from monitor.views import stacked_layers
 
 MAPS = 2  # validation texts drawn in the report
 
@@ -45,7 +44,6 @@ class Diagnosis:
     findings: list[Finding]
     history: list[dict] = field(default_factory=list)  # the monitor's, from the checkpoint: {"step", "epoch", …}
     maps: list[tuple[list[str], list]] = field(default_factory=list)  # (tokens, one AttentionWeights per layer)
-    key_layout: str = "tokens"  # the kind's (model/kinds.py)
 
     @property
     def warnings(self) -> list[Finding]:
@@ -110,10 +108,9 @@ def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch
         batches.append({"input_ids": input_ids.to(device), "padding_mask": padding_mask.to(device),
                         "labels": torch.tensor([labels[i] for i in chosen], device=classifier.device)})
     health = AttentionHealth(rows_per_batch=None, causal=config.causal)
-    key_layout = ATTENTION_KINDS[config.attention].key_layout
     for batch in progress(batches):
         output = model(batch["input_ids"], batch["padding_mask"], need_weights=True)
-        health.update(output.attention, batch["padding_mask"], key_layout=key_layout)
+        health.update(output.attention, batch["padding_mask"])
     figures = health.compute()
     # The model checks on a spread of the sample's batches (short and long texts alike).
     step = max(1, len(batches) * batch_size // SAMPLE_TEXTS)
@@ -124,7 +121,7 @@ def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch
     for i in dict.fromkeys(picks):
         output = model(torch.tensor([ids[i]], device=classifier.device), None, need_weights=True)
         maps.append((tokens[i], [layer for layer in output.attention]))
-    return Diagnosis(path, settings, len(sample), figures, findings, stored_history(checkpoint), maps, key_layout)
+    return Diagnosis(path, settings, len(sample), figures, findings, stored_history(checkpoint), maps)
 
 
 def text_report(diagnosis: Diagnosis) -> str:
@@ -166,16 +163,9 @@ def map_images(diagnosis: Diagnosis) -> list[str]:
     images = []
     for tokens, layers in diagnosis.maps:
         heads = [layer.weights.shape[1] for layer in layers]
-        most = max(heads)
-        weights = torch.stack([torch.nn.functional.pad(layer.weights[0].float(), (0, 0, 0, 0, 0, most - h),
-                                                       value=math.nan) for layer, h in zip(layers, heads)]).cpu()
-        long = diagnosis.key_layout != "tokens"
-        positions = layers[0].key_positions if long else None
-        global_rows = layers[0].global_rows if long else None
-        global_weights = None if global_rows is None else torch.stack(
-            [layer.global_rows.weights[0].float() for layer in layers]).cpu()
-        figure = attention_figure(weights, tokens, " ".join(tokens)[:70], 40, None,
-                                  None if positions is None else positions.cpu(), global_weights,
+        weights, positions, global_weights = stacked_layers(layers)  # one text: row 0 of the batch
+        figure = attention_figure(weights[0], tokens, " ".join(tokens)[:70], 40, None, positions,
+                                  None if global_weights is None else global_weights[0],
                                   head_titles(diagnosis.findings, heads))
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png", dpi=100)

@@ -90,7 +90,7 @@ def method_notes(model) -> dict[str, str]:
                                 "baseline: every token embedding replaced by [UNK]'s (positions kept); target p(class)",
         "occlusion": "exact: p(class) minus p(class) with the token replaced by [UNK] (Captum FeatureAblation)",
     }
-    if ATTENTION_KINDS[config.attention].key_layout == "virtual":
+    if not ATTENTION_KINDS[config.attention].keys_are_tokens:
         for method in ("attention", "rollout"):
             notes[method] = "not applicable: linformer's keys are projections of the whole text, not tokens"
     return notes
@@ -139,8 +139,8 @@ def explain_ids(model, ids: list[int], ig_steps: int = 32, seed: int = 0) -> dic
     target = int(probabilities.argmax())
     scores: dict[str, np.ndarray | None] = {}
 
-    key_layout = ATTENTION_KINDS[model.config.attention].key_layout
-    layers = None if key_layout == "virtual" else [token_window(a, key_layout, 0, n)[0] for a in output.attention]
+    tokens = ATTENTION_KINDS[model.config.attention].keys_are_tokens
+    layers = [token_window(a, 0, n)[0] for a in output.attention] if tokens else None
     if layers is None:
         scores["attention"] = scores["rollout"] = None
     else:

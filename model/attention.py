@@ -23,13 +23,18 @@ from torch import nn
 
 
 class AttentionWeights(NamedTuple):
-    """What a layer hands out when asked for its weights: exactly what it computed, for the monitor and heatmaps."""
+    """What a layer hands out when asked for its weights: exactly what it computed, for the monitor and heatmaps.
 
-    weights: torch.Tensor  # (B, H, L, L) softmax rows: query × key; blocked keys hold exactly 0
-    scores: torch.Tensor  # (B, H, L, L) the pre-softmax scores Q Kᵀ · scale (blocked places hold a huge negative)
-    blocked: torch.Tensor | None  # broadcasts to (B, H, L, L); True where a query may not look at a key
-    # (attention() hands out the same three over any (…, L, K) layout; a long kind turns its own into
-    # LongAttentionWeights, model/long_attention.py)
+    Full attention hands out (B, H, L, L): column j is token j. A long kind (model/long_attention.py) hands out its
+    own layout (B, H, L, K) and says where each column's key lies in `key_positions`; monitor/views.py reads both.
+    """
+
+    weights: torch.Tensor  # (B, H, L, K) softmax rows: query × key; blocked keys hold exactly 0
+    scores: torch.Tensor  # (B, H, L, K) the pre-softmax scores Q Kᵀ · scale (blocked places hold a huge negative)
+    blocked: torch.Tensor | None  # broadcasts to (B, H, L, K); True where a query may not look at a key
+    key_positions: torch.Tensor | None = None  # (L, K) long: the token of column c in row i, −1 for a projected key;
+    # None: column j is token j (K = L)
+    global_rows: "AttentionWeights | None" = None  # sparse: its g global queries over all L keys, (B, H, g, L)
 
 
 def attention(q, k, v, blocked=None, *, scale: float, dropout: nn.Module | None = None, need_weights: bool = False):
@@ -64,10 +69,15 @@ def attention(q, k, v, blocked=None, *, scale: float, dropout: nn.Module | None 
 class MultiHeadSelfAttention(nn.Module):
     """Full attention, the "full" kind (model/kinds.py): every query sees all L keys."""
 
-    # What the layer hands out with need_weights: "tokens" is AttentionWeights (B, H, L, L), column j = token j.
-    # The long kinds hand out LongAttentionWeights instead: "band" (columns named by key_positions, global_rows
-    # for sparse) or "virtual" (projected keys, no token). The monitor, heatmaps, prediction and export read this.
-    key_layout = "tokens"
+    # The kind's rules, read by the config, the monitor, explanations and the benches (never its name):
+    keys_are_tokens = True  # each key is a token of the text, so masks reach it (linformer's projections: False)
+    length_cap = 256  # the longest texts data.max_length reads when left unset: full attention costs L²
+
+    @classmethod
+    def order_blind(cls, config) -> bool:
+        """Whether, without positions, the output ignores the order of the tokens after the first (the shuffled
+        tokens check, monitor/checks.py): every key seen alike; the look-ahead mask makes order matter."""
+        return not config.causal
 
     @classmethod
     def check(cls, config) -> None:
@@ -102,6 +112,9 @@ class MultiHeadSelfAttention(nn.Module):
         if kernel not in ("manual", "fused"):
             raise ValueError(f"kernel must be 'manual' or 'fused', got {kernel!r}")
         self.n_heads, self.d_head, self.causal, self.kernel = n_heads, d_head, causal, kernel
+        # Whether each query's later keys are blocked (the look-ahead mask). `causal` sets it; a kind may also lay
+        # its keys out for causal (local drops the block after), which this alone does not change.
+        self.look_ahead = causal
         # 1/√d keeps the dot products at unit variance whatever the head size; a float overrides it
         # (scale=1.0 reproduces "no scaling", which saturates the softmax for large d).
         self.scale = 1.0 / math.sqrt(d_head) if scale is None else float(scale)
@@ -166,7 +179,7 @@ class MultiHeadSelfAttention(nn.Module):
 
     def mask(self, key_padding_mask: torch.Tensor | None, L: int, device=None) -> torch.Tensor | None:
         """This layer's mask: (B or 1, 1, L or 1, L) bool, True where a query may not look at a key; None if none."""
-        return attention_mask(key_padding_mask, self.causal, L, device)
+        return attention_mask(key_padding_mask, self.look_ahead, L, device)
 
     def split_heads(self, t: torch.Tensor) -> torch.Tensor:
         B, L, _ = t.shape

@@ -13,12 +13,11 @@ from torch import nn
 from model.attention import AttentionWeights, MultiHeadSelfAttention, unpack
 from model.config import NetworkConfig
 from model.kinds import ATTENTION_KINDS
-from model.long_attention import LongAttentionWeights
 
 
 class ClassifierOutput(NamedTuple):
     logits: torch.Tensor  # (B, num_classes)
-    attention: tuple[AttentionWeights | LongAttentionWeights, ...] | None  # one per layer, when asked for
+    attention: tuple[AttentionWeights, ...] | None  # one per layer, when asked for
 
 
 def attention_layer(config: NetworkConfig, n_heads: int | None = None) -> MultiHeadSelfAttention:

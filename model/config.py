@@ -15,8 +15,9 @@ POOLINGS = ("mean", "max", "first", "attention")
 POSITIONS = ("learned", "sinusoidal", "none")
 KERNELS = ("manual", "fused")
 AUTO = "auto"  # attention: full up to FULL_ATTENTION_MAX_LENGTH tokens, local beyond (NetworkConfig.resolved)
-FULL_ATTENTION_MAX_LENGTH = 256  # full attention costs L²: beyond this, "auto" reads texts with local attention
-LONG_MAX_LENGTH = 2048  # the cheaper kinds (local, sparse, linformer; "auto" on long texts) read texts up to this whole
+AUTO_KINDS = ("full", "local")  # what "auto" stands for on short and on long texts
+# "auto" reads texts up to the first kind's length cap with it (full costs L²), longer ones with the second
+FULL_ATTENTION_MAX_LENGTH, LONG_MAX_LENGTH = (ATTENTION_KINDS[kind].length_cap for kind in AUTO_KINDS)
 
 
 # Upper bounds on what sizes memory, checked before anything is built (a typo must not allocate 240 GB):
@@ -163,7 +164,7 @@ class NetworkConfig:
         (`window` tokens on each side) beyond. Networks and checkpoints only ever hold a concrete kind."""
         if self.attention != AUTO:
             return self
-        return replace(self, attention="full" if self.max_length <= FULL_ATTENTION_MAX_LENGTH else "local")
+        return replace(self, attention=AUTO_KINDS[self.max_length > FULL_ATTENTION_MAX_LENGTH])
 
     def heads_in_layer(self, layer: int) -> int:
         """How many heads layer `layer` has: n_heads, or its count in layer_heads after pruning."""
@@ -203,9 +204,10 @@ def network_config(hparams: dict, label_names: list[str]) -> NetworkConfig:
 
 def max_length_caps(attention: str) -> list[int]:
     """How long a data.max_length left unset may be for this attention kind (train.py hands it to the data as
-    data.max_length_caps): full attention costs L², so [256]; the cheaper kinds read whole texts, [2048]; "auto"
-    [256, 2048]: the data takes 2,048 when many training texts are longer than 256 tokens, and `resolved` then
-    reads them with local attention. (An unknown kind gets [256]; NetworkConfig refuses it.)"""
+    data.max_length_caps): the kind's `length_cap` (full attention costs L², so [256]; the cheaper kinds read whole
+    texts, [2048]); "auto" both of its kinds' caps, [256, 2048]: the data takes 2,048 when many training texts are
+    longer than 256 tokens, and `resolved` then reads them with local attention. (An unknown kind gets [256];
+    NetworkConfig refuses it.)"""
     if attention == AUTO:
-        return [FULL_ATTENTION_MAX_LENGTH, LONG_MAX_LENGTH]
-    return [FULL_ATTENTION_MAX_LENGTH if attention == "full" else LONG_MAX_LENGTH]
+        return [ATTENTION_KINDS[kind].length_cap for kind in AUTO_KINDS]
+    return [ATTENTION_KINDS.get(attention, ATTENTION_KINDS[AUTO_KINDS[0]]).length_cap]

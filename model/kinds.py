@@ -1,10 +1,12 @@
 """The attention kinds by name: the one place a kind is named (as transformers' BERT_SELF_ATTENTION_CLASSES).
 
 Each class carries what the rest of the project asks of a kind: `check(config)` (its own rules on the settings,
-ConfigError on a bad one), `settings(config)` (its constructor arguments), `extra_parameters(config)` and
-`key_layout` (what it hands out with need_weights: "tokens", "band" or "virtual"; model/attention.py). The config,
-the classifier, the monitor, prediction, export, the benches and the tests look kinds up here. A new kind is a
-MultiHeadSelfAttention subclass and one line below.
+ConfigError on a bad one), `settings(config)` (its constructor arguments), `extra_parameters(config)`,
+`keys_are_tokens` (whether masks reach its keys), `length_cap` (how long data.max_length may be when left unset),
+`order_blind(config)` (whether the shuffled-tokens check applies) and, on each layer, `look_ahead` (later keys
+blocked). What a layer hands out with need_weights says its own key layout (model/attention.py's AttentionWeights).
+The config, the classifier, the monitor, prediction, export, the benches and the tests look kinds up here and never
+ask a kind's name. A new kind is a MultiHeadSelfAttention subclass and one line below.
 """
 
 from model.attention import MultiHeadSelfAttention

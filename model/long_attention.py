@@ -17,23 +17,21 @@ Local attention is computed by blocks (lucidrains/local-attention): the sequence
 and each block of queries scores its own block and the one before it (and after it): (B, H, n, w, 3w). Nothing of
 size L × L is ever made, so time and memory grow as L·w.
 
-What a layer hands out (`LongAttentionWeights`), in the kind's own key layout (its class's `key_layout`: "band" for
-local and sparse, "virtual" for linformer), K keys per query row:
+What a layer hands out (model/attention.py's `AttentionWeights`), in the kind's own key layout, K keys per query
+row:
     local      (B, H, L, 2w+1), column o of row i is key i − w + o      causal: (B, H, L, w+1), the same formula
     linformer  (B, H, L, k), column r is the projected ("virtual") key r: row r of E K
     sparse     (B, H, L, g + 2w+1): columns 0..g-1 the global keys, then the band as for local; the g global query
                rows are handed out apart, over all L keys, as `global_rows` (B, H, g, L) (as Longformer's
                global_attentions); their rows in the main layout are blocked
-`key_positions` (L, K) names the token each column is (−1 for a virtual key); monitor/views.py's `token_window` turns
-any hand-out into a token × token matrix for a short window of the text, for heatmaps and explanations.
+its `key_positions` (L, K) names the token each column is (−1 for a virtual key); monitor/views.py's `token_window`
+turns any hand-out into a token × token matrix for a short window of the text, for heatmaps and explanations.
 
 Letters in the shape comments: B batch, L tokens, H heads, d head size, w window, n blocks of w tokens,
 C blocks of keys per block of queries (3, or 2 with the look-ahead mask), k projection length, g global tokens.
 """
 
 import math
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,19 +41,15 @@ from model.attention import AttentionWeights, MultiHeadSelfAttention
 from model.errors import ConfigError
 
 
-class LongAttentionWeights(NamedTuple):
-    """AttentionWeights' three fields in a long kind's own key layout (see the module docstring), plus where each
-    column's key lies in the text."""
-
-    weights: torch.Tensor  # (B, H, L, K) softmax rows over the K columns; blocked columns hold exactly 0
-    scores: torch.Tensor  # (B, H, L, K) the pre-softmax scores (blocked places hold a huge negative)
-    blocked: torch.Tensor | None  # broadcasts to (B, H, L, K); True where a column is not a key the query may see
-    key_positions: torch.Tensor  # (L, K) long: the token of column c in row i; −1 for a virtual (projected) key
-    global_rows: AttentionWeights | None = None  # sparse: the g global queries over all L keys, (B, H, g, L)
-
-
 class LongAttention(MultiHeadSelfAttention):
-    """What the three kinds share: no fused kernel (it computes L × L), and the padding mask handed to attend."""
+    """What the three kinds share: no fused kernel (it computes L × L), the padding mask handed to attend, whole
+    long texts read, and an output that depends on which tokens are near each other even without positions."""
+
+    length_cap = 2048  # they cost L·w, L·k or L·(w+g), not L²: whole long texts
+
+    @classmethod
+    def order_blind(cls, config) -> bool:
+        return False
 
     @classmethod
     def check(cls, config) -> None:
@@ -79,8 +73,6 @@ class LongAttention(MultiHeadSelfAttention):
 
 
 class LocalSelfAttention(LongAttention):
-    key_layout = "band"
-
     @classmethod
     def check(cls, config) -> None:
         super().check(config)
@@ -103,7 +95,7 @@ class LocalSelfAttention(LongAttention):
     def attend(self, q, k, v, padding, need_weights: bool = False):
         """Each block of w queries sees its own block of keys and the one before it (and after it), minus what
         lies outside a query's window. q, k, v (B, H, L, d); padding (B, L) bool or None.
-        Returns (out (B, H, L, d), LongAttentionWeights or None)."""
+        Returns (out (B, H, L, d), AttentionWeights or None)."""
         L = q.shape[2]
         keys, values = self.neighbours(self.blocks(k)), self.neighbours(self.blocks(v))  # each (B, H, n, C·w, d)
         blocked = self.band_mask(L, padding, q.device)  # (B or 1, 1, n, w, C·w)
@@ -112,16 +104,16 @@ class LocalSelfAttention(LongAttention):
         out = out.flatten(2, 3)[:, :, :L]  # (B, H, L, d)
         if not need_weights:
             return out, None
-        band = [self.to_band(t, L) for t in block_weights]  # each (B or 1, H or 1, L, band_width)
-        return out, LongAttentionWeights(*band, self.key_positions(L, q.device))
+        band = [self.to_band(t, L) for t in block_weights[:3]]  # weights, scores, blocked: (B or 1, H or 1, L, band)
+        return out, AttentionWeights(*band, key_positions=self.key_positions(L, q.device))
 
     def band_mask(self, L: int, padding, device) -> torch.Tensor:
-        """(B or 1, 1, n, w, C·w) bool: True where a block's key slot is outside a query's window, past the text's
-        end, or padding."""
+        """(B or 1, 1, n, w, C·w) bool: True where a block's key slot is outside a query's window (or after the
+        query, under the look-ahead mask), past the text's end, or padding."""
         w = self.window
         # Offset of key slot s from query r inside a block row: key (b − 1)·w + s, query b·w + r → s − r − w.
         offset = torch.arange((3 - self.causal) * w, device=device) - torch.arange(w, device=device)[:, None] - w
-        outside = (offset > 0) | (offset < -w) if self.causal else offset.abs() > w  # (w, C·w)
+        outside = (offset < -w) | (offset > (0 if self.look_ahead else w))  # (w, C·w)
         missing = torch.zeros(1, L, dtype=torch.bool, device=device) if padding is None else padding  # (B or 1, L)
         missing = self.neighbours(self.blocks(missing[:, None, :, None], fill=True))  # (B or 1, 1, n, C·w, 1)
         return outside | missing.transpose(-2, -1)  # (B or 1, 1, n, w, C·w)
@@ -177,7 +169,7 @@ class SparseSelfAttention(LocalSelfAttention):
     def attend(self, q, k, v, padding, need_weights: bool = False):
         """Each block of queries sees the g global keys and its window as in local attention; the g global queries
         see all L keys. q, k, v (B, H, L, d); padding (B, L) bool or None.
-        Returns (out (B, H, L, d), LongAttentionWeights or None)."""
+        Returns (out (B, H, L, d), AttentionWeights or None)."""
         L = q.shape[2]
         g = min(self.global_tokens, L)
         n, w = (L + self.window - 1) // self.window, self.window
@@ -202,10 +194,10 @@ class SparseSelfAttention(LocalSelfAttention):
         if not need_weights:
             return out, None
 
-        weights, scores, blocked = (self.to_band(t, L) for t in block_weights)  # each (…, L, g + band_width)
+        weights, scores, blocked = (self.to_band(t, L) for t in block_weights[:3])  # each (…, L, g + band_width)
         is_global = (torch.arange(L, device=q.device) < g)[:, None]  # (L, 1): rows handed out in global_rows
         weights, blocked = weights.masked_fill(is_global, 0.0), blocked | is_global
-        return out, LongAttentionWeights(weights, scores, blocked, self.key_positions(L, q.device), global_rows)
+        return out, AttentionWeights(weights, scores, blocked, self.key_positions(L, q.device), global_rows)
 
     def global_mask(self, padding, queries: int, keys: int, device) -> torch.Tensor:
         """(B or 1, 1, queries, keys) bool, True where query p may not see key j: j is padding, or comes after p under
@@ -213,7 +205,7 @@ class SparseSelfAttention(LocalSelfAttention):
         blocked = torch.zeros(1, 1, queries, keys, dtype=torch.bool, device=device)
         if padding is not None:
             blocked = blocked | padding[:, None, None, :keys]  # (B, 1, queries, keys)
-        if self.causal:
+        if self.look_ahead:
             blocked = blocked | (torch.arange(keys, device=device) > torch.arange(queries, device=device)[:, None])
         return blocked
 
@@ -240,7 +232,7 @@ class LinformerSelfAttention(LongAttention):
     look-ahead mask: each virtual key mixes the whole text, future tokens included.
     """
 
-    key_layout = "virtual"
+    keys_are_tokens = False
 
     @classmethod
     def check(cls, config) -> None:
@@ -266,7 +258,7 @@ class LinformerSelfAttention(LongAttention):
 
     def attend(self, q, k, v, padding, need_weights: bool = False):
         """Every query sees the k projected keys and values. q, k, v (B, H, L, d); padding (B, L) bool or None.
-        Returns (out (B, H, L, d), LongAttentionWeights or None)."""
+        Returns (out (B, H, L, d), AttentionWeights or None)."""
         L = q.shape[2]
         blocked = None
         if padding is not None:
@@ -281,4 +273,4 @@ class LinformerSelfAttention(LongAttention):
         if not need_weights:
             return out, None
         virtual = torch.full((L, k.shape[2]), -1, dtype=torch.long, device=q.device)  # (L, k): no token
-        return out, LongAttentionWeights(*weights, virtual)
+        return out, weights._replace(key_positions=virtual)

@@ -24,7 +24,6 @@ import logging
 import math
 
 import torch
-import torch.nn.functional as F
 from matplotlib.text import Text
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -32,12 +31,12 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from data.datamodule import collate
 from data.tokenizer import UNK_ID
 from model.config import ConfigError
-from model.kinds import ATTENTION_KINDS
 from monitor.checks import SAMPLE_TEXTS, model_checks
 from monitor.doctor import Finding, diagnose, figure_table_markdown, head_titles, verdict_table_markdown
 from monitor.dynamics import TrainingDynamics
 from monitor.health import AttentionHealth
 from monitor.heatmap import attention_figure, figure_to_array, panel_title, shown_weights
+from monitor.views import stacked_layers
 
 log = logging.getLogger(__name__)
 
@@ -163,18 +162,9 @@ class AttentionMonitor(Callback):
         finally:
             model.train(was_training)
         layers = weights
-        # (B, n_layers, H, L, K); a pruned layer's missing heads (layers with fewer heads) are NaN: blank panels
-        most = max(layer.weights.shape[1] for layer in layers)
-        weights = torch.stack([F.pad(layer.weights.float(), (0, 0, 0, 0, 0, most - layer.weights.shape[1]),
-                                     value=math.nan) for layer in layers], dim=1).cpu()
-        # A long kind's layout (model/long_attention.py): which token each column is, and sparse's global rows.
-        key_positions = global_rows = None
-        if ATTENTION_KINDS[model.config.attention].key_layout != "tokens":
-            key_positions, global_rows = layers[0].key_positions, layers[0].global_rows
-        if global_rows is not None:
-            global_rows = torch.stack([F.pad(layer.global_rows.weights.float(),
-                                             (0, 0, 0, 0, 0, most - layer.global_rows.weights.shape[1]),
-                                             value=math.nan) for layer in layers], dim=1).cpu()
+        # (B, n_layers, H, L, K), a pruned layer's missing heads NaN (blank panels); a long kind's key positions and
+        # sparse's global rows
+        weights, key_positions, global_rows = stacked_layers(layers)
         label_names = getattr(pl_module, "label_names", [])
         heads = [layer.weights.shape[1] for layer in layers]
         verdicts = head_titles(self.findings, heads) if self.history else [["not judged yet"] * n for n in heads]
@@ -189,7 +179,7 @@ class AttentionMonitor(Callback):
             title = f'"{text}"\n{origin}{predicted}, step {trainer.global_step}'
             figure = self.probe_figure(
                 i, weights[i], tokens[i], title, batch["padding_mask"][i],
-                None if key_positions is None else key_positions.cpu(), None if global_rows is None else global_rows[i],
+                key_positions, None if global_rows is None else global_rows[i],
                 verdicts,
             )
             writer.add_image(f"attention/probe_{i}", figure_to_array(figure), trainer.global_step, dataformats="HWC")
@@ -260,8 +250,7 @@ class AttentionMonitor(Callback):
         if attention is None:
             raise RuntimeError("AttentionMonitor needs a LightningModule whose validation_step returns "
                                "{'attention': ...} when keep_validation_attention is set (training/module.py)")
-        key_layout = ATTENTION_KINDS[pl_module.model.config.attention].key_layout
-        self.health.update(attention, batch["padding_mask"], key_layout=key_layout)
+        self.health.update(attention, batch["padding_mask"])
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking or not trainer.is_global_zero or self.health.sums is None:

@@ -5,8 +5,9 @@
                        averaging head doing its job; one it does not need is unused
     order_sensitivity  mean over texts of 3 or more tokens of max_c |p_c − p'_c|, p' the probabilities with the
                        text's real tokens after the first shuffled: exactly 0, up to float rounding, when positions
-                       never reach the model. Defined for full attention without the look-ahead mask only (the
-                       other kinds' key windows and the causal mask depend on order by themselves): NaN otherwise
+                       never reach the model. Defined for the kinds that say they are order-blind (`order_blind`,
+                       model/kinds.py: full attention without the look-ahead mask; key windows and the causal mask
+                       depend on order by themselves): NaN otherwise
     position_sensitivity  the same with the position vectors zeroed instead (every kind): exactly 0 when they never
                        reach the model
     unsteady_loss      |loss of a second identical evaluation pass − the first|: 0 for a deterministic network
@@ -21,6 +22,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from model.kinds import ATTENTION_KINDS
 
 SAMPLE_TEXTS = 256  # texts of the validation sample (the first batches of the validation set)
 
@@ -67,7 +70,7 @@ def mean_loss(model, batches: list[dict]) -> float:
 
 def order_sensitivity(model, batches: list[dict]) -> float:
     config = model.config
-    if config.attention != "full" or config.causal:
+    if not ATTENTION_KINDS[config.attention].order_blind(config):
         return math.nan
     generator = torch.Generator().manual_seed(0)
     total, count = 0.0, 0

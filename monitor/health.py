@@ -159,12 +159,10 @@ class AttentionHealth:
         self.generator = None
 
     @torch.no_grad()
-    def update(self, attention: Sequence[AttentionWeights], key_padding_mask: torch.Tensor | None = None, *,
-               key_layout: str = "tokens") -> None:
-        """attention: one AttentionWeights (or LongAttentionWeights) per layer, as the network handed them out for
-        this batch (`model(ids, key_padding_mask, need_weights=True).attention`); all layers share one mask.
-        key_padding_mask (B, L) bool, True at padding, as the data module made it from the texts' lengths.
-        key_layout: the kind's (`ATTENTION_KINDS[config.attention].key_layout`, model/kinds.py)."""
+    def update(self, attention: Sequence[AttentionWeights], key_padding_mask: torch.Tensor | None = None) -> None:
+        """attention: one AttentionWeights per layer, in its kind's own key layout, as the network handed them out
+        for this batch (`model(ids, key_padding_mask, need_weights=True).attention`); all layers share one mask.
+        key_padding_mask (B, L) bool, True at padding, as the data module made it from the texts' lengths."""
         weights = attention[0].weights
         B, _, L, _ = weights.shape
         if self.sums is None:
@@ -179,8 +177,8 @@ class AttentionHealth:
         if key_padding_mask is None:
             key_padding_mask = torch.zeros(B, L, dtype=torch.bool, device=weights.device)
         lengths = (~key_padding_mask.bool()).sum(dim=-1)  # (B,) padding comes last
-        positions = None if key_layout == "tokens" else attention[0].key_positions
-        global_rows = [None if key_layout == "tokens" else layer.global_rows for layer in attention]
+        positions = attention[0].key_positions
+        global_rows = [layer.global_rows for layer in attention]
         g = 0 if global_rows[0] is None else global_rows[0].weights.shape[2]
         self.update_rows(attention, lengths, L, positions, first_query=g)
         if g:  # the sparse kind's global queries, over all L keys

@@ -3,13 +3,18 @@
 
 A long kind hands out its weights in its own key layout (model/long_attention.py: column c of row i is token
 key_positions[i, c], −1 for linformer's projected keys); these turn any of them into the weight query i puts on
-token j, for a short window of the text.
+token j, for a short window of the text, and `stacked_layers` stacks every layer's hand-out for figures and
+predictions.
 """
 
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
 import torch
+import torch.nn.functional as F
 
 from model.attention import AttentionWeights
-from model.long_attention import LongAttentionWeights
 
 
 def dense_window(
@@ -36,12 +41,33 @@ def dense_window(
     return dense
 
 
-def token_window(
-    attention: AttentionWeights | LongAttentionWeights, key_layout: str, start: int, size: int
-) -> torch.Tensor:
-    """Any layer's hand-out (B, H, L, K) in the kind's key_layout (model/kinds.py) → (B, H, m, m) over tokens
-    start..start+m-1 (see dense_window); full attention is simply cut; linformer gives (B, H, m, k)."""
-    if key_layout == "tokens":
+def token_window(attention: AttentionWeights, start: int, size: int) -> torch.Tensor:
+    """Any layer's hand-out (B, H, L, K) in its own key layout → (B, H, m, m) over tokens start..start+m-1 (see
+    dense_window); full attention is simply cut; linformer gives (B, H, m, k)."""
+    if attention.key_positions is None:
         return attention.weights[..., start : start + size, start : start + size]
     global_rows = attention.global_rows.weights if attention.global_rows is not None else None
     return dense_window(attention.weights, attention.key_positions, start, size, global_rows)
+
+
+class StackedLayers(NamedTuple):
+    """Every layer's hand-out as one tensor each, on the CPU, for figures and predictions."""
+
+    weights: torch.Tensor  # (B, n_layers, H, L, K) float; a pruned layer's missing heads are NaN rows
+    key_positions: torch.Tensor | None  # (L, K): the token of each column (None: column j is token j)
+    global_weights: torch.Tensor | None  # (B, n_layers, H, g, L): sparse's global rows; None for other kinds
+
+
+def stacked_layers(layers: Sequence[AttentionWeights]) -> StackedLayers:
+    """The layers' hand-outs (model(..., need_weights=True).attention) stacked along a layer axis after the batch;
+    layers with fewer heads (a pruned network) are filled up with NaN heads, drawn as blank panels."""
+    most = max(layer.weights.shape[1] for layer in layers)
+
+    def stack(tensors):  # each (B, H, rows, K) → (B, n_layers, most, rows, K)
+        return torch.stack([F.pad(t.float(), (0, 0, 0, 0, 0, most - t.shape[1]), value=math.nan) for t in tensors],
+                           dim=1).cpu()
+
+    first = layers[0]
+    keys = None if first.key_positions is None else first.key_positions.cpu()
+    global_weights = None if first.global_rows is None else stack([layer.global_rows.weights for layer in layers])
+    return StackedLayers(stack([layer.weights for layer in layers]), keys, global_weights)

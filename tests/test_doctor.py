@@ -155,18 +155,17 @@ def test_every_kind_has_clean_mask_figures_and_an_ignored_mask_leaks(kind):
     model = AttentionClassifier(config).eval()
     ids = torch.randint(2, 30, (B, L))
     attention = model(ids, padding_mask(), need_weights=True).attention
-    layout = ATTENTION_KINDS[kind].key_layout
     health = AttentionHealth()
-    health.update(attention, padding_mask(), key_layout=layout)
+    health.update(attention, padding_mask())
     figures = health.compute()
     assert figures.row_sum_error.max() < 1e-5
     assert verdicts(figures) == []
-    if kind == "linformer":  # projected keys are no token: no padding to weigh
+    if not ATTENTION_KINDS[kind].keys_are_tokens:  # linformer's projected keys: no padding to weigh
         assert figures.pad_weight.isnan().all()
         return
     assert figures.pad_weight.max() == 0.0
     ignored = AttentionHealth()
-    ignored.update(model(ids, None, need_weights=True).attention, padding_mask(), key_layout=layout)  # unmasked
+    ignored.update(model(ids, None, need_weights=True).attention, padding_mask())  # unmasked
     assert verdicts(ignored.compute()) == ["padding-leak"]
 
 

@@ -12,7 +12,6 @@ import torch
 from tokenizers import Tokenizer
 
 import export
-from model.kinds import ATTENTION_KINDS
 from conftest import REGISTERED_KINDS, registry_with_plugged_in, save_checkpoint, tiny_classifier
 
 pytestmark = pytest.mark.slow  # torch.export and ONNX conversion: ~10-30 s per kind on 2 cores
@@ -64,7 +63,7 @@ def test_onnxruntime_gives_pytorchs_probabilities_and_weights(exported):
         assert config["labels"][int(probabilities[row].argmax())] == prediction.label
         for layer in range(layers):
             weights = outputs[f"attention.{layer}"][row, :, :n]  # (H, n, L or K)
-            tokens = ATTENTION_KINDS[kind].key_layout == "tokens"  # columns are the L tokens, not the kind's K keys
+            tokens = prediction.attention_keys is None  # columns are the L tokens, not a long kind's K keys
             weights = weights[..., :n] if tokens else weights
             assert np.abs(weights - prediction.attention[layer].numpy()).max() < TOLERANCE
             if tokens:  # padded keys get exactly 0 from every real query

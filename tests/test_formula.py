@@ -12,7 +12,6 @@ from conftest import refuses_causal
 from data.tokenizer import train_tokenizer
 from inference import TextClassifier
 from model.config import NetworkConfig
-from model.kinds import ATTENTION_KINDS
 from monitor.health import AttentionHealth
 from training.module import ClassifierModule
 
@@ -60,8 +59,7 @@ def everything_the_paths_give(module, classifier, batch):
     module.keep_validation_attention = True  # as the monitor sets it: validation_step hands out the attention
     health = AttentionHealth()
     with torch.no_grad():
-        health.update(module.validation_step(batch, 0)["attention"], batch["padding_mask"],
-                      key_layout=ATTENTION_KINDS[module.model.config.attention].key_layout)
+        health.update(module.validation_step(batch, 0)["attention"], batch["padding_mask"])
     return loss, plain, [p.probabilities for p in with_weights], health.compute().entropy.mean().item()
 
 

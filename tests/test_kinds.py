@@ -24,9 +24,9 @@ def registered():
         yield
 
 
-def test_every_kind_declares_a_known_key_layout():
-    assert {kind.key_layout for kind in ATTENTION_KINDS.values()} <= {"tokens", "band", "virtual"}
+def test_every_kind_is_an_attention_layer_that_declares_its_rules():
     assert all(issubclass(kind, MultiHeadSelfAttention) for kind in ATTENTION_KINDS.values())
+    assert all(isinstance(kind.keys_are_tokens, bool) and kind.length_cap >= 1 for kind in ATTENTION_KINDS.values())
 
 
 def test_an_unregistered_kind_is_refused_and_a_registered_one_is_taken(registered, monkeypatch):
@@ -59,7 +59,7 @@ def test_the_health_figures_count_the_keys_each_query_sees(registered):
     mask = padding_mask(LENGTHS, L=11)
     attention = model(torch.randint(1, 30, mask.shape), mask, need_weights=True).attention
     health = AttentionHealth()
-    health.update(attention, mask, key_layout=ATTENTION_KINDS[NAME].key_layout)
+    health.update(attention, mask)
     figures = health.compute()
     torch.testing.assert_close(figures.entropy, torch.ones_like(figures.entropy))
     assert figures.rows == sum(n - 1 for n in LENGTHS)

@@ -11,7 +11,8 @@ from model.attention import MultiHeadSelfAttention
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
 from model.kinds import ATTENTION_KINDS
-from model.long_attention import LocalSelfAttention, LongAttentionWeights
+from model.attention import AttentionWeights
+from model.long_attention import LocalSelfAttention
 from monitor.doctor import diagnose, warnings
 from monitor.health import AttentionHealth, normalized_entropy
 from monitor.heatmap import attention_figure
@@ -19,7 +20,7 @@ from monitor.views import token_window
 
 B, L, D, H = 3, 11, 16, 4
 LENGTHS = [11, 7, 3]
-KINDS = [name for name, kind in ATTENTION_KINDS.items() if kind.key_layout != "tokens"]  # the long kinds
+KINDS = [name for name, kind in ATTENTION_KINDS.items() if kind.length_cap > ATTENTION_KINDS["full"].length_cap]
 
 
 def full_layer(seed=0, causal=False, dtype=torch.float32):
@@ -40,7 +41,7 @@ def long_layer(kind, causal=False, window=2, projection_length=5, global_tokens=
 
 def dense(attention, L=L):
     """The hand-out as a (B, H, L, L) token × token matrix."""
-    return token_window(attention, "band", 0, L)
+    return token_window(attention, 0, L)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -151,7 +152,7 @@ def test_local_never_sees_past_its_window():
 def test_hand_out_shapes_rows_sum_to_one_and_blocked_places_are_exactly_zero(kind, shape):
     x, mask = torch.randn(B, L, D), padding_mask(LENGTHS, L)
     _, attention = long_layer(kind)(x, mask, need_weights=True)
-    assert isinstance(attention, LongAttentionWeights)
+    assert isinstance(attention, AttentionWeights)
     assert attention.weights.shape == attention.scores.shape == shape
     assert attention.key_positions.shape == shape[-2:]
     blocked = attention.blocked.expand(shape) if attention.blocked is not None else torch.zeros(shape, dtype=bool)
@@ -187,7 +188,7 @@ def test_health_entropy_is_over_the_keys_a_query_can_see(kind):
     mask = padding_mask(LENGTHS, L)
     attention = model(ids, mask, need_weights=True).attention
     health = AttentionHealth()
-    health.update(attention, mask, key_layout=ATTENTION_KINDS[kind].key_layout)
+    health.update(attention, mask)
     figures = health.compute()
     torch.testing.assert_close(figures.entropy, torch.ones_like(figures.entropy))
     torch.testing.assert_close(normalized_entropy(attention[0], mask), torch.ones(H))
@@ -199,15 +200,15 @@ def test_health_entropy_is_over_the_keys_a_query_can_see(kind):
 def test_health_reads_a_fixed_sample_of_rows_and_estimates_the_whole():
     torch.manual_seed(0)
     scores = torch.randn(16, H, 40, 40) * 2
-    attention = [LongAttentionWeights(scores.softmax(-1), scores, None, torch.arange(40).expand(40, 40))]
+    attention = [AttentionWeights(scores.softmax(-1), scores, None, torch.arange(40).expand(40, 40))]
     exact, sampled = AttentionHealth(rows_per_batch=None), AttentionHealth(rows_per_batch=160)
     for health in (exact, sampled):
-        health.update(attention, key_layout="band")
+        health.update(attention)
     assert sampled.rows_read == 160 and exact.rows_read == sampled.rows == exact.rows == 16 * 40
     for name in ("entropy", "max_weight", "score_std"):
         torch.testing.assert_close(getattr(sampled.compute(), name), getattr(exact.compute(), name), rtol=0.05, atol=0)
     again = AttentionHealth(rows_per_batch=160)
-    again.update(attention, key_layout="band")
+    again.update(attention)
     torch.testing.assert_close(again.compute().entropy, sampled.compute().entropy)  # the same rows every time
 
 

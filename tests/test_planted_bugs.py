@@ -40,7 +40,7 @@ def forward(bug_name: str | None, kind: str = "full", texts=None):
 
 def dense(output, module) -> torch.Tensor:
     """The first layer's weights as token × token (B, H, L, L)."""
-    return token_window(output.attention[0], module.model.blocks[0].attention.key_layout, 0, 8)
+    return token_window(output.attention[0], 0, 8)
 
 
 def pad_weight(output, padding, module) -> float:
