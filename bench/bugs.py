@@ -45,7 +45,7 @@ import model.attention as core
 from model.attention import AttentionWeights
 from model.kinds import ATTENTION_KINDS
 
-GROUPS = ("catalogue", "field", "outside")
+GROUPS = ("catalogue", "field", "outside", "heldout")
 KINDS = tuple(ATTENTION_KINDS)
 # Kinds whose keys are tokens of the text (not linformer's projections): the only ones a mask bug can reach.
 MASKED_KINDS = tuple(name for name, kind in ATTENTION_KINDS.items() if kind.keys_are_tokens)

@@ -1,0 +1,113 @@
+"""The held-out bugs (bench/bugs_heldout.py) are well-formed, checked without the doctor: each plants into a tiny
+ClassifierModule the way a run is built (network settings, then edit(module), the forward inside applied()), every
+attention kind it names takes it without crashing, and it changes what the model computes: its output at the same
+seed, or for a bug of the optimizer or the training loop, the weights after two training steps on a tiny batch."""
+
+from contextlib import nullcontext
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import bench.bugs_heldout  # noqa: F401 (registers the held-out bugs)
+from bench.bugs import BUGS, GROUPS, Plant
+from model.config import NetworkConfig
+from model.kinds import ATTENTION_KINDS
+from training.module import ClassifierModule
+
+HELDOUT = [entry for entry in BUGS.values() if entry.group == "heldout"]
+# Bugs that leave the forward pass as it is and act only through training: the optimizer never moves some weights,
+# or moves them wrongly.
+TRAINING = {"key-projection-detached", "heads-in-python-list", "query-requires-grad-off", "weight-decay-one",
+            "layer-decay-zero", "zero-grad-after-backward"}
+
+# Three texts of 8, 5 and 3 tokens (id 1 is [UNK], 0 [PAD]): padding, a token id equal to another tokenizer's padding
+# id, more than one window of the local kinds.
+INPUT_IDS = torch.tensor([[2, 3, 4, 5, 6, 7, 8, 9], [9, 1, 7, 3, 2, 0, 0, 0], [5, 1, 4, 0, 0, 0, 0, 0]])
+PADDING = torch.arange(8)[None, :] >= torch.tensor([8, 5, 3])[:, None]  # (3, 8) True at padding
+BATCH = {"input_ids": INPUT_IDS, "padding_mask": PADDING, "labels": torch.tensor([0, 1, 1])}
+
+
+def tiny_config(kind: str, plant: Plant) -> NetworkConfig:
+    # No dropout outside what a bug sets: two runs at the same seed then compute the same numbers, so any difference
+    # is the bug's.
+    return NetworkConfig(vocab_size=16, num_classes=2, max_length=8, d_model=8, n_heads=2, dropout=0.0,
+                         embedding_dropout=0.0, attention=kind, window=2, projection_length=4, global_tokens=1,
+                         **plant.settings)
+
+
+def module_for(entry, kind: str, planted: bool) -> tuple[ClassifierModule, Plant]:
+    """The module of a run with the bug's network settings, seeded; with the bug's edits when planted."""
+    plant = Plant()
+    entry.plant(plant)
+    torch.manual_seed(0)
+    module = ClassifierModule(network=tiny_config(kind, plant), lr=0.01)
+    if planted:
+        plant.edit(module)
+    return module, plant
+
+
+def evaluated(module, plant=None) -> torch.Tensor:
+    """The logits of the tiny batch in evaluation mode, inside the plant's replacements; also asks for the attention
+    weights (the monitor's path), which must not crash either."""
+    module.eval()
+    with torch.no_grad(), plant.applied() if plant is not None else nullcontext():
+        logits = module.model(INPUT_IDS, PADDING).logits
+        with_weights = module.model(INPUT_IDS, PADDING, need_weights=True)
+    assert len(with_weights.attention) == module.network.n_layers
+    assert torch.isfinite(logits).all()
+    return logits
+
+
+def trained(module, plant=None) -> torch.Tensor:
+    """The logits after two optimizer steps on the tiny batch (a real Trainer: its hooks are what the bugs edit)."""
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        limit_val_batches=0)
+    with plant.applied() if plant is not None else nullcontext():
+        torch.manual_seed(1)
+        trainer.fit(module, train_dataloaders=DataLoader([BATCH, BATCH], batch_size=None))
+    return evaluated(module, plant)
+
+
+def cases(training: bool):
+    return [pytest.param(entry, kind, id=f"{entry.name}-{kind}") for entry in HELDOUT
+            if (entry.name in TRAINING) == training for kind in entry.kinds]
+
+
+def test_heldout_bugs_are_registered_with_sources():
+    assert "heldout" in GROUPS
+    assert len(HELDOUT) >= 14
+    assert TRAINING <= {entry.name for entry in HELDOUT}
+    for entry in HELDOUT:
+        assert entry.expects == ()  # any warning counts: nothing is tuned to a verdict
+        assert entry.summary, entry.name
+        assert "Source:" in entry.plant.__doc__, entry.name
+        assert entry.kinds and set(entry.kinds) <= set(ATTENTION_KINDS), entry.name
+
+
+@pytest.mark.parametrize("entry, kind", cases(training=False))
+def test_formula_and_network_bugs_change_the_output(entry, kind):
+    healthy, _ = module_for(entry, kind, planted=False)
+    planted, plant = module_for(entry, kind, planted=True)
+    assert not torch.allclose(evaluated(healthy), evaluated(planted, plant), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("entry, kind", cases(training=True))
+def test_training_bugs_leave_the_forward_pass_alone(entry, kind):
+    healthy, _ = module_for(entry, kind, planted=False)
+    planted, plant = module_for(entry, kind, planted=True)
+    assert torch.equal(evaluated(healthy), evaluated(planted, plant))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", [entry for entry in HELDOUT if entry.name in TRAINING], ids=lambda e: e.name)
+def test_training_bugs_change_the_weights_two_steps_on(entry):
+    kind = entry.kinds[0]
+    healthy, _ = module_for(entry, kind, planted=False)
+    again, _ = module_for(entry, kind, planted=False)
+    planted, plant = module_for(entry, kind, planted=True)
+    healthy_logits = trained(healthy)
+    assert torch.equal(healthy_logits, trained(again))  # same seed, same numbers: a difference below is the bug's
+    assert not torch.allclose(healthy_logits, trained(planted, plant), atol=1e-6, rtol=0)
