@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.bugs import KINDS, MASKED_KINDS, Plant, bug, networks, replace_attention
+from bench.bugs import KINDS, MASKED_KINDS, Plant, bug, networks, replace_attention, replace_mask
 from model.attention import AttentionWeights, attention_mask
 from model.long_attention import LocalSelfAttention, SparseSelfAttention
 
@@ -172,16 +172,13 @@ def keys_from_query_projection(plant):
 
 
 @bug(group="heldout", kinds=MASKED_KINDS)
-def mask_inverted(plant):
-    """The mask's meaning flipped (True read as "may look"): every query looks only at the keys it should not see
-    (padding, outside its window), and a row with nothing blocked is uniform.
+def padding_mask_off_by_one(plant):
+    """The padding mask built from the lengths one place late (np.arange(length + 1, L) for the padded places):
+    each padded text's first padding token is treated as a real key.
 
-    Source: https://github.com/lucidrains/halonet-pytorch/issues/4 (fixed in pull/6: attention went to the
-    padding), https://github.com/lucidrains/x-transformers/issues/160
+    Source: https://github.com/ajhalthor/Transformer-Neural-Network/issues/15 ("Padding mask indices error")
     """
-    replace_attention(plant, lambda attend: partial(
-        written, fill=lambda s, blocked: s.masked_fill(~blocked, torch.finfo(s.dtype).min / 2)))
-
+    replace_mask(plant, lambda padding: padding & F.pad(padding, (1, 0))[:, :-1])  # padded and after a padded place
 
 @bug(group="heldout", kinds=MASKED_KINDS)
 def mask_fill_near_zero(plant):

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+import bench.bugs
 import bench.bugs_heldout  # noqa: F401 (registers the held-out bugs)
 from bench.bugs import BUGS, GROUPS, Plant
 from model.config import NetworkConfig
@@ -85,6 +86,14 @@ def test_heldout_bugs_are_registered_with_sources():
         assert entry.summary, entry.name
         assert "Source:" in entry.plant.__doc__, entry.name
         assert entry.kinds and set(entry.kinds) <= set(ATTENTION_KINDS), entry.name
+
+
+def test_heldout_names_leave_the_other_bugs_registered():
+    # The registry is keyed by name: a held-out bug named like a catalogued one would silently replace it.
+    for function in vars(bench.bugs).values():
+        entry = getattr(function, "bug", None)
+        if entry is not None:
+            assert BUGS[entry.name] is entry, f"{entry.name} is registered twice"
 
 
 @pytest.mark.parametrize("entry, kind", cases(training=False))
