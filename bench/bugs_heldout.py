@@ -19,11 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.bugs import KINDS, MASKED_KINDS, Plant, bug, networks, replace_attention, replace_mask
+from bench.bugs import MASKED_KINDS, Plant, bug, networks, replace_attention, replace_mask
 from model.attention import AttentionWeights, attention_mask
-from model.long_attention import LocalSelfAttention, SparseSelfAttention
 
-CAUSAL_KINDS = tuple(kind for kind in KINDS if kind != "linformer")  # linformer refuses the look-ahead mask
 ROBERTA_PAD_ID = 1  # the padding id of RoBERTa-style tokenizers; this project's [PAD] is 0 and 1 is [UNK]
 
 
@@ -201,7 +199,7 @@ def padding_mask_on_query_axis(plant):
 
     def edit(layer):
         def mask(key_padding_mask, L, device=None):
-            blocked = attention_mask(None, layer.causal, L, device)  # the look-ahead part, if any, is right
+            blocked = attention_mask(None, layer.look_ahead, L, device)  # the look-ahead part, if any, is right
             if key_padding_mask is not None:
                 rows = key_padding_mask.bool()[:, None, :, None]  # (B, 1, L, 1): padded queries
                 blocked = rows if blocked is None else blocked | rows
@@ -244,7 +242,7 @@ def padding_from_token_id(plant):
     plant.module(edit)
 
 
-@bug(group="heldout", kinds=CAUSAL_KINDS)
+@bug(group="heldout", kinds=("full",))
 def causal_mask_hides_diagonal(plant):
     """The look-ahead mask built with triu(diagonal=0) instead of diagonal=1: each token sees only the tokens
     before it, never itself, and the first token sees nothing.
@@ -255,24 +253,9 @@ def causal_mask_hides_diagonal(plant):
     plant.network(causal=True)
 
     def edit(layer):
-        if isinstance(layer, LocalSelfAttention):
-            band_mask = layer.band_mask
-
-            def band_with_diagonal(L, padding, device, band_mask=band_mask):
-                w = layer.window  # slot s of block row r is key offset s − r − w from the query (band_mask)
-                offset = torch.arange(2 * w, device=device) - torch.arange(w, device=device)[:, None] - w
-                return band_mask(L, padding, device) | (offset == 0)
-
-            layer.band_mask = band_with_diagonal
-            if isinstance(layer, SparseSelfAttention):
-                global_mask = layer.global_mask
-                layer.global_mask = lambda padding, queries, keys, device, global_mask=global_mask: global_mask(
-                    padding, queries, keys, device) | (torch.arange(keys, device=device)
-                                                       == torch.arange(queries, device=device)[:, None])
-        else:
-            mask = layer.mask
-            layer.mask = lambda key_padding_mask, L, device=None, mask=mask: mask(key_padding_mask, L, device) | \
-                torch.eye(L, dtype=torch.bool, device=device)
+        mask = layer.mask  # full attention's (B or 1, 1, L, L) mask: the diagonal is the query's own key
+        layer.mask = lambda key_padding_mask, L, device=None: mask(key_padding_mask, L, device) | torch.eye(
+            L, dtype=torch.bool, device=device)
 
     plant.layers(edit)
 
