@@ -6,7 +6,7 @@ public report or a textbook, written without reading the doctor's checks or the 
 They plant themselves through bench.bugs' Plant only (network settings, replacements of attention(), edits of the
 built module and its layers), so nothing in the product code knows about them. `expects` is None for all of them:
 any warning is right, silence is wrong. Each docstring's first paragraph says what the bug does, its `Source:` line
-where such a mistake is reported. Four groups, in this order: the formula, the masks, the network around attention,
+where such a mistake is reported. In four parts, in this order: the formula, the masks, the network around attention,
 the optimizer and training loop.
 
 A few need more than one head to mean anything (a head order cannot be wrong with one head); their docstrings say so.
@@ -177,6 +177,7 @@ def padding_mask_off_by_one(plant):
     Source: https://github.com/ajhalthor/Transformer-Neural-Network/issues/15 ("Padding mask indices error")
     """
     replace_mask(plant, lambda padding: padding & F.pad(padding, (1, 0))[:, :-1])  # padded and after a padded place
+
 
 @bug(group="heldout", kinds=MASKED_KINDS)
 def mask_fill_near_zero(plant):
