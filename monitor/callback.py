@@ -35,7 +35,7 @@ from monitor.checks import SAMPLE_TEXTS, model_checks
 from monitor.doctor import Finding, diagnose, figure_table_markdown, head_titles, verdict_table_markdown
 from monitor.dynamics import TrainingDynamics
 from monitor.health import AttentionHealth
-from monitor.heatmap import attention_figure, figure_to_array, panel_title, shown_weights
+from monitor.heatmap import PLAIN_TEXT, attention_figure, figure_to_array, panel_title, shown_weights
 from monitor.views import stacked_layers
 
 log = logging.getLogger(__name__)
@@ -206,7 +206,7 @@ class AttentionMonitor(Callback):
         for k, (ax, head_weights) in enumerate(zip(panels, shown.flatten(0, 1).numpy())):
             ax.images[0].set_data(head_weights)
             layer, head = divmod(k, shown.shape[1])
-            ax.set_title(panel_title(layer, head, verdicts), fontsize=8)
+            ax.set_title(panel_title(layer, head, verdicts), fontsize=8, **PLAIN_TEXT)
         if shown.shape[-2] < n:
             title += f" (first {shown.shape[-2]} of {n} tokens)"
         if key_positions is not None and bool((torch.as_tensor(key_positions) < 0).all()):

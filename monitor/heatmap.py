@@ -43,6 +43,10 @@ CJK_CHARACTERS = re.compile("[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uff
 LABEL_FONT_SIZE = 7  # at 100+ dpi, the smallest size at which a Chinese character stays legible
 INCHES_PER_TOKEN = 0.15  # one label line at LABEL_FONT_SIZE points, with a little air
 MAX_LABEL_CHARACTERS = 14
+# Every text a user wrote (tokens, titles, label names) is drawn as typed: matplotlib would otherwise read a pair of
+# dollar signs as a formula (`paid $5 ^_^ worth $10` is a "Double superscript" error), so every Text of a figure
+# gets these properties.
+PLAIN_TEXT = {"parse_math": False}
 
 
 def _installed_cjk_family() -> str | None:
@@ -175,18 +179,18 @@ def attention_figure(
                 ax = axes[layer, head]
                 image = ax.imshow(weights[layer, head], vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest",
                                   aspect="auto" if virtual else "equal")
-                ax.set_title(panel_title(layer, head, verdicts), fontsize=8)
+                ax.set_title(panel_title(layer, head, verdicts), fontsize=8, **PLAIN_TEXT)
                 # Token labels on the outer edge of the grid only: every heatmap has the same tokens in the same
                 # places, and drawing hundreds of labels is most of the cost of an image.
                 columns = range(0, n_keys, key_step)
                 ax.set_xticks(columns, [key_labels[c] for c in columns] if layer == n_layers - 1 else [], rotation=90,
-                              fontsize=LABEL_FONT_SIZE)
-                ax.set_yticks(range(shown), labels if head == 0 else [], fontsize=LABEL_FONT_SIZE)
+                              fontsize=LABEL_FONT_SIZE, **PLAIN_TEXT)
+                ax.set_yticks(range(shown), labels if head == 0 else [], fontsize=LABEL_FONT_SIZE, **PLAIN_TEXT)
                 ax.tick_params(length=0, pad=1)
         axes[-1, 0].set_xlabel("key", fontsize=8)
         axes[-1, 0].set_ylabel("query", fontsize=8)
         fig.colorbar(image, ax=axes.ravel().tolist(), shrink=min(1.0, 0.9 / math.sqrt(n_layers)), label="weight")
-        fig.suptitle(heading, fontsize=10)
+        fig.suptitle(heading, fontsize=10, **PLAIN_TEXT)
     return fig
 
 

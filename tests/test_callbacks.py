@@ -167,3 +167,14 @@ def test_a_reused_probe_figure_keeps_its_heading_where_the_layout_put_it():
     assert moved.get_position() == where
     panel_tops = [ax.title.get_window_extent().y1 for ax in figure.axes if ax.images]
     assert moved.get_window_extent().y0 > max(panel_tops)  # above every panel title, not over them
+
+
+def test_a_probe_whose_text_holds_dollar_signs_is_drawn_first_and_on_reuse():
+    monitor = AttentionMonitor()
+    weights, tokens = torch.rand(1, 2, 4, 4).softmax(-1), ["paid", "$5", "^_^", "$10"]
+    figure = monitor.probe_figure(0, weights, tokens, '"paid $5 ^_^ worth $10"\nvalidation #1, step 0', None)
+    figure_to_array(figure)
+    monitor.probe_figure(0, weights, tokens, '"paid $5 ^_^ worth $10"\nvalidation #2, step 9', None, None,
+                         None, [["$a^_^b$", "ok"]])
+    figure_to_array(figure)
+    assert figure.get_suptitle().endswith("step 9")

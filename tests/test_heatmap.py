@@ -148,3 +148,15 @@ def test_monitor_figure_sizes_are_bounded(option):
 
     with pytest.raises(ConfigError, match=f"AttentionMonitor {option} must be in"):
         AttentionMonitor(**{option: 100000})
+
+
+PRICES = ["paid", "$5", "^_^", "worth", "$10", "a\\b", "$x$"]
+
+
+def test_user_text_with_dollar_signs_is_drawn_as_typed_never_as_a_formula():
+    """`$5 ^_^ worth $10` would be a mathtext "Double superscript" error; tokens, titles and panel titles stay text."""
+    fig = attention_figure(random_attention(1, 2, len(PRICES)), PRICES, title="paid $5 ^_^ worth $10",
+                           verdicts=[["$a^_^b$", "ok"]])
+    figure_to_array(fig)  # draws every text
+    assert fig.get_suptitle() == "paid $5 ^_^ worth $10"
+    assert [label.get_text() for label in heatmap_axes(fig)[0].get_yticklabels()] == PRICES

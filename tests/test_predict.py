@@ -121,6 +121,13 @@ def test_attention_png_writes_one_readable_heatmap_per_text(ckpt, tmp_path, caps
         assert image.std() > 0  # something was drawn
 
 
+def test_attention_png_of_a_text_with_dollar_signs_is_drawn_as_typed(tiny_checkpoint, tmp_path, capsys):
+    texts = ["paid $5 ^_^ worth $10", "a \\ b $x_1$"]
+    code, outputs, _ = predict_cli(capsys, "--ckpt", tiny_checkpoint, "--attention-png", tmp_path / "maps", *texts)
+    assert code == 0 and [o["text"] for o in outputs] == texts
+    assert all(Path(o["attention_png"]).stat().st_size > 0 for o in outputs)
+
+
 @pytest.mark.parametrize("attention", ["local", "sparse", "linformer"])
 def test_weights_for_heatmaps_alone_put_no_attention_field_in_the_output(attention):
     classifier = tiny_classifier(attention)
