@@ -46,7 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                             ("val_file", "its validation file (else a share of train_file is held out)"),
                             ("text_column", "column holding the text"), ("label_column", "column holding the label")):
         data.add_argument(f"--data.{name}", dest=name, metavar="VALUE", help=help_text)
-    data.add_argument("--data.val_fraction", dest="val_fraction", type=float, metavar="F",
+    data.add_argument("--data.val_fraction", dest="val_fraction", type=fraction, metavar="F",
                       help="share of train_file held out for validation without val_file")
     data.add_argument("--data.seed", dest="seed", type=int, metavar="N", help="seed of that held-out share")
     parser.add_argument("--texts", type=positive_int, default=1000, metavar="N",
@@ -62,6 +62,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def fraction(value: str) -> float:
+    """A share strictly between 0 and 1, as train.py's --data.val_fraction."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number between 0 and 1, got {value!r}") from None
+    if not 0 < number < 1:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {value}")
+    return number
+
+
 def positive_int(value: str) -> int:
     number = int(value)
     if number < 1:
@@ -74,24 +85,33 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from tqdm import tqdm
 
-    from data.files import WriteError, write_text
+    from data.files import WriteError, check_target, make_folder, write_text
     from data.sources import DataError
     from inference.diagnosis import diagnose_checkpoint, html_report, text_report
     from inference.splits import SPLIT_KEYS
     from data.checkpoint import CheckpointError
 
     data = {name: getattr(args, name, None) for name in SPLIT_KEYS}  # --data.* given here, over the recorded ones
+    targets = []
+
+    def check_report_target(checkpoint: Path, settings: dict) -> None:
+        """Before any data is read: the report's target can be written and is none of the files read."""
+        if args.out:
+            make_folder(args.out, "report folder")
+        target = Path(args.html) if args.html else (
+            Path(args.out) / "diagnosis.html" if args.out else checkpoint.with_suffix(".diagnosis.html"))
+        inputs = [args.ckpt, checkpoint, *(settings.get(key) for key in ("train_file", "val_file", "test_file"))]
+        targets.append(check_target(target, "report", inputs=inputs))
+
     try:
         diagnosis = diagnose_checkpoint(
             args.ckpt, data, texts=args.texts, batch_size=args.batch_size, device=args.device,
             progress=lambda batches: tqdm(batches, desc="checking", unit="batch", leave=False,
                                           disable=len(batches) < 20 and not sys.stderr.isatty()),
+            before=check_report_target,
         )
-        target = Path(args.html) if args.html else (
-            Path(args.out) / "diagnosis.html" if args.out else diagnosis.checkpoint.with_suffix(".diagnosis.html"))
-        if args.out:
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-        write_text(target, html_report(diagnosis), "report")
+        (target,) = targets
+        write_text(target, html_report(diagnosis), "report", inputs=[args.ckpt, diagnosis.checkpoint])
     except (CheckpointError, DataError, WriteError, ValueError, OSError) as e:
         if args.debug:
             raise

@@ -42,7 +42,7 @@ from bench.subsets import subset, write
 from data.sources import load_splits
 from inference.diagnosis import diagnose_checkpoint
 from monitor import AttentionMonitor
-from monitor.doctor import VERDICTS
+from monitor.doctor import Finding
 from training.module import NonFiniteLossError
 
 log = logging.getLogger("bench.diagnosis")
@@ -113,9 +113,10 @@ def checks(history: list[dict]) -> list[dict]:
 
 
 def check(step: int | str, findings) -> dict:
-    names = [f["verdict"] if isinstance(f, dict) else f.verdict for f in findings]
-    return {"step": step, "warnings": sorted({n for n in names if VERDICTS[n].severity == "warning"}),
-            "notes": sorted({n for n in names if VERDICTS[n].severity != "warning"})}
+    """A verdict this version does not know (a run of another version) counts as a note."""
+    findings = [Finding.from_dict(f) if isinstance(f, dict) else f for f in findings]
+    return {"step": step, "warnings": sorted({f.verdict for f in findings if f.severity == "warning"}),
+            "notes": sorted({f.verdict for f in findings if f.severity != "warning"})}
 
 
 def run_args(config: Path | None, train_file: Path, val_file: Path, root: Path, cache: Path,

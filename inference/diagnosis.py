@@ -27,6 +27,7 @@ from inference.ensemble import resolve_checkpoint
 from inference.splits import SPLIT_KEYS
 from inference.verdicts import monitor_history
 from data.checkpoint import CheckpointError, read_checkpoint
+from data.files import describe
 from monitor.checks import SAMPLE_TEXTS, model_checks
 from monitor.doctor import Finding, diagnose, figure_table_markdown, head_titles, verdict_table_markdown, warnings
 from monitor.health import AttentionHealth, HealthFigures
@@ -63,9 +64,12 @@ def data_settings(checkpoint: dict, overrides: dict) -> dict:
     given = {key: value for key, value in overrides.items() if value is not None}
     if {"dataset", "train_file", "data_dir"} & given.keys():
         recorded = {key: value for key, value in recorded.items() if key in ("val_fraction", "seed")}
-    settings = {"dataset": "sst2", "data_dir": None, "train_file": None, "val_file": None, "test_file": None,
-                "text_column": None, "label_column": None, "val_fraction": 0.1, "seed": 0}
-    return settings | recorded | given
+    settings = {"dataset": None, "data_dir": None, "train_file": None, "val_file": None, "test_file": None,
+                "text_column": None, "label_column": None, "val_fraction": 0.1, "seed": 0} | recorded | given
+    if settings["dataset"] is None and settings["train_file"] is None:
+        raise CheckpointError("it records no data settings (not written by train.py fit?): name its data with "
+                              "--data.dataset NAME or --data.train_file FILE")
+    return settings
 
 
 def validation_sample(settings: dict, label_names: list[str], texts: int, seed: int = 0):
@@ -82,21 +86,36 @@ def validation_sample(settings: dict, label_names: list[str], texts: int, seed: 
 
 
 def stored_history(checkpoint: dict) -> list[dict]:
-    """The AttentionMonitor's history saved in the checkpoint (its state_dict), findings as Finding objects."""
-    return [entry | {"findings": [Finding.from_dict(f) for f in entry["findings"]]}
-            for entry in monitor_history(checkpoint)]
+    """The AttentionMonitor's history saved in the checkpoint (its state_dict), findings as Finding objects (a
+    verdict this version does not know is a note); CheckpointError (one line) when it is not a history at all."""
+    try:
+        return [entry | {"step": int(entry["step"]), "epoch": int(entry["epoch"]),
+                         "findings": [Finding.from_dict(f) for f in entry["findings"]]}
+                for entry in monitor_history(checkpoint)]
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"its AttentionMonitor history is not in a form this version reads ({describe(e)})"
+                              ) from None
 
 
 @torch.no_grad()
 def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch_size: int = 64, device="cpu",
-                        progress=lambda batches: batches) -> Diagnosis:
+                        progress=lambda batches: batches, before=lambda path, settings: None) -> Diagnosis:
     """Every check of the attention doctor on a checkpoint (a run folder stands for its best checkpoint).
-    progress wraps the iterable of batches (a progress bar)."""
+    progress wraps the iterable of batches (a progress bar); before(checkpoint path, data settings) is called before
+    any data is read (diagnose.py refuses its report's target there)."""
     path = resolve_checkpoint(path)
     checkpoint = read_checkpoint(path)
+    try:
+        history = stored_history(checkpoint)
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
     classifier = TextClassifier.from_checkpoint(path, device=device)
     model, config = classifier.model, classifier.model.config
-    settings = data_settings(checkpoint, data or {})
+    try:
+        settings = data_settings(checkpoint, data or {})
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    before(path, settings)
     sample, labels = validation_sample(settings, classifier.label_names, texts)
     ids, tokens, _ = classifier.encode(sample)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # little padding, as the data module batches
@@ -121,7 +140,7 @@ def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch
     for i in dict.fromkeys(picks):
         output = model(torch.tensor([ids[i]], device=classifier.device), None, need_weights=True)
         maps.append((tokens[i], [layer for layer in output.attention]))
-    return Diagnosis(path, settings, len(sample), figures, findings, stored_history(checkpoint), maps)
+    return Diagnosis(path, settings, len(sample), figures, findings, history, maps)
 
 
 def text_report(diagnosis: Diagnosis) -> str:

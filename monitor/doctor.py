@@ -120,6 +120,9 @@ VERDICTS: dict[str, Verdict] = {
         "note", "no real query had two or more keys to attend to", "every text is one token long",
         "nothing to judge"),
 }
+# A stored finding whose verdict this version does not know (a checkpoint from another version) is read as a note.
+UNKNOWN = Verdict("note", "", "a verdict this version of the doctor does not know (the checkpoint was written by "
+                  "another version)", "diagnose the checkpoint with this version (diagnose.py)")
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,7 @@ class Finding:
 
     @property
     def severity(self) -> str:
-        return VERDICTS[self.verdict].severity
+        return VERDICTS.get(self.verdict, UNKNOWN).severity
 
     def where(self) -> str:
         if self.layer is None:
@@ -140,7 +143,7 @@ class Finding:
 
     def line(self) -> str:
         """One line: where, the verdict, the figures behind it, the likely cause and what to try."""
-        verdict = VERDICTS[self.verdict]
+        verdict = VERDICTS.get(self.verdict, UNKNOWN)
         numbers = ", ".join(f"{name} {format_figure(value)}" for name, value in self.figures.items())
         numbers = f" ({numbers})" if numbers else ""
         return f"attention {self.where()}: {self.verdict}{numbers}: {verdict.cause}; try: {verdict.fix}"
@@ -151,7 +154,8 @@ class Finding:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Finding":
-        return cls(data["verdict"], data["layer"], data["head"], dict(data["figures"]))
+        """A stored finding; one without layer, head or figures (another version's) is about the whole model."""
+        return cls(data["verdict"], data.get("layer"), data.get("head"), dict(data.get("figures") or {}))
 
 
 def format_figure(value: float) -> str:
@@ -295,7 +299,7 @@ def verdict_table_markdown(findings: list[Finding]) -> str:
         return "no findings: every check passed"
     lines = ["| where | verdict | severity | figures | likely cause | what to try |", "|:---|:---|:---|:---|:---|:---|"]
     for finding in findings:
-        verdict = VERDICTS[finding.verdict]
+        verdict = VERDICTS.get(finding.verdict, UNKNOWN)
         numbers = ", ".join(f"{name} {format_figure(value)}" for name, value in finding.figures.items())
         lines.append(f"| {finding.where()} | {finding.verdict} | {finding.severity} | {numbers} | {verdict.cause} "
                      f"| {verdict.fix} |")

@@ -217,3 +217,84 @@ def test_diagnose_exit_codes(smoke_run, tmp_path):
     garbage.write_bytes(b"not a checkpoint")
     bad = diagnose_cli("--ckpt", str(garbage))
     assert bad.returncode == 2 and str(garbage) in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+# --- bad input to diagnose.py: each refused in one line before any data is read, nothing saved is touched -----------
+
+def diagnose_main(capsys, *args):
+    import diagnose
+
+    code = diagnose.main([str(arg) for arg in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def no_data_read(monkeypatch):
+    """Reading the data fails the test: a refusal must come before it."""
+    import inference.diagnosis
+
+    def read(**settings):
+        raise AssertionError("the data were read before the refusal")
+    monkeypatch.setattr(inference.diagnosis, "load_splits", read)
+
+
+def test_diagnose_refuses_its_own_inputs_and_unusable_targets_before_reading_data(tiny_checkpoint, tmp_path, capsys,
+                                                                                 no_data_read):
+    from conftest import digest, write_csv
+
+    data = write_csv(tmp_path / "reviews.csv", [("good", "pos"), ("bad", "neg")] * 5)
+    saved = digest(tiny_checkpoint), digest(data)
+    (tmp_path / "afile").write_text("x")
+    for flags, said in ((["--html", tiny_checkpoint], "own input"),
+                        (["--html", data, "--data.train_file", data], "own input"),
+                        (["--html", tmp_path / "missing" / "r.html"], "does not exist"),
+                        (["--html", tmp_path], "is a directory"),
+                        (["--out", tmp_path / "afile"], "is not a folder")):
+        code, out, err = diagnose_main(capsys, "--ckpt", tiny_checkpoint, *flags)
+        assert code == 2 and said in err and len(err.strip().splitlines()) == 1, (flags, err)
+    assert (digest(tiny_checkpoint), digest(data)) == saved
+
+
+@pytest.mark.parametrize("value", ["0", "-0.1", "1", "1.5", "nan", "half"])
+def test_diagnose_val_fraction_is_a_share_between_0_and_1(value, capsys):
+    import diagnose
+
+    with pytest.raises(SystemExit) as stop:
+        diagnose.parse_args(["--ckpt", "x.ckpt", "--data.val_fraction", value])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "--data.val_fraction" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_checkpoint_without_data_settings_names_the_flags_instead_of_reading_sst2(tmp_path, capsys, no_data_read):
+    from conftest import save_checkpoint, tiny_classifier
+
+    bare = save_checkpoint(tiny_classifier(), tmp_path / "bare.ckpt")
+    code, out, err = diagnose_main(capsys, "--ckpt", bare)
+    assert code == 2 and "--data.dataset" in err and "--data.train_file" in err and len(err.strip().splitlines()) == 1
+
+
+def with_history(path, history):
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["callbacks"] = {"AttentionMonitor{'num_probes': 4}": {"history": history}}
+    torch.save(checkpoint, path)
+    return path
+
+
+def test_a_stored_finding_of_another_version_is_read_as_a_note():
+    future = Finding.from_dict({"verdict": "a-verdict-of-tomorrow"})  # no layer, head or figures either
+    assert (future.severity, future.layer, future.head, future.figures) == ("note", None, None, {})
+    assert "does not know" in future.line() and "a-verdict-of-tomorrow" in verdict_table_markdown([future])
+    assert warnings([future]) == []
+
+
+@pytest.mark.slow
+def test_diagnose_shows_a_history_of_another_version_and_refuses_one_it_cannot_read(tiny_checkpoint, tmp_path,
+                                                                                   capsys):
+    with_history(tiny_checkpoint, [{"step": 5, "epoch": 0, "findings": [{"verdict": "a-verdict-of-tomorrow"}]}])
+    code, out, err = diagnose_main(capsys, "--ckpt", tiny_checkpoint, "--texts", "20", "--out", tmp_path)
+    assert code == 0 and "notes: a-verdict-of-tomorrow" in out, err
+
+    with_history(tiny_checkpoint, [{"findings": 3}])
+    code, out, err = diagnose_main(capsys, "--ckpt", tiny_checkpoint, "--out", tmp_path)
+    assert code == 2 and "history" in err and len(err.strip().splitlines()) == 1, err
