@@ -8,6 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
+from inference.limits import Parser
+
 DESCRIPTION = """\
 Run the attention doctor on a checkpoint from train.py: its checks (weight on padding, row sums, a look-ahead
 nobody asked for, score spread, gradient passed, identical heads, heads zeroed one at a time, tokens shuffled) on
@@ -26,11 +28,6 @@ examples:
   python diagnose.py --ckpt last.ckpt --data.dataset sst2 --html sst2.html
   python diagnose.py --ckpt run/checkpoints/last.ckpt --data.train_file reviews.csv --data.text_column review
 """
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit status 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -26,10 +26,11 @@ Your own bug, in your own module:
 
     python -m bench.diagnosis --bugs my_module:my_bug
 
-Groups: "catalogue" (issue 32's list), "field" (mask bugs seen in public code), "outside" (bugs no check was
-designed for: any warning is right, silence is wrong). `expects` is the verdict (or verdicts) that name the cause;
-None means any warning. `kinds` lists the attention kinds the bug means something for: a padding bug cannot leak
-into linformer's projected keys (padded keys are zeros before the projection whatever the mask says).
+Groups: "catalogue" (the bug classes the doctor's checks were designed for), "field" (mask bugs seen in public
+code), "outside" (bugs no check was designed for: any warning is right, silence is wrong). `expects` is the verdict
+(or verdicts) that name the cause; None means any warning. `kinds` lists the attention kinds the bug means
+something for: a padding bug cannot leak into linformer's projected keys (padded keys are zeros before the
+projection whatever the mask says).
 """
 
 import argparse
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 import torch
 
 import model.attention as core
+from data.files import describe
 from model.attention import AttentionWeights
 from model.kinds import ATTENTION_KINDS
 
@@ -93,8 +95,8 @@ def load_bug(spec: str) -> Bug:
     module_name, _, function_name = spec.partition(":")
     try:
         function = getattr(importlib.import_module(module_name), function_name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"--bugs {spec}: cannot load it ({e})") from None
+    except Exception as e:  # the user's module may fail in any way: a syntax error, an exception at import
+        raise ValueError(f"--bugs {spec}: cannot load it ({describe(e)})") from None
     if not callable(function):
         raise ValueError(f"--bugs {spec}: {function_name} is not a function")
     return getattr(function, "bug", None) or Bug(spec, function, group="outside")
@@ -209,7 +211,7 @@ def replace_mask(plant: Plant, padding: Callable) -> None:
     plant.layers(edit)
 
 
-# ---- issue 32's catalogue ---------------------------------------------------------------------------------------
+# ---- the catalogue ---------------------------------------------------------------------------------------------
 
 
 @bug("saturated")

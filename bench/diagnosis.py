@@ -39,7 +39,9 @@ import train
 from bench.bugs import BUGS, KINDS, Bug, Plant, load_bug
 from bench.common import CONFIGS, ROOT
 from bench.subsets import subset, write
+from data.files import WriteError, check_target, describe, make_folder, write_text
 from data.sources import load_splits
+from inference.limits import POSITIVE, Parser
 from inference.diagnosis import diagnose_checkpoint
 from monitor import AttentionMonitor
 from monitor.doctor import Finding
@@ -182,7 +184,13 @@ def measure(bugs: list[Bug | None], datasets: list[str], rows: int, work: Path, 
         with tempfile.TemporaryDirectory(dir=work) as root:
             args = run_args(config, train_file, val_file, Path(root), work / "cache", network_flags(attention),
                             1 if bug else healthy_epochs)
-            run.checks, run.accuracy, run.error = fit(args, bug, check_every)
+            try:
+                run.checks, run.accuracy, run.error = fit(args, bug, check_every)
+            except Exception as e:  # a user's bug that raises: one line for it, and the bench goes on with the others
+                if bug is None:
+                    raise
+                log.error("[%d/%d] %s on %s: left out: the bug raised %s", i, len(plan), run.bug, label, describe(e))
+                continue
         run.seconds = time.perf_counter() - started
         expected = "" if bug is None else f"; expected {' or '.join(bug.expects) or 'any warning'}: " + (
             f"step {step}" if (step := run.first_step(bug.expects)) is not None else "not seen")
@@ -242,7 +250,7 @@ def confusion_table(runs: list[Run]) -> list[str]:
     validation; "none": runs with no warning at all."""
     planted = [run for run in runs if run.bug != "healthy"]
     columns = sorted({name for run in planted for name in run.warnings()})
-    lines = [f"| planted bug | {' | '.join(columns)} | none |", "|---|" + "---:|" * (len(columns) + 1)]
+    lines = ["| " + " | ".join(["planted bug", *columns, "none"]) + " |", "|---|" + "---:|" * (len(columns) + 1)]
     for name in dict.fromkeys(run.bug for run in planted):
         mine = [run for run in planted if run.bug == name]
         counts = [sum(column in run.warnings() for run in mine) for column in columns]
@@ -307,14 +315,16 @@ def report(runs: list[Run], command: str) -> str:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m bench.diagnosis", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", nargs="+", default=list(SHIPPED), choices=list(SHIPPED))
     parser.add_argument("--bugs", nargs="+", default=["all"],
                         help="bug names (python -m bench.bugs lists them), module:function, 'all', 'none', or a "
                              "group: catalogue, field, outside")
-    parser.add_argument("--rows", type=int, default=3000, help="training rows of each subset")
-    parser.add_argument("--check-every", type=int, default=25, help="optimizer steps between validations")
-    parser.add_argument("--healthy-epochs", type=int, default=1,
+    parser.add_argument("--rows", type=POSITIVE.argument(), default=3000, help="training rows of each subset")
+    parser.add_argument("--check-every", type=POSITIVE.argument(), default=25,
+                        help="optimizer steps between validations")
+    parser.add_argument("--healthy-epochs", type=POSITIVE.argument(), default=1,
                         help="epochs of the healthy runs (bug runs train 1): more judges models that have learned")
     parser.add_argument("--attention", choices=KINDS,
                         help="attention kind of every run (local, sparse: window 8; linformer: 16 projected keys)")
@@ -325,7 +335,7 @@ def main(argv=None):
                              "they trained, and diagnose.py's checks on them")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke test of the bench: synthetic only, 600 rows, 200 validation texts")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=POSITIVE.argument(), default=1)
     parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "diagnosis",
                         help="subsets, the data cache and each run's scratch folder")
     parser.add_argument("--out", type=Path, help="write the tables (.md) or the JSON (.json) here")
@@ -333,39 +343,58 @@ def main(argv=None):
                         help="no runs: the tables of earlier runs' --out JSON files together (e.g. one per dataset)")
     args = parser.parse_args(argv)
     if args.merge:
-        saved = [json.loads(path.read_text()) for path in args.merge]
-        runs = [Run(**run) for result in saved for run in result["runs"]]
-        print(report(runs, "; ".join(f"`{result['command']}`" for result in saved)))
+        commands, runs = [], []
+        for path in args.merge:
+            try:
+                saved = json.loads(path.read_text())
+                runs += [Run(**run) for run in saved["runs"]]
+                commands.append(f"`{saved['command']}`")
+            except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+                sys.exit(f"error: --merge {path}: not a result this bench saved with --out X.json ({describe(e)})")
+        print(report(runs, "; ".join(commands)))
         return
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
+    try:  # every target and input checked before the runs (hours on the full bench)
+        if args.out:
+            check_target(args.out, "bench result")
+        for path in args.healthy_checkpoints:
+            if not Path(path).exists():
+                raise ValueError(f"--healthy-checkpoints {path}: no such checkpoint or run folder")
+        make_folder(args.work, "work folder")
+        bugs = select_bugs(args.bugs)
+    except ValueError as e:  # WriteError is one
+        sys.exit(f"error: {e}")
+
     for name in ("lightning.pytorch", "lightning.fabric", "train", "data", "training"):
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("monitor").setLevel(logging.ERROR)  # the doctor's console warnings: the tables say them
     warnings.filterwarnings("ignore", module=r"lightning\..*")
     torch.set_num_threads(args.threads)
 
-    try:
-        bugs = select_bugs(args.bugs)
-    except ValueError as e:
-        sys.exit(f"error: {e}")
     if not args.no_healthy:
         bugs.append(None)
     datasets, rows, validation_rows = (["synthetic"], 600, 200) if args.quick else (args.datasets, args.rows, None)
-    args.work.mkdir(parents=True, exist_ok=True)
     command = ("python -m bench.diagnosis " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
 
     def save(runs):  # after every run, so a long bench stopped halfway keeps what it measured
         result = {**summary(runs), "runs": [asdict(run) for run in runs], "command": command}
         if args.out:
-            args.out.write_text(json.dumps(result, indent=1) if args.out.suffix == ".json"
-                                else report(runs, f"`{command}`") + "\n")
+            try:
+                write_text(args.out, json.dumps(result, indent=1) if args.out.suffix == ".json"
+                           else report(runs, f"`{command}`") + "\n", "bench result")
+            except WriteError as e:  # the tables still go to stdout
+                log.error("%s", e)
         return result
 
     runs = measure(bugs, datasets, rows, args.work, args.check_every, args.attention, validation_rows=validation_rows,
                    healthy_epochs=args.healthy_epochs, done=save) if bugs else []
-    runs += [checkpoint_run(path) for path in args.healthy_checkpoints]
+    for path in args.healthy_checkpoints:
+        try:
+            runs.append(checkpoint_run(path))
+        except ValueError as e:  # CheckpointError, DataError: one line for it, the others go on
+            log.error("--healthy-checkpoints %s: left out: %s", path, e)
     result = save(runs)
     print(report(runs, f"`{command}`"))
     print(json.dumps({key: value for key, value in result.items() if key != "runs"}))
@@ -378,7 +407,13 @@ def select_bugs(names: list[str]) -> list[Bug]:
         if name == "none":
             continue
         matched = list(BUGS.values()) if name == "all" else [b for b in BUGS.values() if b.group == name]
-        for entry in matched or [load_bug(name)]:
+        try:
+            matched = matched or [load_bug(name)]
+        except ValueError as e:
+            if ":" not in name:  # a misspelt name of the catalogue stops the bench before it starts
+                raise
+            log.error("%s; the bench goes on without it", e)  # a user's module that fails: one line for it
+        for entry in matched:
             chosen[entry.name] = entry
     return list(chosen.values())
 

@@ -10,6 +10,13 @@ import ipaddress
 from dataclasses import asdict, dataclass
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (the usage is in --help), exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 @dataclass(frozen=True)
 class Bound:
     """An inclusive range of numbers; high None: no upper bound."""
