@@ -25,6 +25,7 @@ from inference.classifier import read_checkpoint
 from inference.ensemble import resolve_checkpoint
 from inference.heads import (ablation, accuracy, head_importance, labelled, least_important, prune_checkpoint,
                              pruned_classifier, pruning_table)
+from inference.limits import POSITIVE, Parser
 
 
 def markdown(heads: list[dict], agreement, table: list[dict]) -> str:
@@ -40,14 +41,15 @@ def markdown(heads: list[dict], agreement, table: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="prune.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt", required=True,
                         help="checkpoint written by train.py (or by this command), or a run folder: its best checkpoint")
     parser.add_argument("--importance-split", default="train")
-    parser.add_argument("--importance-limit", type=int, default=2000, metavar="N")
+    parser.add_argument("--importance-limit", type=POSITIVE.argument(), default=2000, metavar="N")
     parser.add_argument("--split", default="validation", help="split for ablation and the table")
-    parser.add_argument("--limit", type=int, default=None, metavar="N", help="first N texts of --split only")
-    parser.add_argument("--prune", type=int, metavar="N", help="cut the N least important heads ...")
+    parser.add_argument("--limit", type=POSITIVE.argument(), default=None, metavar="N",
+                        help="first N texts of --split only")
+    parser.add_argument("--prune", type=POSITIVE.argument(), metavar="N", help="cut the N least important heads ...")
     parser.add_argument("--out", help="... and write the pruned checkpoint here")
     parser.add_argument("--no-table", action="store_true", help="skip the accuracy-against-heads-kept table")
     args = parser.parse_args(argv)
@@ -55,7 +57,7 @@ def main(argv=None) -> int:
         parser.error("--prune and --out go together")
     try:  # every input checked before the computation (minutes on a real split)
         if args.out is not None:
-            check_target(args.out, "pruned checkpoint", inputs=[args.ckpt])
+            check_target(args.out, "pruned checkpoint (--out)", inputs=[args.ckpt])
         args.ckpt = str(resolve_checkpoint(args.ckpt))  # a run folder: its best checkpoint, as predict.py reads it
         checkpoint = read_checkpoint(args.ckpt)
         classifier = TextClassifier.from_checkpoint(args.ckpt, device="cpu")

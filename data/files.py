@@ -34,6 +34,9 @@ def check_target(target, what: str = "file", inputs: Iterable = ()) -> Path:
                              "input stays as it is")
     folder = target.parent
     if not folder.is_dir():
+        blocking = next((path for path in (folder, *folder.parents) if path.exists() and not path.is_dir()), None)
+        if blocking is not None:
+            raise WriteError(f"{target}: cannot write the {what}: {blocking} is a file, not a folder")
         raise WriteError(f"{target}: folder {folder} does not exist (create it first)")
     if not os.access(folder, os.W_OK | os.X_OK):  # also False on a read-only filesystem, even for root
         raise WriteError(f"{target}: cannot write the {what}: folder {folder} is not writable")

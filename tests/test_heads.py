@@ -192,3 +192,23 @@ def test_health_figures_cover_the_heads_each_layer_has():
     assert [figures.heads_of(layer) for layer in range(2)] == [1, 2] and figures.heads == [1, 2]
     assert figures.entropy[0, 1].isnan() and not figures.entropy[1].isnan().any()
     assert figures.weight_sample[0, 1].isnan().all() and not figures.weight_sample[1].isnan().any()
+
+
+@pytest.mark.parametrize("flag", ["--importance-limit", "--limit", "--prune"])
+def test_prune_counts_are_at_least_one_and_the_error_names_the_flag(tiny_checkpoint, monkeypatch, capsys, flag):
+    no_computation(monkeypatch)
+    for value in ("0", "-1", "-5"):
+        with pytest.raises(SystemExit) as stop:
+            prune.main(["--ckpt", str(tiny_checkpoint), flag, value, *(["--out", "x.ckpt"] * (flag == "--prune"))])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and flag in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_prune_out_through_a_file_or_a_missing_folder_says_which(tiny_checkpoint, tmp_path, monkeypatch):
+    no_computation(monkeypatch)
+    (tmp_path / "under").write_text("a file")
+    for out, said in ((tmp_path / "under" / "a" / "file.ckpt", f"{tmp_path / 'under'} is a file, not a folder"),
+                      (tmp_path / "missing" / "file.ckpt", "does not exist")):
+        with pytest.raises(SystemExit) as stop:
+            prune.main(["--ckpt", str(tiny_checkpoint), "--prune", "1", "--out", str(out)])
+        assert said in error_line(stop)
