@@ -43,9 +43,8 @@ def read_checkpoint(path) -> dict:
     return checkpoint
 
 
-# The last version of this project that reads the earlier layouts; its `python -m training.checkpoints upgrade OLD NEW`
-# rewrites one in this layout.
-OLDER_LAYOUT = "version 0.1.0 of this project (commit 64f09d7)"
+# The last version of this project that reads the earlier layouts (pyproject.toml's `version`).
+OLDER_LAYOUT = "version 0.1.0 of this project"
 
 
 def check_layout(path, checkpoint: dict) -> None:

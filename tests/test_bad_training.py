@@ -189,6 +189,14 @@ def test_a_checkpoint_of_an_earlier_layout_is_refused_before_a_run_folder_is_mad
     assert not (tmp_path / "lightning_logs").exists()
 
 
+def test_the_checkpoint_upgrade_command_that_scripts_may_call_says_in_one_line_what_reads_old_checkpoints(capsys):
+    from training import checkpoints
+
+    assert checkpoints.main(["upgrade", "old.ckpt", "new.ckpt"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "no such command" in err and "version 0.1.0" in err
+
+
 @pytest.mark.slow
 def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path):
     """An interrupted run logged steps past its last checkpoint; after resuming, TensorBoard shows them once."""

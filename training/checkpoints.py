@@ -1,11 +1,16 @@
-"""Checks on a checkpoint handed to train.py (resume, validate, test, predict), made before anything is written."""
+"""Checks on a checkpoint handed to train.py (resume, validate, test, predict), made before anything is written.
 
+Not a command: `python -m training.checkpoints ...` says so in one line (exit status 2), since scripts may still call
+the checkpoint upgrade that older versions had here.
+"""
+
+import sys
 from pathlib import Path
 
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from data.files import write_atomically
-from data.checkpoint import CheckpointError, read_checkpoint, stored_label_names
+from data.checkpoint import OLDER_LAYOUT, CheckpointError, read_checkpoint, stored_label_names
 from model.config import network_config
 
 SPECIAL_NAMES = ("last", "best", "hpc", "registry")  # Lightning resolves these itself
@@ -66,3 +71,14 @@ def check_fits(path, checkpoint: dict, network, label_names, resume: bool = Fals
     ]
     if differences:
         raise CheckpointError(f"{path}: trained with {', '.join(differences)}; {hint}")
+
+
+def main(argv=None) -> int:
+    command = " ".join(["python -m training.checkpoints", *(sys.argv[1:] if argv is None else argv)])
+    print(f"error: {command}: there is no such command: this version reads checkpoints of its own layout only (train.py "
+          f"writes them); a checkpoint of an earlier layout is read by {OLDER_LAYOUT}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
