@@ -159,6 +159,7 @@ class CLI(LightningCLI):
         config["data"]["max_length"] = self.datamodule.max_length
         config["data"]["vocab_size"] = self.datamodule.vocab_size
         config["data"]["bucket_pool"] = self.datamodule.bucket_pool
+        config["data"]["data_dir"] = self.datamodule.hparams.data_dir  # the local copy read, when none was given
         trainer = config["trainer"]
         if self.subcommand in ("fit", None) and trainer.get("max_epochs") is None and trainer.get("max_steps") in (None, -1):
             trainer["max_epochs"] = kwargs["max_epochs"] = self.training_epochs(config)

@@ -242,11 +242,22 @@ class TextDataModule(L.LightningDataModule):
     @property
     def state(self) -> dict:
         if self._state is None:
+            self._record_local_copy()
             self._state = self._load_or_build()
             self._tokenizer = load_tokenizer(self._state["tokenizer"])
             for choice in self._state.get("choices", []):  # adaptive sizes, once per process (also from the cache)
                 log.info("%s", choice)
         return self._state
+
+    def _record_local_copy(self) -> None:
+        """data_dir: the local copy read ($ATTENTION_DATA_ROOT/<dataset> when none was given), so the checkpoint and
+        config.yaml name the data of the run and the commands after it (diagnose.py, prune.py, validate) read them
+        without the variable."""
+        hp = self.hparams
+        if hp.data_dir is None and not hp.train_file and hp.dataset != "synthetic":
+            folder = local_copy_dir(hp.dataset, None)
+            if folder is not None:
+                hp.data_dir = str(folder.resolve())
 
     def split(self, name: str) -> EncodedSplit:
         return self.state["splits"][name]

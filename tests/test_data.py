@@ -103,6 +103,21 @@ def test_local_copy_of_a_registered_dataset(tmp_path, monkeypatch):
     assert splits.texts["validation"] == ["great", "awful"] and splits.labels["validation"] == [1, 0]
 
 
+def test_a_run_records_the_local_copy_it_read_so_later_commands_need_no_variable(tmp_path, monkeypatch):
+    folder = tmp_path / "root" / "sst2"
+    folder.mkdir(parents=True)
+    write(folder / "train.tsv", [(t, int(y == "pos")) for t, y in rows(20)], text="sentence")
+    write(folder / "validation.tsv", [("great", 1), ("awful", 0)], text="sentence")
+    monkeypatch.setenv("ATTENTION_DATA_ROOT", str(tmp_path / "root"))
+    data = TextDataModule(dataset="sst2", cache_dir=str(tmp_path / "cache"), vocab_size=40, max_length=8)
+    assert data.label_names == ["negative", "positive"]
+    assert data.hparams.data_dir == str(folder.resolve())  # what the checkpoint's data settings hold
+    monkeypatch.delenv("ATTENTION_DATA_ROOT")
+    again = TextDataModule(**{key: data.hparams[key] for key in ("dataset", "data_dir", "vocab_size", "max_length")},
+                           cache_dir=str(tmp_path / "cache"))
+    assert len(again.split("validation")) == 2
+
+
 def test_tokenizer_round_trip_english_and_chinese():
     texts = ["The movie was great, really great!", "a dull, boring film", "酒店的服务很好，房间干净。", "房间很小，服务差"]
     tokenizer = load_tokenizer(train_tokenizer(texts * 3, vocab_size=200, max_length=32).to_str())
