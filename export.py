@@ -9,6 +9,7 @@ config.json says everything else a user needs (tests/test_export.py checks it al
 """
 
 import argparse
+import importlib
 import json
 import logging
 import sys
@@ -224,6 +225,12 @@ def run(args) -> int:
     from inference import TextClassifier
     from inference.ensemble import resolve_checkpoint
 
+    for module in ("onnx", "onnxscript"):  # torch.onnx.export needs both: say so, not that the kind cannot export
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            raise ExportError(f"export.py needs the export extra ({e.name} is not installed): "
+                              'pip install -e ".[export]"') from None
     ckpt = resolve_checkpoint(args.ckpt)
     classifier = TextClassifier.from_checkpoint(ckpt, device="cpu")
     out = make_folder(args.out, "export folder")

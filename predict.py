@@ -250,7 +250,7 @@ def run_explain(args, classifier, texts: list[str]) -> int:
 
         if not any(text.strip() for text in texts):
             raise InputError(f"{args.html}: not written: every input is empty, there is nothing to explain")
-        check_target(args.html, "report", inputs=[args.file] if args.file not in (None, "-") else [])
+        check_target(args.html, "report", inputs=[*args.ckpt, *([args.file] if args.file not in (None, "-") else [])])
     from inference.answers import NON_FINITE, explanation_outputs, token_count
 
     pairs = explanation_outputs(classifier, texts, attention=args.attention, ig_steps=args.ig_steps)

@@ -19,7 +19,10 @@ import signal
 import sys
 from pathlib import Path
 
-import litserve as ls
+try:
+    import litserve as ls
+except ModuleNotFoundError as e:  # the serve extra is not installed: one line saying how to install it
+    sys.exit(f"error: serve.py needs the serve extra ({e.name} is not installed): pip install -e \".[serve]\"")
 
 from inference.limits import BATCH_SIZE, BATCH_TIMEOUT, IG_STEPS, PORT, POSITIVE, REQUEST_BYTES, REQUEST_TIMEOUT, \
     TEXTS_PER_REQUEST, ServerLimits, host
@@ -257,6 +260,17 @@ def build_server(args, model: dict) -> Server:
     return server
 
 
+class QuietMonitorAtStop(logging.Filter):
+    """LitServe's worker monitor (a thread) asks the multiprocessing manager, a process of its own, whether to stop.
+    A stop signal sent to the whole process group (Ctrl-C, `kill -- -PGID`, a service manager) can end the manager
+    before the monitor's next question, which then fails with a lost connection, logged as "Monitoring worker
+    crashed" with a traceback. That path is the stop itself, so it is not logged; any other failure still is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (record.getMessage() == "Monitoring worker crashed" and isinstance(error, (EOFError, OSError)))
+
+
 def stop(signum, frame):
     """SIGTERM or SIGINT: the main process stops through LitServe's graceful shutdown (it stops the workers too).
     The HTTP process forked from it inherits this handler, and uvicorn raises the signal again once it has shut
@@ -287,6 +301,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     server = build_server(args, model)
+    logging.getLogger("litserve.server").addFilter(QuietMonitorAtStop())
     # SIGTERM (and SIGINT, which a shell ignores in a background job) ends through LitServe's graceful shutdown.
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, stop)

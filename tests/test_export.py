@@ -157,3 +157,13 @@ def test_several_checkpoints_are_refused_in_one_line(tmp_path, capsys):
     assert stop.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].startswith("export.py: error: --ckpt given more than once")
     assert not (tmp_path / "out").exists()
+
+
+def test_export_without_the_export_extra_names_it_not_the_kind(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # as if not installed
+    assert export.main(["--ckpt", str(tiny_checkpoint), "--out", str(tmp_path / "exported")]) == 2
+    err = capsys.readouterr().err
+    assert "onnxscript is not installed" in err and 'pip install -e ".[export]"' in err and "attention" not in err
+    assert not (tmp_path / "exported").exists()  # refused before anything was made

@@ -7,6 +7,7 @@ one; SERVE_SCREENSHOT=docs/serve_page.png keeps the page's screenshot (the READM
 
 import http.client
 import json
+import logging
 import os
 import shutil
 import signal
@@ -342,11 +343,37 @@ def test_a_device_the_machine_lacks_is_one_line_before_any_checkpoint_is_read(ca
                      "auto)"]
 
 
+def test_the_monitors_lost_manager_at_a_stop_is_not_logged_but_its_other_failures_are():
+    import serve
+
+    def record(error):
+        try:
+            raise error
+        except Exception:
+            return logging.LogRecord("litserve.server", logging.ERROR, __file__, 1, "Monitoring worker crashed", None,
+                                     sys.exc_info())
+    quiet = serve.QuietMonitorAtStop()
+    assert not quiet.filter(record(ConnectionRefusedError(111, "Connection refused")))
+    assert not quiet.filter(record(EOFError()))
+    assert quiet.filter(record(RuntimeError("a real failure")))
+
+
+def test_serve_without_the_serve_extra_says_how_to_install_it(monkeypatch):
+    import runpy
+
+    monkeypatch.setitem(sys.modules, "litserve", None)  # as if not installed
+    monkeypatch.setattr(sys, "argv", ["serve.py", "--ckpt", "x.ckpt"])
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_path(str(ROOT / "serve.py"), run_name="__main__")
+    message = str(stop.value.code)
+    assert "litserve is not installed" in message and 'pip install -e ".[serve]"' in message and "\n" not in message
+
+
 def test_a_stop_leaves_one_line_at_most_and_no_traceback(server_process):
     """Last in the module: it stops the module's server."""
     port, process, log = server_process
     before = log.read_text().splitlines()
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=60) is not None
+    assert process.wait(timeout=60) == 0, log.read_text()[-2000:]
     after = log.read_text().splitlines()[len(before):]
     assert len(after) <= 1 and "Traceback" not in log.read_text() and "KeyboardInterrupt" not in log.read_text()
