@@ -126,7 +126,11 @@ def test_predict_speed_smoke_run_reports_every_figure():
     assert figures["batch_size"] == 256 and figures["threads"] == 1 and figures["target"] == "predict"
     for key in ("sentences_per_s", "single_text_latency_ms", "predict_py_startup_s"):
         assert math.isfinite(figures[key]) and figures[key] > 0, key
-    assert "batch inference" in table and figures["load_average_1min"] >= 0
+    assert "batch inference" in table
+    # The machine's load when the figures were printed: the kernel updates it every 5 s, by at most ~8% of the gap
+    # to the run queue's length, so the value read just after the process ended is that close.
+    after = os.getloadavg()[0]
+    assert abs(figures["load_average_1min"] - after) <= 1 + 0.1 * after
 
 
 def run_ensemble(*args) -> subprocess.CompletedProcess:

@@ -167,5 +167,7 @@ def test_config_round_trips_through_a_plain_dict_and_refuses_unknown_keys():
 
 
 def test_a_window_as_long_as_the_text_is_still_allowed():
-    NetworkConfig(attention="local", window=128, max_length=128)
-    NetworkConfig(attention="full", window=64, max_length=8)  # window is not used by full attention
+    assert NetworkConfig(attention="local", window=128, max_length=128).window == 128
+    with pytest.raises(ConfigError, match="window"):  # the bound that the one above sits on
+        NetworkConfig(attention="local", window=129, max_length=128)
+    assert NetworkConfig(attention="full", window=64, max_length=8).window == 64  # full attention reads no window
