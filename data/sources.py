@@ -9,6 +9,7 @@ import logging
 import os
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -332,6 +333,13 @@ def load_splits(
     labels, label_names = encode_labels({s: pair[1] for s, pair in raw.items()}, sources, names)
     texts = {split: pair[0] for split, pair in raw.items()}
     classes = sorted(set(labels["train"]))
+    once = [cls for cls, count in Counter(labels["train"]).items() if count == 1]
+    if names is None and len(once) > max(2, len(labels["train"]) / 2):  # no split could validate such classes
+        raise DataError(
+            f"{sources['train']}: the label column {label_column!r} holds {len(classes)} different values in "
+            f"{len(labels['train'])} rows, most of them once (such as {label_names[once[0]][:40]!r}): is it the text? "
+            f"Name the columns with text_column and label_column (now {text_column!r} and {label_column!r})"
+        )
     if len(classes) < 2:
         raise DataError(
             f"{sources['train']}: needs at least two classes to learn from; "

@@ -291,3 +291,14 @@ def test_the_emoji_only_teacher_hint_names_both_settings():
     with pytest.raises(DataError, match=r"--data.teacher null --model.distillation 0"):
         out_of_fold_probabilities(["🙂🙂", "🙁", "🙂", "🙁🙁"] * 5, [1, 0, 1, 0] * 5, 2, seed=0,
                                   source="emoji.csv")
+
+
+def test_swapped_text_and_label_columns_are_named_not_val_fraction(tmp_path):
+    swapped = csv_file(tmp_path, GOOD, header="label,text\n")  # the texts sit under "label"
+    with pytest.raises(DataError) as error:
+        splits_of(swapped)
+    message = one_line(error)
+    assert "label column 'label' holds 12 different values in 12 rows" in message and "val_fraction" not in message
+    assert "text_column and label_column" in message
+    many_classes = "".join(f"text {i},class{i % 6}\n" for i in range(12))  # six classes of two rows: a dataset
+    assert len(splits_of(csv_file(tmp_path, many_classes), val_fraction=0.5).label_names) == 6
