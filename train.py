@@ -175,11 +175,13 @@ class CLI(LightningCLI):
         init = self.config_init[self.subcommand] if self.subcommand else self.config_init
         stopping, stopper = config.get("early_stopping"), init.get("early_stopping")
         if stopping and stopper is not None:
-            stopping["patience"] = stopper.patience = max(stopping["patience"], math.ceil(PATIENCE_STEPS / steps))
+            # At most half the run, so a small file that has learned stops before max_epochs.
+            wanted = min(math.ceil(PATIENCE_STEPS / steps), epochs // 2)
+            stopping["patience"] = stopper.patience = max(stopping["patience"], wanted)
         log.info("max_epochs %d: at least %d epochs and %d optimizer steps (%d per epoch), at most %d epochs%s", epochs,
                  MIN_EPOCHS, MIN_STEPS, steps, MAX_EPOCHS,
-                 f"; early stopping after {stopping['patience']} epochs without a better val/acc (at least "
-                 f"{PATIENCE_STEPS} steps)" if stopping else "")
+                 f"; early stopping after {stopping['patience']} epochs without a better val/acc "
+                 f"({stopping['patience'] * steps} steps)" if stopping else "")
         return epochs
 
     def before_fit(self):

@@ -143,6 +143,9 @@ def test_chosen_training_length_gives_early_stopping_enough_steps(tmp_path):
     cli = train.cli(["--config", SMOKE, "--data.cache_dir", str(tmp_path), "--trainer.max_epochs", "null",
                      "--early_stopping.patience", "20"], run=False)
     assert stopper(cli).patience == 20  # a longer patience is kept
+    cli = train.cli(["--config", SMOKE, "--data.cache_dir", str(tmp_path), "--trainer.max_epochs", "null",
+                     "--data.batch_size", "1024"], run=False)  # 4 steps per epoch, as a small file has
+    assert cli.trainer.max_epochs == 40 and stopper(cli).patience == 20  # not 75: it can stop before the end
     cli = train.cli(["--config", SMOKE, "--data.cache_dir", str(tmp_path)], run=False)
     assert stopper(cli).patience == 5  # the training length is the config's: so is the patience
 
