@@ -45,6 +45,13 @@ from training.pretraining import PretrainModule
 
 log = logging.getLogger("train")
 
+DESCRIPTION = """Train, validate, test or predict with a YAML config (Lightning's subcommands below), or pretrain:
+`train.py pretrain` is fit of the pretraining system on unlabeled text (`train.py pretrain --help` lists its
+options). `train.py SUBCOMMAND --help` lists a subcommand's options."""
+PRETRAIN_DESCRIPTION = """train.py pretrain: pretrain the network on unlabeled text (the training split's texts and
+data.unlabeled_files), for `train.py fit --model.init_from <run>/checkpoints/last.ckpt` (docs/PRETRAINING.md). The
+options, logs, checkpoints and --ckpt_path last of fit; the usage line says fit because pretrain runs as it."""
+
 # Training length when trainer.max_epochs and trainer.max_steps are unset: at least MIN_EPOCHS passes over the data
 # and at least MIN_STEPS optimizer steps (a small dataset gets more epochs: 10k news texts need ~20 epochs, not 5),
 # at most MAX_EPOCHS. Early stopping ends it sooner once validation accuracy stops improving.
@@ -271,12 +278,16 @@ def cli(args=None, run=True):
         if from_command_line:  # LightningCLI reads sys.argv itself (and warns when handed args beside it)
             sys.argv[1] = "fit"
     monitor, mode = ("val/loss", "min") if pretrain else ("val/acc", "max")
-    parser_kwargs = {}
+    parser_kwargs = {"description": DESCRIPTION, "fit": {"description": PRETRAIN_DESCRIPTION}} if pretrain else {
+        "description": DESCRIPTION}
     if (args[:1] == ["fit"] or not run) and not any(arg == "--config" or arg.startswith("--config=") for arg in args):
         # No config: the generic default (configs/default.yaml; configs/pretrain.yaml for pretrain), so a run
         # without one gets its regularisation and distillation. `--print_config` shows what was read.
         defaults = {"default_config_files": [str(PRETRAIN_CONFIG if pretrain else DEFAULT_CONFIG)]}
-        parser_kwargs = {"fit": defaults} if run else defaults
+        if run:
+            parser_kwargs.setdefault("fit", {}).update(defaults)
+        else:
+            parser_kwargs.update(defaults)
     return (PretrainCLI if pretrain else CLI)(
         PretrainModule if pretrain else ClassifierModule,
         PretrainDataModule if pretrain else TextDataModule,

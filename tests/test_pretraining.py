@@ -474,3 +474,13 @@ def test_the_reproduction_fails_in_one_line_that_says_what_to_do(tmp_path, monke
     with pytest.raises(SystemExit) as stop:
         run([sys.executable, "-c", "import sys; print('log', file=sys.stderr); sys.exit('error: data.x: bad')"], None)
     assert str(stop.value.code).startswith("error: data.x: bad (from: ") and "\n" not in str(stop.value.code)
+
+
+def test_help_of_pretrain_is_pretrains_and_the_main_help_lists_it(capsys):
+    with pytest.raises(SystemExit) as stop:
+        train.cli(["pretrain", "--help"])
+    out = capsys.readouterr().out
+    assert stop.value.code == 0 and "pretrain the network on unlabeled text" in out.split("options:")[0]
+    with pytest.raises(SystemExit):
+        train.cli(["--help"])
+    assert "train.py pretrain" in capsys.readouterr().out
