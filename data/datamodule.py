@@ -338,8 +338,8 @@ class TextDataModule(L.LightningDataModule):
             for name, texts in splits.texts.items()
         }
         log.info(
-            "encoded %s; vocabulary %d; labels %s",
-            ", ".join(f"{name} {len(s)}" for name, s in encoded.items()), tokenizer.get_vocab_size(), splits.label_names,
+            "encoded %s; vocabulary %d%s", ", ".join(f"{name} {len(s)}" for name, s in encoded.items()),
+            tokenizer.get_vocab_size(), f"; labels {splits.label_names}" if splits.label_names else "",  # pretraining: none
         )
         return {"tokenizer": tokenizer.to_str(), "label_names": splits.label_names, "splits": encoded}
 
