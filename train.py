@@ -211,6 +211,12 @@ class CLI(LightningCLI):
 
     before_validate = before_predict = before_fit
 
+    def after_fit(self):
+        """The last line of a fit: which checkpoint is best, by what score, and where it is."""
+        best = next((c for c in self.trainer.checkpoint_callbacks if c.monitor and c.best_model_path), None)
+        if best is not None and self.trainer.is_global_zero:
+            log.info("best checkpoint: %s (%s %.4f)", best.best_model_path, best.monitor, float(best.best_model_score))
+
 
 class PretrainCLI(CLI):
     """`train.py pretrain`: `fit` of PretrainModule on PretrainDataModule, with the conventions of CLI."""

@@ -60,9 +60,13 @@ def test_model_vocabulary_and_classes_come_from_the_data(smoke_run):
 
 
 @pytest.mark.slow
-def test_resume_from_last_continues_the_step_count(tmp_path):
+def test_resume_from_last_continues_the_step_count(tmp_path, caplog):
     short = ["--trainer.limit_train_batches", "5", "--trainer.limit_val_batches", "2"]
-    fit(tmp_path, "--trainer.max_epochs", "1", *short)
+    with caplog.at_level("INFO", logger="train"):
+        fit(tmp_path, "--trainer.max_epochs", "1", *short)
+    (best,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("best checkpoint: ")]
+    (path,) = (tmp_path / "lightning_logs" / "version_0" / "checkpoints").glob("best-*.ckpt")
+    assert best.startswith(f"best checkpoint: {path} (val/acc ") and 0 <= float(best.split()[-1].rstrip(")")) <= 1
     last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     steps_after_one_epoch = torch.load(last, weights_only=True)["global_step"]
     assert steps_after_one_epoch == 5
