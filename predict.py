@@ -39,7 +39,8 @@ examples:
   python predict.py --ckpt lightning_logs/version_0/checkpoints/last.ckpt "a charming and affecting journey"
   python predict.py --ckpt last.ckpt --file reviews.txt > predictions.jsonl
   python predict.py --ckpt runs/seed0 --ckpt runs/seed1 --ckpt runs/seed2 "not bad"   # ensemble of best checkpoints
-  cut -f1 data/sst2/validation.tsv | python predict.py --ckpt last.ckpt --file - --top-k 1
+  # a table's text column (every line is a text, a header line too: tail skips it); the local SST-2 copy of `make`
+  tail -n +2 "$ATTENTION_DATA_ROOT/sst2/validation.tsv" | cut -f1 | python predict.py --ckpt last.ckpt --file - --top-k 1
   python predict.py --ckpt last.ckpt --attention "alpha w3 beta" | python -m json.tool
   python predict.py --ckpt last.ckpt --attention-png heatmaps/ --file reviews.txt   # heatmaps/0000.png, ...
   python predict.py --ckpt last.ckpt --explain --html report.html "the acting is wonderful"
@@ -55,7 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="checkpoint written by train.py, e.g. lightning_logs/version_0/checkpoints/last.ckpt, or "
                              "a run folder (lightning_logs/version_0: its best checkpoint); given several times, "
                              "an ensemble: their probabilities averaged")
-    parser.add_argument("--file", metavar="F", help="read one text per line from F; '-' reads standard input")
+    parser.add_argument("--file", metavar="F", help="read one text per line from F, every line a text (a header line "
+                                                    "too); '-' reads standard input")
     parser.add_argument("--top-k", type=POSITIVE.argument(), metavar="K",
                         help="keep only the K most likely labels in probabilities, most likely first (default: all, "
                              "in label order)")

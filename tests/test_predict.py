@@ -467,3 +467,19 @@ def test_help_documents_the_local_bands_slots_outside_the_text(capsys):
         predict.main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "local/sparse: a position below 0 or past the last token is a band slot outside the text" in help_text
+
+
+def test_the_page_may_not_replace_the_checkpoint_it_explains(tiny_checkpoint, capsys):
+    from conftest import digest
+
+    before = digest(tiny_checkpoint)
+    assert predict.main(["--ckpt", str(tiny_checkpoint), "--explain", "--html", str(tiny_checkpoint), "w1"]) == 2
+    assert "own input" in capsys.readouterr().err and digest(tiny_checkpoint) == before
+
+
+def test_help_examples_read_files_that_exist_and_say_a_header_line_is_a_text(capsys):
+    with pytest.raises(SystemExit):
+        predict.main(["--help"])
+    help_text = capsys.readouterr().out
+    assert "data/sst2/validation.tsv" not in help_text  # not a file of the repository
+    assert "tail -n +2" in help_text and "header line" in " ".join(help_text.split())
