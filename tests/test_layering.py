@@ -137,3 +137,17 @@ def test_the_faces_share_code_through_inference_only_and_inference_has_no_circle
 def test_the_limits_load_nothing_heavy():
     (limits,) = loaded_after_each(("inference.limits", "inference.texts"))
     assert {"torch", "tokenizers", "pydantic"} & {name.split(".")[0] for name in limits} == set()
+
+
+def test_the_install_holds_every_face_and_every_folder_of_the_packages():
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    faces = sorted(path.stem for path in ROOT.glob("*.py"))
+    assert sorted(setuptools["py-modules"]) == faces
+    packages = setuptools["packages"]
+    for package in [p for p in packages if "." not in p]:
+        folders = {str(path.parent.relative_to(ROOT)).replace("/", ".") for path in (ROOT / package).rglob("*")
+                   if path.is_file() and "__pycache__" not in path.parts}
+        assert folders <= set(packages), folders - set(packages)
+    assert "exported/" in (ROOT / ".gitignore").read_text().split()  # where the README exports to
