@@ -151,3 +151,13 @@ def test_the_install_holds_every_face_and_every_folder_of_the_packages():
                    if path.is_file() and "__pycache__" not in path.parts}
         assert folders <= set(packages), folders - set(packages)
     assert "exported/" in (ROOT / ".gitignore").read_text().split()  # where the README exports to
+
+
+def test_every_file_the_readme_names_exists():
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    named = set(re.findall(r"(?<![\w/.$-])((?:[\w-]+/)+[\w.-]+\.(?:py|yaml|md|png|sh))\b", text))
+    examples = ("lightning_logs/", "runs/", "tests/test_x.py")  # what a run makes, a placeholder
+    missing = [name for name in sorted(named) if not name.startswith(examples) and not (ROOT / name).exists()]
+    assert "data/checkpoint.py" in named and missing == []
