@@ -47,7 +47,9 @@ ONE_PROBE = ["--trainer.callbacks",
              json.dumps([{"class_path": "monitor.AttentionMonitor", "init_args": {"num_probes": 1}}])]
 LABELS = ["alpha first", "beta first", "no marker"]  # names, so a class index can never pass for a label
 TEXTS = ["w1 alpha w2 beta w3", "beta w4 alpha", "w5 w6 w7", "alpha beta w8 w9 w10 w11 w12 w13 w14 w15 w16"]
-PROBE_TEXT = "beta w3 w7 alpha w5"  # words of the marker vocabulary
+# Words of the marker vocabulary, and prices: the smoke run draws them in its heatmap titles, as typed (a pair of
+# dollar signs is no formula for matplotlib there).
+PROBE_TEXT = "beta w3 paid $5 ^_^ w7 alpha worth $10 w5"
 SMOKE_EPOCHS = 4  # validation accuracy about 0.93: the order of the markers is learned (only attention sees it)
 SMOKE_ROWS = 4000  # 3,600 training and 400 validation texts, as many as the synthetic dataset of smoke.yaml
 
