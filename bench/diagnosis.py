@@ -394,7 +394,7 @@ def main(argv=None):
         try:
             runs.append(checkpoint_run(path))
         except ValueError as e:  # CheckpointError, DataError: one line for it, the others go on
-            log.error("--healthy-checkpoints %s: left out: %s", path, e)
+            log.error("--healthy-checkpoints: left out: %s", e)  # the message names the file
     result = save(runs)
     print(report(runs, f"`{command}`"))
     print(json.dumps({key: value for key, value in result.items() if key != "runs"}))

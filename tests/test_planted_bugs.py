@@ -1,6 +1,7 @@
 """Planted bugs (bench/bugs.py): each breaks what it claims, planted from outside and undone afterwards; and the
 doctor names them in tiny training runs on the synthetic task, while a healthy tiny run gets no warning."""
 
+import json
 import math
 import sys
 import textwrap
@@ -330,3 +331,20 @@ def test_the_bench_reads_verdicts_of_another_version_as_notes():
 def test_the_confusion_table_is_valid_markdown_when_no_warning_was_given():
     table = confusion_table([Run("padding-ignored", "sst2", "sst2.yaml", [{"step": 1, "warnings": [], "notes": []}])])
     assert len({line.count("|") for line in table}) == 1, table
+
+
+@pytest.mark.slow
+def test_a_healthy_checkpoint_of_another_version_is_read_and_a_broken_one_left_out_in_one_line(tiny_checkpoint,
+                                                                                              tmp_path, capsys, caplog):
+    from bench.diagnosis import main
+
+    checkpoint = torch.load(tiny_checkpoint, weights_only=True)
+    history = [{"step": 3, "epoch": 0, "findings": [{"verdict": "a-verdict-of-tomorrow"}]}]
+    torch.save(checkpoint | {"callbacks": {"AttentionMonitor": {"history": history}}}, tiny_checkpoint)
+    broken = tmp_path / "broken.ckpt"
+    torch.save(checkpoint | {"callbacks": {"AttentionMonitor": {"history": [{"findings": 3}]}}}, broken)
+    main(["--bugs", "none", "--no-healthy", "--work", str(tmp_path / "work"),
+          "--healthy-checkpoints", str(tiny_checkpoint), str(broken)])
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["healthy_runs"] == 1
+    (line,) = [r.getMessage() for r in caplog.records if str(broken) in r.getMessage()]
+    assert "left out" in line and "history" in line and "\n" not in line
