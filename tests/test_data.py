@@ -118,6 +118,21 @@ def test_a_run_records_the_local_copy_it_read_so_later_commands_need_no_variable
     assert len(again.split("validation")) == 2
 
 
+@pytest.mark.slow  # builds train.py's command line
+def test_the_runs_config_yaml_records_the_local_copy_it_read(tmp_path, monkeypatch):
+    import train
+    from conftest import SMOKE
+
+    folder = tmp_path / "root" / "sst2"
+    folder.mkdir(parents=True)
+    write(folder / "train.tsv", [(t, int(y == "pos")) for t, y in rows(20)], text="sentence")
+    write(folder / "validation.tsv", [("great", 1), ("awful", 0)], text="sentence")
+    monkeypatch.setenv("ATTENTION_DATA_ROOT", str(tmp_path / "root"))
+    cli = train.cli(["--config", SMOKE, "--data.dataset", "sst2", "--data.cache_dir", str(tmp_path / "cache")],
+                    run=False)
+    assert cli.config["data"]["data_dir"] == str(folder.resolve())  # what SaveConfigCallback writes
+
+
 def test_tokenizer_round_trip_english_and_chinese():
     texts = ["The movie was great, really great!", "a dull, boring film", "酒店的服务很好，房间干净。", "房间很小，服务差"]
     tokenizer = load_tokenizer(train_tokenizer(texts * 3, vocab_size=200, max_length=32).to_str())
