@@ -39,8 +39,8 @@ examples:
   python predict.py --ckpt lightning_logs/version_0/checkpoints/last.ckpt "a charming and affecting journey"
   python predict.py --ckpt last.ckpt --file reviews.txt > predictions.jsonl
   python predict.py --ckpt runs/seed0 --ckpt runs/seed1 --ckpt runs/seed2 "not bad"   # ensemble of best checkpoints
-  # a table's text column (every line is a text, a header line too: tail skips it); the local SST-2 copy of `make`
-  tail -n +2 "$ATTENTION_DATA_ROOT/sst2/validation.tsv" | cut -f1 | python predict.py --ckpt last.ckpt --file - --top-k 1
+  # a table's text column: every line is a text, a header line too, so tail skips it (the SST-2 copy `make` uses)
+  tail -n +2 "$ATTENTION_DATA_ROOT/sst2/validation.tsv" | cut -f1 | python predict.py --ckpt last.ckpt --file -
   python predict.py --ckpt last.ckpt --attention "alpha w3 beta" | python -m json.tool
   python predict.py --ckpt last.ckpt --attention-png heatmaps/ --file reviews.txt   # heatmaps/0000.png, ...
   python predict.py --ckpt last.ckpt --explain --html report.html "the acting is wonderful"

@@ -186,7 +186,7 @@ def measure(bugs: list[Bug | None], datasets: list[str], rows: int, work: Path, 
                             1 if bug else healthy_epochs)
             try:
                 run.checks, run.accuracy, run.error = fit(args, bug, check_every)
-            except Exception as e:  # a user's bug that raises: one line for it, and the bench goes on with the others
+            except Exception as e:  # a bug that raises: one line for it, and the bench goes on with the others
                 if bug is None:
                     raise
                 log.error("[%d/%d] %s on %s: left out: the bug raised %s", i, len(plan), run.bug, label, describe(e))

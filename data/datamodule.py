@@ -339,7 +339,7 @@ class TextDataModule(L.LightningDataModule):
         }
         log.info(
             "encoded %s; vocabulary %d%s", ", ".join(f"{name} {len(s)}" for name, s in encoded.items()),
-            tokenizer.get_vocab_size(), f"; labels {splits.label_names}" if splits.label_names else "",  # pretraining: none
+            tokenizer.get_vocab_size(), f"; labels {splits.label_names}" if splits.label_names else "",  # pretraining
         )
         return {"tokenizer": tokenizer.to_str(), "label_names": splits.label_names, "splits": encoded}
 

@@ -75,8 +75,8 @@ def check_fits(path, checkpoint: dict, network, label_names, resume: bool = Fals
 
 def main(argv=None) -> int:
     command = " ".join(["python -m training.checkpoints", *(sys.argv[1:] if argv is None else argv)])
-    print(f"error: {command}: there is no such command: this version reads checkpoints of its own layout only (train.py "
-          f"writes them); a checkpoint of an earlier layout is read by {OLDER_LAYOUT}", file=sys.stderr)
+    print(f"error: {command}: there is no such command: this version reads checkpoints of its own layout only "
+          f"(train.py writes them); a checkpoint of an earlier layout is read by {OLDER_LAYOUT}", file=sys.stderr)
     return 2
 
 
