@@ -189,10 +189,9 @@ def run(args) -> int:
         return run_explain(args, classifier, texts)
     png_dir = Path(args.attention_png) if args.attention_png else None
     if png_dir is not None:
-        try:
-            png_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise InputError(f"{png_dir}: cannot create the heatmap folder: {e.strerror}") from e
+        from data.files import make_folder
+
+        make_folder(png_dir, "heatmap folder")  # WriteError, one line: a file in the way, no permission, ...
     digits = max(4, len(str(len(texts) - 1)))
     where = "text" if args.texts else "line"
     unread, truncated, broken = [], [], []

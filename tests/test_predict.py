@@ -483,3 +483,13 @@ def test_help_examples_read_files_that_exist_and_say_a_header_line_is_a_text(cap
     help_text = capsys.readouterr().out
     assert "data/sst2/validation.tsv" not in help_text  # not a file of the repository
     assert "tail -n +2" in help_text and "header line" in " ".join(help_text.split())
+
+
+def test_attention_png_onto_the_checkpoint_file_is_one_line_and_touches_it_not(tiny_checkpoint, capsys):
+    from conftest import digest
+
+    before = digest(tiny_checkpoint)
+    assert predict.main(["--ckpt", str(tiny_checkpoint), "--attention-png", str(tiny_checkpoint), "w1"]) == 2
+    err = capsys.readouterr().err
+    assert "exists and is not a folder" in err and len(err.strip().splitlines()) == 1
+    assert digest(tiny_checkpoint) == before
