@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from data.checkpoint import read_pretraining_checkpoint
 from data.files import WriteError, describe, write_atomically
 from data.sources import DataError, Splits, load_splits, local_copy_dir
+from data.progress import progress_bar
 from data.teacher import out_of_fold_probabilities
 from data.tokenizer import FIRST_WORD_ID, KINDS, SPECIAL_TOKENS, UNK_ID, cut, load_tokenizer, pad, stored_form, train_tokenizer, word_counts
 
@@ -47,6 +48,7 @@ RARE_WORD_SHARE = 0.05  # frequent); those seen once too where they are more tha
 MAX_BATCH_SIZE = 65536
 MAX_VOCAB_SIZE = 1_048_576
 MAX_WORKERS = 64  # DataLoader processes (or the CPU count, if larger)
+ENCODE_CHUNK = 10_000  # texts tokenized at a time
 
 
 class EncodedSplit(Dataset):
@@ -58,14 +60,21 @@ class EncodedSplit(Dataset):
         self.lengths = (offsets[1:] - offsets[:-1]).tolist()
 
     @classmethod
-    def encode(cls, tokenizer, texts: list[str], labels: list[int], max_length: int) -> "EncodedSplit":
+    def encode(cls, tokenizer, texts, labels: list[int], max_length: int, name: str = "texts") -> "EncodedSplit":
         """Token ids of each text, truncated to max_length tokens; texts are first cut to
-        max_length * CHARS_PER_TOKEN_BOUND characters (see there), so the tokenizer never sees a huge line whole."""
-        texts = cut(texts, max_length)
-        encoded = [e.ids or [UNK_ID] for e in tokenizer.encode_batch(texts)]  # only unknown symbols → [UNK]
-        offsets = torch.tensor([0] + [len(ids) for ids in encoded]).cumsum(0)
-        ids = torch.tensor([i for ids in encoded for i in ids], dtype=torch.int32)
-        return cls(ids, offsets, torch.tensor(labels))
+        max_length * CHARS_PER_TOKEN_BOUND characters (see there), so the tokenizer never sees a huge line whole.
+        ENCODE_CHUNK texts at a time: the tokenizer's encodings (tokens, offsets, masks) of a whole split would take
+        many times the memory of its ids."""
+        pieces, lengths = [], [0]
+        with progress_bar(len(texts), f"encoding {name}") as progress:
+            for at in range(0, len(texts), ENCODE_CHUNK):
+                chunk = cut(texts[at : at + ENCODE_CHUNK], max_length)
+                encoded = [e.ids or [UNK_ID] for e in tokenizer.encode_batch(chunk)]  # only unknown symbols → [UNK]
+                lengths += [len(ids) for ids in encoded]
+                pieces.append(torch.tensor([i for ids in encoded for i in ids], dtype=torch.int32))
+                progress.update(len(chunk))
+        ids = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int32)
+        return cls(ids, torch.tensor(lengths).cumsum(0), torch.tensor(labels))
 
     def state(self) -> dict:
         state = {"ids": self.ids, "offsets": self.offsets, "labels": self.labels}
@@ -334,7 +343,7 @@ class TextDataModule(L.LightningDataModule):
 
     def _encode(self, tokenizer, splits: Splits, max_length: int) -> dict:
         encoded = {
-            name: EncodedSplit.encode(tokenizer, texts, splits.labels[name], max_length)
+            name: EncodedSplit.encode(tokenizer, texts, splits.labels[name], max_length, name)
             for name, texts in splits.texts.items()
         }
         log.info(
@@ -416,7 +425,13 @@ class TextDataModule(L.LightningDataModule):
         cap = max(caps)
         probe = self._train_tokenizer(splits, vocab_size, cap)
         probe.no_truncation()
-        lengths = sorted(len(e.ids) for e in probe.encode_batch(cut(splits.texts["train"], cap)))
+        texts = splits.texts["train"]
+        lengths = []
+        with progress_bar(len(texts), "measuring lengths") as progress:
+            for at in range(0, len(texts), ENCODE_CHUNK):
+                lengths += [len(e.ids) for e in probe.encode_batch(cut(texts[at : at + ENCODE_CHUNK], cap))]
+                progress.update(min(ENCODE_CHUNK, len(texts) - at))
+        lengths.sort()
         if lengths[-1] == 0:
             raise DataError(f"{splits.sources.get('train', 'train')}: every training text is empty after tokenization: "
                             "cannot choose max_length; check text_column")

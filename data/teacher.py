@@ -14,11 +14,14 @@ import time
 import numpy as np
 import torch
 
+from data.progress import progress_bar
 from data.sources import DataError
 
 log = logging.getLogger(__name__)
 
 FOLDS = 5
+SAMPLE = 100_000  # most texts fitted on: SST-2's 67k phrases and IMDB's 22.5k reviews whole
+CHUNK = 10_000  # texts turned into n-grams and scored at a time
 
 
 def is_cjk(texts: list[str], sample: int = 200) -> bool:
@@ -47,34 +50,53 @@ def fit_ngram_teacher(texts, labels, C: float = 4.0):
     return vectorizer, LogisticRegression(C=C, max_iter=2000).fit(x, labels)
 
 
-def out_of_fold_probabilities(texts: list[str], labels: list[int], num_classes: int, folds: int = FOLDS,
-                              seed: int = 0, C: float = 4.0, source: str = "train") -> torch.Tensor:
+def out_of_fold_probabilities(texts, labels: list[int], num_classes: int, folds: int = FOLDS, seed: int = 0,
+                              C: float = 4.0, source: str = "train", sample: int = SAMPLE) -> torch.Tensor:
     """(N, num_classes) float32 probabilities of an n-gram teacher for each training text, each from a teacher
-    that did not see it (stratified folds, fixed by `seed`). `source` names the texts' file in errors."""
+    that did not see it (stratified folds, fixed by `seed`). `texts`: any sequence of strings (a list, or a column
+    read row by row). `source` names the texts' file in errors.
+
+    At most `sample` texts (a seeded sample when there are more) are fitted on, in folds: the n-gram vocabulary and
+    the fitted matrix grow with the texts, the rest does not. Texts outside the sample are scored by one of the fold
+    teachers each, CHUNK texts at a time, so memory stays bounded and time grows linearly beyond the sample."""
     try:
         from sklearn.model_selection import StratifiedKFold
     except ImportError:
         raise DataError("data.teacher ngram needs scikit-learn: pip install scikit-learn") from None
     start = time.perf_counter()
-    log.info("n-gram teacher: scoring %d training texts out of fold (%d folds)", len(texts), folds)
-    y = np.asarray(labels)
+    y, n = np.asarray(labels), len(labels)
+    chosen = np.arange(n) if n <= sample else np.sort(np.random.default_rng(seed).choice(n, sample, replace=False))
+    rest = np.setdiff1d(np.arange(n), chosen, assume_unique=True)
+    log.info("n-gram teacher: scoring %d training texts out of fold (%d folds%s)", n, folds,
+             f", fitted on a seeded sample of {len(chosen)}; each other text scored by one fold's teacher"
+             if len(rest) else "")
     # Fewer folds when a class is rarer than the folds (StratifiedKFold needs a member of each class per fold).
-    folds = max(2, min(folds, int(np.bincount(y, minlength=num_classes)[np.unique(y)].min())))
-    probabilities = np.zeros((len(texts), num_classes), dtype=np.float32)
-    texts = np.asarray(texts, dtype=object)
-    for fitted, scored in StratifiedKFold(folds, shuffle=True, random_state=seed).split(texts, y):
-        classes = np.unique(y[fitted])
-        if len(classes) < 2:  # a class with a single text: this fold's teacher knows one class only
-            probabilities[np.ix_(scored, classes)] = 1.0
-            continue
-        try:
-            vectorizer, teacher = fit_ngram_teacher(texts[fitted], y[fitted], C)
-        except ValueError:  # sklearn: "empty vocabulary"
-            raise DataError(f"{source}: the n-gram teacher found no words in the training texts; check text_column "
-                            "or train without the teacher: --data.teacher null --model.distillation 0") from None
-        # Columns in class-id order; a class absent from this fold's texts keeps probability 0.
-        probabilities[np.ix_(scored, teacher.classes_)] = teacher.predict_proba(vectorizer.transform(texts[scored]))
+    y_chosen = y[chosen]
+    folds = max(2, min(folds, int(np.bincount(y_chosen, minlength=num_classes)[np.unique(y_chosen)].min())))
+    probabilities = np.zeros((n, num_classes), dtype=np.float32)
+    unseen = np.array_split(rest, folds)  # the texts outside the sample, a share for each fold's teacher
+    splits = StratifiedKFold(folds, shuffle=True, random_state=seed).split(np.zeros(len(chosen)), y_chosen)
+    with progress_bar(n, "n-gram teacher") as progress:
+        for fold, (fitted, scored) in enumerate(splits):
+            fitted, scored = chosen[fitted], np.concatenate([chosen[scored], unseen[fold]])
+            classes = np.unique(y[fitted])
+            if len(classes) < 2:  # a class with a single text: this fold's teacher knows one class only
+                probabilities[np.ix_(scored, classes)] = 1.0
+                progress.update(len(scored))
+                continue
+            try:
+                vectorizer, teacher = fit_ngram_teacher([texts[i] for i in fitted], y[fitted], C)
+            except ValueError:  # sklearn: "empty vocabulary"
+                raise DataError(f"{source}: the n-gram teacher found no words in the training texts; check "
+                                "text_column or train without the teacher: --data.teacher null --model.distillation 0"
+                                ) from None
+            for at in range(0, len(scored), CHUNK):
+                rows = scored[at : at + CHUNK]
+                # Columns in class-id order; a class absent from this fold's texts keeps probability 0.
+                probabilities[np.ix_(rows, teacher.classes_)] = teacher.predict_proba(
+                    vectorizer.transform([texts[i] for i in rows]))
+                progress.update(len(rows))
     agreement = float((probabilities.argmax(1) == y).mean())
     log.info("n-gram teacher: out-of-fold probabilities for %d training texts (%d folds, %.0f s); it agrees with "
-             "%.1f%% of their labels", len(texts), folds, time.perf_counter() - start, 100 * agreement)
+             "%.1f%% of their labels", n, folds, time.perf_counter() - start, 100 * agreement)
     return torch.from_numpy(probabilities)

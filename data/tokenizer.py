@@ -13,6 +13,7 @@ from collections import Counter
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from data.progress import progress_bar
 from data.sources import DataError
 
 log = logging.getLogger(__name__)
@@ -51,12 +52,13 @@ def train_tokenizer(
         raise ValueError(f"tokenizer kind must be one of {KINDS}, got {kind!r}")
     set_word_splitting(tokenizer, split_cjk=split_cjk, split_punctuation=split_punctuation)
     if kind == "wordpiece":
-        tokenizer.train_from_iterator(texts, wordpiece_trainer(tokenizer, texts, vocab_size))
+        trainer = wordpiece_trainer(tokenizer, texts, vocab_size)
+        tokenizer.train_from_iterator(with_progress(texts, "training tokenizer"), trainer, length=len(texts))
         tokenizer = without_added_tokens(tokenizer, keep=SPECIAL_TOKENS)
     else:  # the word-level trainer orders words by count, then by the word itself: deterministic as it is
         trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                             show_progress=False)
-        tokenizer.train_from_iterator(texts, trainer)
+        tokenizer.train_from_iterator(with_progress(texts, "training tokenizer"), trainer, length=len(texts))
     if tokenizer.get_vocab_size() > vocab_size:  # the trainers promise otherwise; never train a model on it
         raise DataError(f"vocab_size {vocab_size}: the trained tokenizer has {tokenizer.get_vocab_size()} tokens")
     tokenizer.enable_truncation(max_length)
@@ -75,9 +77,7 @@ def word_counts(texts: list[str], *, split_cjk: bool = True, split_punctuation: 
     """How often each word occurs, split as train_tokenizer splits text into words (before word pieces)."""
     splitter = set_word_splitting(Tokenizer(models.WordLevel(unk_token=UNK)), split_cjk=split_cjk,
                                   split_punctuation=split_punctuation)
-    chunks = Counter()
-    for text in texts:
-        chunks.update(splitter.normalizer.normalize_str(text).split())
+    chunks = whitespace_chunks(splitter, texts)
     words = Counter()
     for chunk, count in chunks.items():  # each distinct whitespace chunk is split once (see character_counts)
         for word, _ in splitter.pre_tokenizer.pre_tokenize_str(chunk):
@@ -125,9 +125,7 @@ def character_counts(tokenizer: Tokenizer, texts: list[str]) -> tuple[Counter, C
     """How often each character starts a word, and how often it continues one, after normalizing and splitting
     into words as the tokenizer does. Texts are first split at whitespace and counted, so that the slow per-word
     step runs once per distinct chunk (IMDB: 250k chunks instead of 6M words)."""
-    chunks = Counter()
-    for text in texts:
-        chunks.update(tokenizer.normalizer.normalize_str(text).split())
+    chunks = whitespace_chunks(tokenizer, texts)
     starts, inner = Counter(), Counter()
     for chunk, count in chunks.items():
         for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(chunk):
@@ -135,6 +133,24 @@ def character_counts(tokenizer: Tokenizer, texts: list[str]) -> tuple[Counter, C
             for char in word[1:]:
                 inner[char] += count
     return starts, inner
+
+
+def with_progress(texts, what: str):
+    """The texts one by one, counted by a progress bar."""
+    with progress_bar(len(texts), what) as progress:
+        for text in texts:
+            yield text
+            progress.update()
+
+
+def whitespace_chunks(tokenizer: Tokenizer, texts) -> Counter:
+    """How often each whitespace-separated chunk of the normalized texts occurs."""
+    chunks = Counter()
+    with progress_bar(len(texts), "counting words") as progress:
+        for text in texts:
+            chunks.update(tokenizer.normalizer.normalize_str(text).split())
+            progress.update()
+    return chunks
 
 
 def without_added_tokens(tokenizer: Tokenizer, keep: tuple[str, ...]) -> Tokenizer:
