@@ -1,0 +1,253 @@
+"""Memory and set-up time against the amount of data.
+
+    python -m bench.scale memory -- --config configs/imdb.yaml --trainer.limit_train_batches 60 --trainer.max_epochs 4
+    python -m bench.scale sizes                  # 25k, 100k and 1M IMDB-length texts, no config (--big: and 10M)
+    python -m bench.scale sizes --texts 25000 --kind short   # SST-2-length texts
+
+`sizes` writes each set as a parquet file in a scratch folder (--work; removed afterwards unless --keep), made from
+the shipped IMDB reviews (train, test, unlabeled: 99,261 texts) or SST-2 phrases: text i is original i modulo their
+number, its words shuffled by a seeded generator from the second copy on, so no two texts are the same; the labels
+are random. Then `train.py fit --data.train_file FILE` (the generic default, configs/default.yaml) runs TRAIN_STEPS
+optimizer steps, and the table gives the set-up seconds (process start to the first optimizer step), the peak
+resident memory of the process tree up to then and over the whole run, training texts/s after the first step, and
+the data cache's size on disk.
+
+`memory` runs `train.py fit ARGS` in a child process and reads the resident memory of its whole process tree (the
+child and any DataLoader workers, from /proc) every SAMPLE_SECONDS; the child logs the same figure at each epoch's
+start, after each validation and every LOG_EVERY training batches (MemoryLog, added with `--trainer.callbacks+=`).
+It prints the run's figure over time, the peak, and the growth from the end of the first epoch's validation to the
+end of the last one: what a longer run would add. Ends with one JSON line.
+"""
+
+import argparse
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from lightning.pytorch import Callback
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_SECONDS = 0.2
+LOG_EVERY = 20  # training batches between two MemoryLog lines
+MARK = "MEMORY"
+PAGE = os.sysconf("SC_PAGE_SIZE")
+log = logging.getLogger("bench.scale")
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of process `pid` and all its descendants (0 for a process gone meanwhile)."""
+    children = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry.name))
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            total += int(Path(f"/proc/{current}/statm").read_text().split()[1]) * PAGE
+        except (OSError, IndexError):
+            pass
+        todo += children.get(current, [])
+    return total
+
+
+class MemoryLog(Callback):
+    """Logs the resident memory of this process's tree at the moments a run's memory could grow."""
+
+    def __init__(self, every: int = LOG_EVERY):
+        self.every = every
+
+    def say(self, trainer, moment: str) -> None:
+        print(f"{MARK} {moment} epoch {trainer.current_epoch} step {trainer.global_step} "
+              f"rss {tree_rss(os.getpid()) / 2**20:.0f} time {time.time():.2f}", file=sys.stderr, flush=True)
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.say(trainer, "train_start")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx % self.every == 0:
+            self.say(trainer, "train")
+
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.say(trainer, "validation_end")
+
+    def on_train_end(self, trainer, pl_module):
+        self.say(trainer, "train_end")
+
+
+def run_and_watch(command: list[str], env=None) -> dict:
+    """Run `command`, sampling its process tree's resident memory; its stderr lines go to ours. Returns the peak,
+    the seconds, the exit status and the MemoryLog lines as (moment, epoch, step, MiB)."""
+    start, started = time.perf_counter(), time.time()
+    child = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    peak, marks, first_step_peak = 0, [], None
+
+    def sample():
+        nonlocal peak
+        while child.poll() is None:
+            peak = max(peak, tree_rss(child.pid))
+            time.sleep(SAMPLE_SECONDS)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    for line in child.stderr:
+        sys.stderr.write(line)
+        if line.startswith(MARK):
+            found = re.match(rf"{MARK} (\w+) epoch (\d+) step (\d+) rss (\d+) time ([\d.]+)", line)
+            if found:
+                marks.append((found[1], int(found[2]), int(found[3]), int(found[4]), float(found[5]) - started))
+                if first_step_peak is None and marks[-1][2] >= 1:
+                    first_step_peak = max(peak, marks[-1][3] * 2**20)
+    child.wait()
+    sampler.join()
+    return {"seconds": time.perf_counter() - start, "peak_rss_mib": peak / 2**20, "returncode": child.returncode,
+            "marks": marks, "first_step_peak_mib": (first_step_peak or peak) / 2**20}
+
+
+def memory(args) -> dict:
+    command = [sys.executable, "train.py", "fit", *args.fit_args, "--trainer.callbacks+=bench.scale.MemoryLog",
+               "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", args.root]
+    result = run_and_watch(command)
+    validations = [mib for moment, _, _, mib, _ in result["marks"] if moment == "validation_end"]
+    rows = [f"{seconds:>7.0f} s {moment:>15} epoch {epoch} step {step:>6}: {mib:>6} MiB"
+            for moment, epoch, step, mib, seconds in result["marks"]]
+    print("\n".join(rows), file=sys.stderr)
+    growth = validations[-1] - validations[0] if len(validations) > 1 else None
+    print(f"peak {result['peak_rss_mib']:.0f} MiB (process tree); after the first validation "
+          f"{validations[0] if validations else '-'} MiB, after the last {validations[-1] if validations else '-'} "
+          f"MiB; {result['seconds']:.0f} s, load {os.getloadavg()[0]:.1f}", file=sys.stderr)
+    return {"target": "memory", "peak_rss_mib": round(result["peak_rss_mib"]), "validation_rss_mib": validations,
+            "growth_mib": growth, "seconds": round(result["seconds"]), "returncode": result["returncode"],
+            "load_average_1min": round(os.getloadavg()[0], 2), "fit_args": args.fit_args}
+
+
+SOURCES = {"long": [("imdb", name) for name in ("train.parquet", "test.parquet", "unsup.parquet")],
+           "short": [("sst2", "train.tsv")]}
+WRITE_CHUNK = 50_000  # texts written at a time: the sets are made in bounded memory too
+TRAIN_STEPS = 60  # optimizer steps of each run: the first, then enough for a steady texts/s
+
+
+def originals(kind: str) -> list[str]:
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    from data.sources import DATA_ROOT_ENV
+
+    root = Path(os.environ.get(DATA_ROOT_ENV, ROOT.parent / "shared" / "data"))
+    texts = []
+    for dataset, name in SOURCES[kind]:
+        path = root / dataset / name
+        if path.suffix == ".parquet":
+            texts += pq.read_table(path, columns=["text"]).column("text").to_pylist()
+        else:
+            options = pacsv.ParseOptions(delimiter="\t", quote_char=False)
+            texts += pacsv.read_csv(path, parse_options=options).column("sentence").to_pylist()
+    return texts
+
+
+def write_texts(path: Path, n: int, kind: str, seed: int = 0) -> None:
+    """n texts made from the shipped ones (see the module docstring), with random labels 0/1, as parquet."""
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    base, rng = originals(kind), random.Random(seed)
+    with pq.ParquetWriter(path, pa.schema([("text", pa.string()), ("label", pa.int64())])) as writer:
+        for at in range(0, n, WRITE_CHUNK):
+            texts = []
+            for i in range(at, min(n, at + WRITE_CHUNK)):
+                text = base[i % len(base)]
+                if i >= len(base):
+                    words = text.split()
+                    rng.shuffle(words)
+                    text = " ".join(words)
+                texts.append(text)
+            labels = [rng.randrange(2) for _ in texts]
+            writer.write_table(pa.table({"text": texts, "label": labels}))
+
+
+def folder_size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def sizes(args) -> dict:
+    import shutil
+    import tempfile
+
+    counts = args.texts or ([25_000, 100_000, 1_000_000] + ([10_000_000] if args.big else []))
+    work = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=args.work))
+    rows = []
+    try:
+        for n in counts:
+            data = work / f"{args.kind}-{n}.parquet"
+            made = time.perf_counter()
+            write_texts(data, n, args.kind)
+            log.info("%s: %d texts written in %.0f s (%.0f MiB)", data, n, time.perf_counter() - made,
+                     data.stat().st_size / 2**20)
+            command = [sys.executable, "train.py", "fit", "--data.train_file", str(data),
+                       "--data.cache_dir", str(work / f"cache-{n}"), "--trainer.max_steps", str(TRAIN_STEPS),
+                       "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(work / f"run-{n}"),
+                       "--trainer.enable_progress_bar", "false",
+                       "--trainer.callbacks+={\"class_path\": \"bench.scale.MemoryLog\", \"init_args\": {\"every\": 10}}",
+                       *args.fit_args]
+            result = run_and_watch(command)
+            steps = [(step, seconds) for moment, _, step, _, seconds in result["marks"] if moment == "train"]
+            first, last = steps[0] if steps else (0, 0), steps[-1] if steps else (0, 0)
+            rate = round((last[0] - first[0]) * args.batch_size / (last[1] - first[1])) if last[0] > first[0] else None
+            rows.append({"texts": n, "kind": args.kind, "setup_seconds": round(first[1]),
+                         "peak_rss_first_step_mib": round(result["first_step_peak_mib"]),
+                         "peak_rss_mib": round(result["peak_rss_mib"]), "train_texts_per_second": rate,
+                         "cache_mib": round(folder_size(work / f"cache-{n}") / 2**20),
+                         "returncode": result["returncode"], "load_average_1min": round(os.getloadavg()[0], 2)})
+            log.info("%s", rows[-1])
+            if result["returncode"]:
+                break
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    header = "| texts | set-up s | peak RSS to 1st step, MiB | peak RSS, MiB | train texts/s | cache MiB | load |"
+    table = [header, "|---:|---:|---:|---:|---:|---:|---:|"] + [
+        f"| {r['texts']:,} | {r['setup_seconds']} | {r['peak_rss_first_step_mib']} | {r['peak_rss_mib']} | "
+        f"{r['train_texts_per_second']} | {r['cache_mib']} | {r['load_average_1min']} |" for r in rows]
+    print("\n".join(table), file=sys.stderr)
+    return {"target": "sizes", "rows": rows, "returncode": max((r["returncode"] for r in rows), default=0)}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="target", required=True)
+    command = commands.add_parser("memory", help="resident memory over one `train.py fit` run")
+    command.add_argument("--root", default="runs/bench-scale", help="the run's --trainer.default_root_dir")
+    command.add_argument("fit_args", nargs=argparse.REMAINDER, help="train.py fit arguments, after --")
+    command = commands.add_parser("sizes", help="set-up time and memory at 25k, 100k, 1M (10M) texts")
+    command.add_argument("--texts", type=int, nargs="+", help="the set sizes (default 25000 100000 1000000)")
+    command.add_argument("--big", action="store_true", help="also 10,000,000 texts")
+    command.add_argument("--kind", choices=sorted(SOURCES), default="long",
+                         help="long: IMDB-length texts (1.3 KB); short: SST-2-length phrases")
+    command.add_argument("--batch-size", type=int, default=64, help="data.batch_size of the runs (the default's)")
+    command.add_argument("--work", default=None, help="scratch folder for the sets and caches (default: the temp dir)")
+    command.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    command.add_argument("fit_args", nargs=argparse.REMAINDER, help="more train.py fit arguments, after --")
+    args = parser.parse_args(argv)
+    args.fit_args = [a for a in args.fit_args if a != "--"]
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    figures = {"memory": memory, "sizes": sizes}[args.target](args)
+    print(json.dumps(figures))
+    sys.exit(figures.get("returncode", 0))
+
+
+if __name__ == "__main__":
+    main()
