@@ -311,14 +311,17 @@ class TextDataModule(L.LightningDataModule):
             state = self._load(path)
             if state is None:
                 state = self._build()
-                self._save(state, path)
+                if self._save(state, path):
+                    state = self._load(path) or state  # memory-mapped: the built copy is freed
             return state
 
     def _load(self, path: Path) -> dict | None:
         if not path.exists():
             return None
         try:
-            cached = torch.load(path, weights_only=True)
+            # Memory-mapped: the ids are read from the file as batches need them, and processes on one machine (DDP
+            # ranks, DataLoader workers) share one copy in the page cache instead of holding one each.
+            cached = torch.load(path, weights_only=True, mmap=True)
             splits = {name: EncodedSplit(**s) for name, s in cached["splits"].items()}
         except Exception as e:
             log.warning("%s: unreadable cache (%s); encoding again", path, describe(e))
@@ -326,12 +329,15 @@ class TextDataModule(L.LightningDataModule):
         log.info("loaded encoded data from %s", path)
         return {**cached, "splits": splits}
 
-    def _save(self, state: dict, path: Path) -> None:
+    def _save(self, state: dict, path: Path) -> bool:
+        """Whether the cache was written."""
         cached = {**state, "splits": {name: s.state() for name, s in state["splits"].items()}}
         try:
             write_atomically(path, lambda temporary: torch.save(cached, temporary), "cache")
+            return True
         except WriteError as e:  # a full disk or a read-only folder
             log.warning("%s; the data stay in memory only", e)
+            return False
 
     def _read_splits(self) -> Splits:
         hp = self.hparams
