@@ -5,6 +5,7 @@ data.tokenizer.pad), labels (B,) long, padded per batch to its longest text; wit
 also hold teacher_probs (B, C).
 """
 
+import ctypes
 import fcntl
 import hashlib
 import json
@@ -253,6 +254,7 @@ class TextDataModule(L.LightningDataModule):
         if self._state is None:
             self._record_local_copy()
             self._state = self._load_or_build()
+            return_freed_memory()
             self._tokenizer = load_tokenizer(self._state["tokenizer"])
             for choice in self._state.get("choices", []):  # adaptive sizes, once per process (also from the cache)
                 log.info("%s", choice)
@@ -507,6 +509,15 @@ class TextDataModule(L.LightningDataModule):
             self._state = {**self._encode(tokenizer, self._read_splits(), self.max_length), **sizes}
             self._state["splits"]["train"].teacher_probs = teacher_probs
             self._tokenizer = tokenizer
+
+
+def return_freed_memory() -> None:
+    """Hand the memory that reading, tokenizing and the teacher freed back to the system: glibc keeps freed small
+    blocks in its heap, and the run would carry them to its end (IMDB, built: 1.0 GB resident, 0.54 GB after)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): they return memory their own way
+        pass
 
 
 def _stat(path) -> tuple[int, int]:
