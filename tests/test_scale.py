@@ -1,0 +1,52 @@
+"""Set-up in bounded memory: encoding in chunks, the teacher on a bounded sample, a bad row named in one line."""
+
+import pytest
+import torch
+
+import data.datamodule
+import data.teacher
+from data.datamodule import EncodedSplit
+from data.sources import DataError, read_table
+from data.tokenizer import train_tokenizer
+from data.teacher import out_of_fold_probabilities
+
+TEXTS = [f"{'good' if i % 2 else 'bad'} film number {i} " + "and more " * (i % 7) for i in range(60)]
+LABELS = [i % 2 for i in range(60)]
+
+
+def test_encoding_in_chunks_gives_the_ids_of_one_piece(monkeypatch):
+    tokenizer = train_tokenizer(TEXTS, vocab_size=200, max_length=8, kind="word")
+    whole = EncodedSplit.encode(tokenizer, TEXTS, LABELS, max_length=8)
+    monkeypatch.setattr(data.datamodule, "ENCODE_CHUNK", 7)  # 60 texts: 8 full chunks and a short one
+    chunked = EncodedSplit.encode(tokenizer, TEXTS, LABELS, max_length=8)
+    assert torch.equal(chunked.ids, whole.ids) and torch.equal(chunked.offsets, whole.offsets)
+    assert chunked.lengths == whole.lengths and max(whole.lengths) == 8
+
+
+@pytest.mark.slow  # nine teacher fits
+def test_the_teacher_fits_on_a_bounded_sample_and_scores_every_text(monkeypatch):
+    fitted_sizes = []
+    fit = data.teacher.fit_ngram_teacher
+
+    def recording(texts, labels, C):
+        fitted_sizes.append(len(texts))
+        return fit(texts, labels, C)
+
+    monkeypatch.setattr(data.teacher, "fit_ngram_teacher", recording)
+    monkeypatch.setattr(data.teacher, "CHUNK", 4)
+    probabilities = out_of_fold_probabilities(TEXTS, LABELS, 2, folds=3, sample=30)
+    assert probabilities.shape == (60, 2)
+    assert torch.allclose(probabilities.sum(1), torch.ones(60))  # every text scored, the 30 outside the sample too
+    assert fitted_sizes == [20, 20, 20]  # each fold's teacher: two thirds of the sample, never more
+    fitted_sizes.clear()
+    assert torch.equal(out_of_fold_probabilities(TEXTS, LABELS, 2, folds=3, sample=60),
+                       out_of_fold_probabilities(TEXTS, LABELS, 2, folds=3))  # all fit in the sample: no sampling
+    assert fitted_sizes == [40] * 6
+
+
+def test_a_row_with_too_many_fields_is_named_in_one_line(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text('text,label\n"good film",pos\n"bad film",neg,extra\n"fine",pos\n')
+    with pytest.raises(DataError, match=r"bad\.csv: .*line 3") as error:
+        read_table(path, "text", "label")
+    assert "\n" not in str(error.value)
