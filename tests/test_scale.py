@@ -1,4 +1,10 @@
-"""Set-up in bounded memory: encoding in chunks, the teacher on a bounded sample, a bad row named in one line."""
+"""Set-up in bounded memory: encoding in chunks, the teacher on a bounded sample, a bad row named in one line; the
+memory bench's figure."""
+
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -50,3 +56,21 @@ def test_a_row_with_too_many_fields_is_named_in_one_line(tmp_path):
     with pytest.raises(DataError, match=r"bad\.csv: .*line 3") as error:
         read_table(path, "text", "label")
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.slow
+def test_the_memory_bench_counts_the_whole_process_tree():
+    from bench.scale import tree_rss
+
+    alone = tree_rss(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "import sys; b = bytearray(300 * 2**20); sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        for _ in range(100):  # until the child has its 300 MiB
+            if tree_rss(os.getpid()) - alone > 250 * 2**20:
+                break
+            time.sleep(0.05)
+        assert tree_rss(os.getpid()) - alone > 250 * 2**20
+        assert tree_rss(child.pid) > 250 * 2**20
+    finally:
+        child.communicate(b"")
