@@ -3,6 +3,10 @@
     python -m bench.scale memory -- --config configs/imdb.yaml --trainer.limit_train_batches 60 --trainer.max_epochs 4
     python -m bench.scale sizes                  # 25k, 100k and 1M IMDB-length texts, no config (--big: and 10M)
     python -m bench.scale sizes --texts 25000 --kind short   # SST-2-length texts
+    python -m bench.scale setup dataset=imdb tokenizer=word vocab_size=30000 max_length=512 cache_dir=/tmp/c
+
+`setup` builds (or loads) the data of those TextDataModule settings in this process and prints its peak resident
+memory and what it still holds when training would start.
 
 `sizes` writes each set as a parquet file in a scratch folder (--work; removed afterwards unless --keep), made from
 the shipped IMDB reviews (train, test, unlabeled: 99,261 texts) or SST-2 phrases: text i is original i modulo their
@@ -226,6 +230,24 @@ def sizes(args) -> dict:
     return {"target": "sizes", "rows": rows, "returncode": max((r["returncode"] for r in rows), default=0)}
 
 
+def setup(args) -> dict:
+    import resource
+
+    import yaml
+
+    from data.datamodule import TextDataModule
+
+    settings = {key: yaml.safe_load(value) for key, value in (pair.split("=", 1) for pair in args.settings)}
+    start = time.perf_counter()
+    TextDataModule(**settings).state  # noqa: B018  (read, tokenize, encode, cache)
+    figures = {"target": "setup", "settings": settings, "seconds": round(time.perf_counter() - start),
+               "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+               "held_rss_mib": round(tree_rss(os.getpid()) / 2**20), "load_average_1min": round(os.getloadavg()[0], 2)}
+    print(f"set-up {figures['seconds']} s, peak {figures['peak_rss_mib']} MiB, held after {figures['held_rss_mib']} "
+          f"MiB", file=sys.stderr)
+    return figures
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="target", required=True)
@@ -241,10 +263,12 @@ def main(argv=None) -> dict:
     command.add_argument("--work", default=None, help="scratch folder for the sets and caches (default: the temp dir)")
     command.add_argument("--keep", action="store_true", help="keep the scratch folder")
     command.add_argument("fit_args", nargs=argparse.REMAINDER, help="more train.py fit arguments, after --")
+    command = commands.add_parser("setup", help="peak and held memory of one TextDataModule's set-up")
+    command.add_argument("settings", nargs="+", help="TextDataModule settings as name=value")
     args = parser.parse_args(argv)
-    args.fit_args = [a for a in args.fit_args if a != "--"]
+    args.fit_args = [a for a in getattr(args, "fit_args", []) if a != "--"]
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    figures = {"memory": memory, "sizes": sizes}[args.target](args)
+    figures = {"memory": memory, "sizes": sizes, "setup": setup}[args.target](args)
     print(json.dumps(figures))
     sys.exit(figures.get("returncode", 0))
 
