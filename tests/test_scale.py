@@ -74,3 +74,22 @@ def test_the_memory_bench_counts_the_whole_process_tree():
         assert tree_rss(child.pid) > 250 * 2**20
     finally:
         child.communicate(b"")
+
+
+@pytest.mark.slow  # imports Lightning (bench.scale)
+def test_the_size_bench_makes_distinct_texts_from_the_shipped_ones(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    from bench.scale import write_texts
+
+    (tmp_path / "sst2").mkdir()
+    (tmp_path / "sst2" / "train.tsv").write_text("sentence\tlabel\n" + "".join(
+        f"a film of {i} minutes and more words\t{i % 2}\n" for i in range(20)))
+    monkeypatch.setenv("ATTENTION_DATA_ROOT", str(tmp_path))
+    monkeypatch.setattr("bench.scale.WRITE_CHUNK", 16)
+    write_texts(tmp_path / "set.parquet", 100, "short")
+    table = pq.read_table(tmp_path / "set.parquet")
+    texts = table.column("text").to_pylist()
+    assert len(texts) == 100 and texts[:20] == [f"a film of {i} minutes and more words" for i in range(20)]
+    assert len(set(texts)) > 90  # copies have their words shuffled
+    assert set(table.column("label").to_pylist()) == {0, 1}
