@@ -205,7 +205,8 @@ def sizes(args) -> dict:
                        "--data.cache_dir", str(work / f"cache-{n}"), "--trainer.max_steps", str(TRAIN_STEPS),
                        "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(work / f"run-{n}"),
                        "--trainer.enable_progress_bar", "false",
-                       "--trainer.callbacks+={\"class_path\": \"bench.scale.MemoryLog\", \"init_args\": {\"every\": 10}}",
+                       "--trainer.callbacks+=" + json.dumps({"class_path": "bench.scale.MemoryLog",
+                                                              "init_args": {"every": 10}}),
                        *args.fit_args]
             result = run_and_watch(command)
             steps = [(step, seconds) for moment, _, step, _, seconds in result["marks"] if moment == "train"]
