@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="add 'tokens' (what the model saw) and 'attention': per layer a tokens × tokens matrix "
                              "(query rows, key columns), averaged over heads, rounded to 6 decimals. Long-text kinds "
                              "give each row's own keys (tokens × K) and 'attention_keys' (tokens × K: the token of "
-                             "each column; linformer: -1, a projected key; local/sparse: a position below 0 or past "
+                             "each column; -1 everywhere: projected keys, no token; a position below 0 or past "
                              "the last token is a band slot outside the text, no key, weight 0); sparse also "
                              "'global_attention' "
                              "(the global tokens' rows over all tokens); see README 'Long texts'")

@@ -38,6 +38,7 @@ from data.files import WriteError, reason
 from data.pretraining import PretrainDataModule, check_known
 from data.checkpoint import CheckpointError, load_safely, read_checkpoint, read_pretraining_checkpoint
 from model.config import ConfigError, NetworkConfig, max_length_caps
+from model.kinds import kinds_help
 from training.checkpoints import SPECIAL_NAMES, check_fits, check_restorable, resolve
 from training.module import ClassifierModule, NonFiniteLossError
 from training.encoder import check_pretrained
@@ -75,8 +76,15 @@ def check_network(config) -> None:
     NetworkConfig(**settings)
 
 
+def list_kinds(parser) -> None:
+    """--help names the attention kinds registered when it is asked for (model/kinds.py), not a copy of them."""
+    action = parser._option_string_actions["--model.network.attention"]
+    action.help = f"{action.help} Kinds: {kinds_help()}."
+
+
 class CLI(LightningCLI):
     def add_arguments_to_parser(self, parser):
+        list_kinds(parser)
         # Sizes the data decides travel to the model; the user never types them twice. Read from the DataModule
         # once it exists, since left unset they are chosen from the training texts.
         parser.link_arguments("data.max_length", "model.network.max_length", apply_on="instantiate")
@@ -222,6 +230,7 @@ class PretrainCLI(CLI):
     """`train.py pretrain`: `fit` of PretrainModule on PretrainDataModule, with the conventions of CLI."""
 
     def add_arguments_to_parser(self, parser):
+        list_kinds(parser)
         parser.link_arguments("data.max_length", "model.network.max_length", apply_on="instantiate")
         parser.link_arguments("data.vocab_size", "model.network.vocab_size", apply_on="instantiate")
         parser.link_arguments("model.network.attention", "data.max_length_caps", compute_fn=max_length_caps)

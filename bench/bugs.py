@@ -28,9 +28,10 @@ Your own bug, in your own module:
 
 Groups: "catalogue" (the bug classes the doctor's checks were designed for), "field" (mask bugs seen in public
 code), "outside" (bugs no check was designed for: any warning is right, silence is wrong). `expects` is the verdict
-(or verdicts) that name the cause; None means any warning. `kinds` lists the attention kinds the bug means
-something for: a padding bug cannot leak into linformer's projected keys (padded keys are zeros before the
-projection whatever the mask says).
+(or verdicts) that name the cause; None means any warning. `kinds` says which attention kinds the bug means
+something for, as a rule on the kind's class (read from the registry when asked, so a kind registered later is
+included) or a tuple of names: a padding bug cannot leak into linformer's projected keys (padded keys are zeros
+before the projection whatever the mask says).
 """
 
 import argparse
@@ -48,9 +49,15 @@ from model.attention import AttentionWeights
 from model.kinds import ATTENTION_KINDS
 
 GROUPS = ("catalogue", "field", "outside", "heldout")
-KINDS = tuple(ATTENTION_KINDS)
-# Kinds whose keys are tokens of the text (not linformer's projections): the only ones a mask bug can reach.
-MASKED_KINDS = tuple(name for name, kind in ATTENTION_KINDS.items() if kind.keys_are_tokens)
+
+
+def every_kind(kind: type) -> bool:
+    return True
+
+
+def masked_kinds(kind: type) -> bool:
+    """Kinds whose keys are tokens of the text (not linformer's projections): the only ones a mask bug can reach."""
+    return kind.keys_are_tokens
 
 
 @dataclass(frozen=True)
@@ -59,7 +66,14 @@ class Bug:
     plant: Callable[["Plant"], None]
     expects: tuple[str, ...] = ()  # verdicts that name its cause; empty: any warning does
     group: str = "catalogue"
-    kinds: tuple[str, ...] = KINDS
+    applies_to: Callable[[type], bool] | tuple[str, ...] = every_kind  # a rule on a kind's class, or kind names
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds the bug means something for, among those registered when asked (model/kinds.py)."""
+        if isinstance(self.applies_to, tuple):
+            return self.applies_to
+        return tuple(name for name, kind in ATTENTION_KINDS.items() if self.applies_to(kind))
 
     @property
     def summary(self) -> str:
@@ -70,7 +84,7 @@ class Bug:
 BUGS: dict[str, Bug] = {}
 
 
-def bug(expects: str | tuple[str, ...] | None = None, *, group: str = "catalogue", kinds=KINDS, name=None):
+def bug(expects: str | tuple[str, ...] | None = None, *, group: str = "catalogue", kinds=every_kind, name=None):
     """Registers the decorated function as a bug under its name (or `name`); expects: the verdict(s) the doctor
     should give, None for any warning."""
     if group not in GROUPS:
@@ -78,7 +92,8 @@ def bug(expects: str | tuple[str, ...] | None = None, *, group: str = "catalogue
 
     def register(function):
         expected = () if expects is None else (expects,) if isinstance(expects, str) else tuple(expects)
-        entry = Bug(name or function.__name__.replace("_", "-"), function, expected, group, tuple(kinds))
+        entry = Bug(name or function.__name__.replace("_", "-"), function, expected, group,
+                    kinds if callable(kinds) else tuple(kinds))
         BUGS[entry.name] = function.bug = entry
         return function
 
@@ -229,13 +244,13 @@ def tiny_scale(plant):
         q, k, v, blocked, scale=scale * 0.001, **options))
 
 
-@bug("padding-leak", kinds=MASKED_KINDS)
+@bug("padding-leak", kinds=masked_kinds)
 def padding_ignored(plant):
     """The padding mask ignored: real tokens attend to padded keys."""
     replace_mask(plant, lambda padding: None)
 
 
-@bug("mask-inverted", kinds=MASKED_KINDS)
+@bug("mask-inverted", kinds=masked_kinds)
 def mask_inverted(plant):
     """The mask inverted: real keys blocked, padding allowed."""
     replace_mask(plant, lambda padding: ~padding)
@@ -248,7 +263,7 @@ def softmax_over_queries(plant):
                                                                                       **options))
 
 
-@bug("unasked-look-ahead", kinds=MASKED_KINDS)
+@bug("unasked-look-ahead", kinds=masked_kinds)
 def look_ahead(plant):
     """A look-ahead mask nobody asked for: every token blind to the tokens after it (the config says causal: false)."""
     plant.layers(_block_future)
@@ -316,7 +331,7 @@ def mask_on_query_axis(plant):
     plant.layers(edit)
 
 
-@bug("padding-leak", group="field", kinds=MASKED_KINDS)
+@bug("padding-leak", group="field", kinds=masked_kinds)
 def mask_all_attend(plant):
     """A mask of all ones in the "1 = attend" convention (yg211/bert_nli PR #3): no key is padding."""
     replace_mask(plant, torch.zeros_like)
@@ -328,7 +343,7 @@ def mask_all_blocked(plant):
     replace_mask(plant, torch.ones_like)
 
 
-@bug("padding-leak", group="field", kinds=MASKED_KINDS)
+@bug("padding-leak", group="field", kinds=masked_kinds)
 def no_padding_mask(plant):
     """No padding mask at all in the classifier (EdwardRaff/Inside-Deep-Learning #13): padding tokens are embedded,
     attended to and pooled like words."""

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.bugs import MASKED_KINDS, Plant, bug, networks, replace_attention, replace_mask
+from bench.bugs import Plant, bug, masked_kinds, networks, replace_attention, replace_mask
 from model.attention import AttentionWeights, attention_mask
 
 ROBERTA_PAD_ID = 1  # the padding id of RoBERTa-style tokenizers; this project's [PAD] is 0 and 1 is [UNK]
@@ -169,7 +169,7 @@ def keys_from_query_projection(plant):
 # ---- the masks --------------------------------------------------------------------------------------------------
 
 
-@bug(group="heldout", kinds=MASKED_KINDS)
+@bug(group="heldout", kinds=masked_kinds)
 def padding_mask_off_by_one(plant):
     """The padding mask built from the lengths one place late (np.arange(length + 1, L) for the padded places):
     each padded text's first padding token is treated as a real key.
@@ -179,7 +179,7 @@ def padding_mask_off_by_one(plant):
     replace_mask(plant, lambda padding: padding & F.pad(padding, (1, 0))[:, :-1])  # padded and after a padded place
 
 
-@bug(group="heldout", kinds=MASKED_KINDS)
+@bug(group="heldout", kinds=masked_kinds)
 def mask_fill_near_zero(plant):
     """Blocked scores filled with -1e-9 (meant: -1e9), about 0: padded and out-of-window keys keep the weight a
     zero score gets.
@@ -211,7 +211,7 @@ def padding_mask_on_query_axis(plant):
     plant.layers(edit)
 
 
-@bug(group="heldout", kinds=MASKED_KINDS)
+@bug(group="heldout", kinds=masked_kinds)
 def padding_from_token_id(plant):
     """The attention mask built from the token ids, `input_ids == 1` (RoBERTa's padding id), for a tokenizer whose
     padding id is 0: the real padding is visible and every [UNK] token (id 1 here) is hidden.

@@ -36,13 +36,14 @@ from pathlib import Path
 import torch
 
 import train
-from bench.bugs import BUGS, KINDS, Bug, Plant, load_bug
+from bench.bugs import BUGS, Bug, Plant, load_bug
 from bench.common import CONFIGS, ROOT
 from bench.subsets import subset, write
 from data.files import WriteError, check_target, describe, make_folder, write_text
 from data.sources import load_splits
 from inference.limits import POSITIVE, Parser
 from inference.diagnosis import diagnose_checkpoint
+from model.kinds import ATTENTION_KINDS
 from monitor import AttentionMonitor
 from monitor.doctor import Finding
 from training.module import NonFiniteLossError
@@ -326,8 +327,8 @@ def main(argv=None):
                         help="optimizer steps between validations")
     parser.add_argument("--healthy-epochs", type=POSITIVE.argument(), default=1,
                         help="epochs of the healthy runs (bug runs train 1): more judges models that have learned")
-    parser.add_argument("--attention", choices=KINDS,
-                        help="attention kind of every run (local, sparse: window 8; linformer: 16 projected keys)")
+    parser.add_argument("--attention", choices=list(ATTENTION_KINDS),
+                        help="attention kind of every run, with a window of 8 tokens and 16 projected keys")
     parser.add_argument("--no-healthy", action="store_true", help="no healthy (bug-free) runs")
     parser.add_argument("--healthy-checkpoints", nargs="+", default=[], metavar="RUN",
                         help="trained runs (a run folder: its best checkpoint) or checkpoints (last.ckpt holds every "

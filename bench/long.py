@@ -1,9 +1,9 @@
 """Long texts: time and peak memory of one training step (forward + backward) and one inference pass, against the
-sequence length L, for full attention (the hand-written lines and the fused opt-in kernel), local, Linformer and
-sparse attention (model/long_attention.py), and the torch.nn.TransformerEncoder peer of bench/speed.py.
+sequence length L, for full attention (the hand-written lines and the fused opt-in kernel), each kind that reads whole
+long texts (model/kinds.py: a length_cap above full's), and the torch.nn.TransformerEncoder peer of bench/speed.py.
 
 Every side is the whole classifier built from one NetworkConfig, the `model: network:` section of
-configs/imdb.yaml (the long kinds with the settings of configs/imdb_{local,linformer,sparse}.yaml), with
+configs/imdb.yaml (the long kinds with the settings of their overlays configs/imdb_<kind>.yaml), with
 max_length = the longest L measured. Each L gets `--batch` texts of exactly L random tokens, no padding (the worst
 case: every text as long as the batch). Timing alternates the sides (A B C … A B C …) after a warm-up, the median of
 the repeats; peak memory is the peak of tensor bytes alive at once during one call (bench/speed.py peak_memory:

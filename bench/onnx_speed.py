@@ -7,7 +7,7 @@
 dataset's validation texts (default SST-2) both ways with the same batching (sorted by length, batches of
 --batch-size) and the same thread count: PyTorch through TextClassifier.predict, onnxruntime through tokenizer.json
 and model.onnx, tokenization included in both. Prints texts/s for each, the largest |Δ probability| and whether every
-label agrees. --kinds exports a tiny random network of each kind (full, local, sparse, linformer) with --attention and
+label agrees. --kinds exports a tiny random network of each registered kind (model/kinds.py) with --attention and
 prints the largest |Δ| of probabilities and of attention weights against PyTorch on a padded batch. The last line of
 stdout is one JSON object with every figure.
 """

@@ -1,7 +1,7 @@
 """One timing harness, one subcommand per target; every target reports the same way.
 
     python -m bench.timing speed --quick        # the classifier and its attention layer against nn.TransformerEncoder
-    python -m bench.timing long --quick         # full, local, Linformer and sparse attention against the length L
+    python -m bench.timing long --quick         # every attention kind against the length L
     python -m bench.timing predict              # TextClassifier throughput, single-text latency, predict.py start-up
     python -m bench.timing onnx --ckpt RUN      # the ONNX export against PyTorch (--kinds: every attention kind)
     python -m bench.timing serve --ckpt RUN     # serve.py under load

@@ -22,9 +22,10 @@ Faithfulness, per text: each method's Spearman rank correlation with occlusion, 
 tokens by the method replaced by [UNK], the drop in p_c for k = 1..5 (a random order, averaged over a few
 permutations, is the floor). bench/faithfulness.py gives the same figures over a split.
 
-Attention kinds: full, local and sparse give token × token weights (local/sparse are unfolded to tokens with
-monitor.views.token_window); linformer's keys are projections of the whole text, not tokens, so attention and
-rollout do not apply to it (scores None, with a note); the gradient methods and occlusion apply to every kind.
+Attention kinds: a kind whose keys are tokens (`keys_are_tokens`, model/kinds.py) gives token × token weights (a
+long kind's own layout is unfolded to tokens with monitor.views.token_window); a kind whose keys are projections of
+the whole text (linformer) has no attention or rollout scores (None, with a note); the gradient methods and
+occlusion apply to every kind.
 """
 
 import math
@@ -92,7 +93,7 @@ def method_notes(model) -> dict[str, str]:
     }
     if not ATTENTION_KINDS[config.attention].keys_are_tokens:
         for method in ("attention", "rollout"):
-            notes[method] = "not applicable: linformer's keys are projections of the whole text, not tokens"
+            notes[method] = f"not applicable: {config.attention}'s keys are projections of the whole text, not tokens"
     return notes
 
 

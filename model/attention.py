@@ -69,9 +69,11 @@ def attention(q, k, v, blocked=None, *, scale: float, dropout: nn.Module | None 
 class MultiHeadSelfAttention(nn.Module):
     """Full attention, the "full" kind (model/kinds.py): every query sees all L keys."""
 
+    summary = "every token, O(L²)"  # what a query sees, for --help (model/kinds.py)
     # The kind's rules, read by the config, the monitor, explanations and the benches (never its name):
     keys_are_tokens = True  # each key is a token of the text, so masks reach it (linformer's projections: False)
     length_cap = 256  # the longest texts data.max_length reads when left unset: full attention costs L²
+    least: dict[str, int] = {}  # the least value of each NetworkConfig setting the kind reads (settings())
 
     @classmethod
     def order_blind(cls, config) -> bool:

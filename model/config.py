@@ -55,13 +55,10 @@ class NetworkConfig:
             model/attention.py; "fused" hands the same formula to torch's scaled_dot_product_attention (faster,
             proven equal by tests/test_attention.py), except where weights are asked for (monitor, heatmaps,
             predict.py --attention), which always use the written lines. Applies to attention: full only.
-        attention: which keys each token attends to (model/long_attention.py, README "Long texts"):
-            "full" (default) every token, O(L²); "local" the `window` tokens on each side (before it, with causal),
-            computed by blocks, O(L·w); "linformer" keys and values projected along the length to
-            `projection_length` rows, O(L·k), no causal; "sparse" local plus the first `global_tokens` tokens,
-            which every token sees and which see every token, O(L·(w+g)); "auto" is full attention when
-            max_length is at most 256 tokens and local beyond (the generic default, configs/default.yaml: with
-            data.max_length unset, the data then read whole long texts, see data.attention).
+        attention: which keys each token attends to: a kind of model/kinds.py (README "Long texts"), "full"
+            by default, or "auto", full attention when max_length is at most 256 tokens and local beyond (the
+            generic default, configs/default.yaml: with data.max_length unset, the data then read whole long
+            texts, see data.attention).
         window: local and sparse: how many tokens on each side a token sees (also the block size they are
             computed in); at most max_length (a block costs w × 3w scores whatever the text's length).
         projection_length: linformer: k, the rows keys and values are projected to (at most max_length).
@@ -116,9 +113,9 @@ class NetworkConfig:
         _one_of("positions", self.positions, POSITIONS)
         _one_of("attention_kernel", self.attention_kernel, KERNELS)
         _one_of("attention", self.attention, (*ATTENTION_KINDS, AUTO))
-        _at_least("window", self.window, 1)
-        _at_least("projection_length", self.projection_length, 1)
-        _at_least("global_tokens", self.global_tokens, 0)
+        for kind in ATTENTION_KINDS.values():  # every kind's settings, whichever kind is chosen: no typo waits
+            for name, low in kind.least.items():
+                _at_least(name, getattr(self, name), low)
         if self.attention != AUTO:
             ATTENTION_KINDS[self.attention].check(self)  # the kind's own rules (window, projection, causal, ...)
         if self.max_length > MAX_LENGTH:

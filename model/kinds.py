@@ -18,3 +18,8 @@ ATTENTION_KINDS: dict[str, type[MultiHeadSelfAttention]] = {
     "linformer": LinformerSelfAttention,
     "sparse": SparseSelfAttention,
 }
+
+
+def kinds_help() -> str:
+    """Every registered kind with what a query sees, for --help (train.py, the benches)."""
+    return "; ".join(f'"{name}" {kind.summary}' for name, kind in ATTENTION_KINDS.items())

@@ -73,6 +73,9 @@ class LongAttention(MultiHeadSelfAttention):
 
 
 class LocalSelfAttention(LongAttention):
+    summary = "the `window` tokens on each side (before it, with causal), computed by blocks, O(L·w)"
+    least = {"window": 1}
+
     @classmethod
     def check(cls, config) -> None:
         super().check(config)
@@ -153,6 +156,10 @@ class SparseSelfAttention(LocalSelfAttention):
     """Local attention plus the first g tokens as global tokens (Longformer / BigBird style): every query scores
     the g global keys besides its window, and the g global queries score all L keys."""
 
+    summary = ("local plus the first `global_tokens` tokens, which every token sees and which see every token, "
+               "O(L·(w+g))")
+    least = {**LocalSelfAttention.least, "global_tokens": 0}  # 0 global tokens: plain local attention
+
     @classmethod
     def check(cls, config) -> None:
         super().check(config)
@@ -232,7 +239,9 @@ class LinformerSelfAttention(LongAttention):
     look-ahead mask: each virtual key mixes the whole text, future tokens included.
     """
 
+    summary = "keys and values projected along the length to `projection_length` rows, O(L·k), no causal"
     keys_are_tokens = False
+    least = {"projection_length": 1}
 
     @classmethod
     def check(cls, config) -> None:

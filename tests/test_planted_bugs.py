@@ -11,12 +11,15 @@ import pytest
 import torch
 
 import model.attention as core
-from bench.bugs import BUGS, KINDS, MASKED_KINDS, Plant, load_bug, replaced
+from bench.bugs import BUGS, Plant, load_bug, replaced
 from bench.diagnosis import SHIPPED, Run, confusion_table, first_step_table, fit, run_args, select_bugs, subset_files, summary
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
+from model.kinds import ATTENTION_KINDS
 from monitor.views import token_window
 
+KINDS = list(ATTENTION_KINDS)
+MASKED_KINDS = BUGS["padding-ignored"].kinds  # the kinds whose keys are tokens, which masks reach
 LENGTHS = [8, 5, 3]  # a padded batch: the first text fills L, the others end in padding
 
 
