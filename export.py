@@ -223,7 +223,7 @@ def main(argv=None) -> int:
 def run(args) -> int:
     from data.files import check_target, make_folder, write_text
     from inference import TextClassifier
-    from inference.ensemble import resolve_checkpoint
+    from data.checkpoint import open_checkpoint
 
     for module in ("onnx", "onnxscript"):  # torch.onnx.export needs both: say so, not that the kind cannot export
         try:
@@ -231,8 +231,8 @@ def run(args) -> int:
         except ModuleNotFoundError as e:
             raise ExportError(f"export.py needs the export extra ({e.name} is not installed): "
                               'pip install -e ".[export]"') from None
-    ckpt = resolve_checkpoint(args.ckpt)
-    classifier = TextClassifier.from_checkpoint(ckpt, device="cpu")
+    ckpt, checkpoint = open_checkpoint(args.ckpt)
+    classifier = TextClassifier.from_checkpoint(ckpt, device="cpu", checkpoint=checkpoint)
     out = make_folder(args.out, "export folder")
     for name in ("model.onnx", "tokenizer.json", "config.json"):
         check_target(out / name, name, inputs=[ckpt])

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from inference.limits import BATCH_SIZE, IG_STEPS, POSITIVE
+from data.sources import has_text
+from inference.limits import BATCH_SIZE, IG_STEPS, IG_STEPS_DEFAULT, POSITIVE, PREDICT_BATCH
 from inference.texts import EMPTY
 
 log = logging.getLogger("predict")
@@ -82,10 +83,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "page draws (null for linformer)")
     parser.add_argument("--html", metavar="FILE",
                         help="with --explain, also write one self-contained HTML page for the texts to FILE")
-    parser.add_argument("--ig-steps", type=IG_STEPS.argument(), default=32, metavar="N",
-                        help=f"with --explain, Integrated Gradients steps, {IG_STEPS} (default: 32)")
-    parser.add_argument("--batch-size", type=BATCH_SIZE.argument(), default=256, metavar="N",
-                        help=f"texts per forward pass, {BATCH_SIZE} (default: 256); texts are batched by "
+    parser.add_argument("--ig-steps", type=IG_STEPS.argument(), default=IG_STEPS_DEFAULT, metavar="N",
+                        help=f"with --explain, Integrated Gradients steps, {IG_STEPS} (default: {IG_STEPS_DEFAULT})")
+    parser.add_argument("--batch-size", type=BATCH_SIZE.argument(), default=PREDICT_BATCH, metavar="N",
+                        help=f"texts per forward pass, {BATCH_SIZE} (default: {PREDICT_BATCH}); texts are batched by "
                              "length internally")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="where the network runs; auto picks cuda when available (default: auto)")
@@ -249,7 +250,7 @@ def run_explain(args, classifier, texts: list[str]) -> int:
     if args.html:
         from data.files import check_target
 
-        if not any(text.strip() for text in texts):
+        if not any(has_text(text) for text in texts):
             raise InputError(f"{args.html}: not written: every input is empty, there is nothing to explain")
         check_target(args.html, "report", inputs=[*args.ckpt, *([args.file] if args.file not in (None, "-") else [])])
     from inference.answers import NON_FINITE, explanation_outputs, token_count
@@ -262,12 +263,10 @@ def run_explain(args, classifier, texts: list[str]) -> int:
                      token_count(texts[i], explanation.truncated_from), classifier.max_length)
     note_unread([(i + 1, out["error"]) for i, (out, explanation) in enumerate(pairs) if explanation is None], where)
     if args.html:
-        from inference.ensemble import resolve_checkpoint
         from inference.report import write_report
-        from inference.verdicts import stored_verdicts
 
         write_report([explanation for _, explanation in pairs if explanation is not None], args.html,
-                     stored_verdicts(resolve_checkpoint(args.ckpt[0])))
+                     classifier.verdicts)
         log.info("report written to %s", args.html)
     return 0
 

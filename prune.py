@@ -20,9 +20,8 @@ import sys
 import torch
 
 from data.files import WriteError, check_target, write_atomically
-from inference import CheckpointError, TextClassifier
-from inference.classifier import read_checkpoint
-from inference.ensemble import resolve_checkpoint
+from data.checkpoint import CheckpointError, open_checkpoint
+from inference import TextClassifier
 from inference.heads import (ablation, accuracy, head_importance, labelled, least_important, prune_checkpoint,
                              pruned_classifier, pruning_table)
 from inference.limits import POSITIVE, Parser
@@ -58,11 +57,12 @@ def main(argv=None) -> int:
     try:  # every input checked before the computation (minutes on a real split)
         if args.out is not None:
             check_target(args.out, "pruned checkpoint (--out)", inputs=[args.ckpt])
-        args.ckpt = str(resolve_checkpoint(args.ckpt))  # a run folder: its best checkpoint, as predict.py reads it
-        checkpoint = read_checkpoint(args.ckpt)
-        classifier = TextClassifier.from_checkpoint(args.ckpt, device="cpu")
-        importance_data = labelled(classifier, args.ckpt, args.importance_split, args.importance_limit, seed=0)
-        data = labelled(classifier, args.ckpt, args.split, args.limit)
+        path, checkpoint = open_checkpoint(args.ckpt)  # a run folder: its best checkpoint, as predict.py reads it
+        args.ckpt = str(path)
+        classifier = TextClassifier.from_checkpoint(path, device="cpu", checkpoint=checkpoint)
+        importance_data = labelled(classifier, path, args.importance_split, args.importance_limit, seed=0,
+                                   checkpoint=checkpoint)
+        data = labelled(classifier, path, args.split, args.limit, checkpoint=checkpoint)
         importance = head_importance(classifier.model, importance_data)
         removed = least_important(importance, args.prune) if args.prune is not None else None
     except (CheckpointError, ValueError) as e:  # WriteError and DataError are ValueErrors

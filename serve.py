@@ -286,14 +286,12 @@ def main(argv=None) -> int:
     try:
         from inference.answers import load, model_info
         from inference.classifier import resolve_device
-        from inference.ensemble import resolve_checkpoint
 
         resolve_device(args.device)
-        for path in args.ckpt:  # a missing or unsafe checkpoint: one line before any worker starts
+        for path in args.ckpt:
             if not Path(path).exists():
                 raise ValueError(f"{path}: file not found")
-            resolve_checkpoint(path)
-        model = model_info(args.ckpt)
+        model = model_info(args.ckpt)  # a missing or unsafe checkpoint: one line before any worker starts
         load(args.ckpt, "cpu")  # a checkpoint the workers cannot load fails here, with one line
     except ValueError as e:  # CheckpointError and friends
         if args.debug:

@@ -158,7 +158,7 @@ def validation_curve(run: Path) -> tuple[list[float], float]:
 def score_run(run: Path, split: str) -> dict:
     """Best and last validation accuracy, epochs, fit time, and the best checkpoint scored by `train.py test`
     (validation when the data has no test split)."""
-    from inference.ensemble import resolve_checkpoint
+    from data.checkpoint import resolve_checkpoint
 
     best = resolve_checkpoint(run)
     curve, finished = validation_curve(run)

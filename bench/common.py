@@ -15,8 +15,7 @@ from pathlib import Path
 import yaml
 
 from data.teacher import fit_ngram_teacher, is_cjk
-from inference.classifier import CheckpointError
-from inference.ensemble import best_checkpoint
+from data.checkpoint import CheckpointError, best_checkpoint
 from model.config import NetworkConfig
 
 ROOT = Path(__file__).resolve().parents[1]

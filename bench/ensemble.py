@@ -20,7 +20,8 @@ import numpy as np
 
 from bench.accuracy import nb_logreg_probabilities, splits_for
 from data.sources import DataError
-from inference import CheckpointError, TextClassifier
+from data.checkpoint import CheckpointError
+from inference import TextClassifier
 
 
 def checkpoint_probabilities(path: Path, texts: list[str], label_names: list[str]) -> np.ndarray:

@@ -23,8 +23,11 @@ import numpy as np
 import torch
 
 
-from inference import CheckpointError, TextClassifier
+from data.checkpoint import CheckpointError
+from data.sources import has_text
+from inference import TextClassifier
 from inference.explain import METHODS, explain_ids
+from inference.limits import IG_STEPS_DEFAULT
 from inference.splits import checkpoint_split
 
 def summarise(results: list[dict], ks=(1, 2, 3, 4, 5)) -> dict:
@@ -65,7 +68,8 @@ def main(argv=None) -> int:
     parser.add_argument("--split", default="validation", help="split of the checkpoint's dataset (default validation)")
     parser.add_argument("--limit", type=int, default=None, metavar="N", help="the first N texts of the split only")
     parser.add_argument("--text", action="append", help="explain this text instead of a split (repeatable)")
-    parser.add_argument("--ig-steps", type=int, default=32, help="Integrated Gradients steps (default 32)")
+    parser.add_argument("--ig-steps", type=int, default=IG_STEPS_DEFAULT,
+                        help=f"Integrated Gradients steps (default {IG_STEPS_DEFAULT})")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args(argv)
     if args.ig_steps < 1:
@@ -82,7 +86,7 @@ def main(argv=None) -> int:
         texts = args.text or checkpoint_split(args.ckpt, args.split)[0]
     except ValueError as e:  # DataError is a ValueError
         raise SystemExit(f"error: {e} (bench/faithfulness.py also takes --text)") from None
-    texts = [t for t in texts if t.strip()][: args.limit]
+    texts = [t for t in texts if has_text(t)][: args.limit]
     if not texts:
         raise SystemExit("error: no (non-empty) texts to explain")
     ids, _, _ = classifier.encode(texts)

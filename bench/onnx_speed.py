@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from inference.limits import PREDICT_BATCH
+
 log = logging.getLogger("bench.onnx_speed")
 
 
@@ -32,7 +34,7 @@ def add_arguments(parser):
     what.add_argument("--ckpt", help="checkpoint (or run folder) to export and time")
     what.add_argument("--kinds", action="store_true", help="largest differences for a tiny model of every kind")
     parser.add_argument("--dataset", default="sst2", help="validation texts of this registered dataset")
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=PREDICT_BATCH, help="texts per forward pass (predict.py's)")
     parser.add_argument("--repeats", type=int, default=3, help="passes over the texts; the best is kept")
 
 
@@ -78,14 +80,13 @@ def best_of(repeats: int, work) -> tuple[float, object]:
 
 def throughput(args) -> dict:
     import export
-    from data.sources import load_splits
+    from data.sources import has_text, load_splits
     from inference import TextClassifier
-    from inference.ensemble import resolve_checkpoint
 
     splits = load_splits(dataset=args.dataset, data_dir=None, train_file=None, val_file=None, test_file=None,
                          text_column=None, label_column=None, val_fraction=0.1, seed=0)
-    texts = [text for text in splits.texts["validation"] if text.strip()]
-    classifier = TextClassifier.from_checkpoint(resolve_checkpoint(args.ckpt), device="cpu")
+    texts = [text for text in splits.texts["validation"] if has_text(text)]
+    classifier = TextClassifier.from_checkpoint(args.ckpt, device="cpu")
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         started = time.perf_counter()

@@ -29,6 +29,7 @@ import torch
 from bench.common import CONFIGS, ROOT, network_config, read_config
 from data.tokenizer import stored_form, train_tokenizer
 from inference import TextClassifier
+from inference.limits import PREDICT_BATCH
 from model import AttentionClassifier
 
 log = logging.getLogger("bench.predict_speed")
@@ -83,7 +84,7 @@ def timed(function) -> float:
 
 def add_arguments(parser):
     parser.add_argument("--ckpt", help="a trained checkpoint (default: random weights, shaped like configs/sst2.yaml)")
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=PREDICT_BATCH, help="texts per forward pass (predict.py's)")
     parser.add_argument("--repeats", type=int, default=5, help="timed passes over all texts; the median is reported")
     parser.add_argument("--latency-calls", type=int, default=100)
     parser.add_argument("--startup-runs", type=int, default=5)

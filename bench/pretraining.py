@@ -192,7 +192,7 @@ def linear_probe(checkpoint: Path, dataset: str, fresh: bool = False) -> dict:
     from sklearn.linear_model import LogisticRegression
 
     from data.datamodule import TextDataModule
-    from data.checkpoint import read_pretraining_checkpoint
+    from data.checkpoint import network_weights, read_pretraining_checkpoint
     from model.config import NetworkConfig
     from model.pretraining import PretrainingNetwork
 
@@ -200,9 +200,8 @@ def linear_probe(checkpoint: Path, dataset: str, fresh: bool = False) -> dict:
     hparams = saved["hyper_parameters"]
     network = NetworkConfig.from_dict(hparams["network"])
     model = PretrainingNetwork(network, "masked" if hparams["objective"] != "replaced" else "replaced")
-    state = {name.removeprefix("model."): tensor for name, tensor in saved["state_dict"].items()}
     if not fresh:
-        model.load_state_dict(state, strict=False)  # the encoder; a word-vector checkpoint has no objective head
+        model.load_state_dict(network_weights(saved), strict=False)  # the encoder; a word-vector checkpoint has no objective head
     model.eval()
     data = TextDataModule(dataset=dataset, tokenizer_from=str(checkpoint))
     features = {}

@@ -203,24 +203,26 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def ceiling(ckpt: str, texts: list[str], threads: int) -> float:
-    """predict.py's batch throughput (texts/s): TextClassifier.predict over the texts, batches of 256."""
+    """predict.py's batch throughput (texts/s): TextClassifier.predict over the texts, predict.py's batches."""
     import torch
 
-    from inference.ensemble import resolve_checkpoint
     from inference import TextClassifier
+    from inference.limits import PREDICT_BATCH
 
     torch.set_num_threads(threads)
-    classifier = TextClassifier.from_checkpoint(resolve_checkpoint(ckpt), device="cpu")
-    classifier.predict(texts[:256])
+    classifier = TextClassifier.from_checkpoint(ckpt, device="cpu")
+    classifier.predict(texts[:PREDICT_BATCH])
     started = time.perf_counter()
-    classifier.predict(texts, batch_size=256)
+    classifier.predict(texts)
     return len(texts) / (time.perf_counter() - started)
 
 
 def run(args) -> tuple[str, dict]:
+    from data.sources import has_text
+
     if args.kill and not args.ckpt:
         raise SystemExit("error: --kill needs --ckpt (the bench must have started the server to kill it)")
-    texts = [text for text in validation_texts(args.dataset) if text.strip()]
+    texts = [text for text in validation_texts(args.dataset) if has_text(text)]
     k = args.texts_per_request
     bodies = [json.dumps({"texts": [texts[(i * k + j) % len(texts)] for j in range(k)]}).encode()
               for i in range(args.requests)]

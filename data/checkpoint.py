@@ -14,8 +14,12 @@ naming the version of the project that reads it (OLDER_LAYOUT).
 Read with `torch.load(weights_only=True)` only, so a file from a stranger cannot run code; anything that is not such
 a checkpoint raises CheckpointError with one line naming the file and what is wrong. Plain PyTorch, nothing of the
 network: imported by data/ (a pretraining checkpoint's tokenizer), training/ and inference/ alike.
+
+A run folder (lightning_logs/version_N, or its checkpoints/) stands for its best checkpoint (`best_checkpoint`): every
+face finds and reads a checkpoint here (`open_checkpoint`), and its errors are this module's CheckpointError.
 """
 
+import ast
 import pickle
 import zipfile
 from pathlib import Path
@@ -124,3 +128,75 @@ def load_safely(path) -> dict:
 def stored_label_names(checkpoint: dict) -> list[str]:
     """The class names, index = class id."""
     return list(checkpoint["hyper_parameters"].get("label_names") or [])
+
+
+def network_weights(checkpoint: dict) -> dict[str, torch.Tensor]:
+    """The network's weights named as in the network: the state_dict's "model." entries (the LightningModule's
+    `model`), prefix removed; anything else the module saved (an EMA run's online_model) stays behind."""
+    prefix = "model."
+    return {key[len(prefix):]: value for key, value in checkpoint["state_dict"].items() if key.startswith(prefix)}
+
+
+# ---- a run folder's best checkpoint ----------------------------------------------------------------------------------
+
+
+def recorded_score(checkpoint: dict, name: str) -> tuple[float, str] | None:
+    """(value, mode) of the monitored metric that ModelCheckpoint recorded for the file `name` when it saved it
+    (its `best_k_models` entry; mode "max" or "min"), or None when no monitored ModelCheckpoint recorded one
+    (last.ckpt, a pruned or hand-written checkpoint)."""
+    for key, state in (checkpoint.get("callbacks") or {}).items():
+        if not key.startswith("ModelCheckpoint{") or not isinstance(state, dict) or not state.get("monitor"):
+            continue
+        # The callback's state holds no mode; its state key does: the class name, then the repr of its settings
+        # (Callback._generate_state_key), "ModelCheckpoint{'monitor': 'val/acc', 'mode': 'max', ...}".
+        mode = ast.literal_eval(key.removeprefix("ModelCheckpoint")).get("mode", "min")
+        for saved, value in (state.get("best_k_models") or {}).items():
+            if Path(saved).name == name:  # names, not paths: the run folder may have moved since
+                return float(value), mode
+    return None
+
+
+def best_checkpoint(folder) -> Path:
+    """The checkpoint of a run folder (lightning_logs/version_N, or its checkpoints/) with the best value of the
+    metric its ModelCheckpoint monitored, as recorded inside each file (not its name or date: `epoch10` sorts
+    before `epoch9`, and a copied file is newer than it was); the later step wins a tie. No file with a recorded
+    value: last.ckpt. CheckpointError when there is neither."""
+    return best_in(folder)[0]
+
+
+def best_in(folder) -> tuple[Path, dict]:
+    """best_checkpoint's file and its dict, each file of the folder read once."""
+    folder = Path(folder)
+    folder = folder / "checkpoints" if (folder / "checkpoints").is_dir() else folder
+    best, modes = None, set()  # best: (sort key, path, checkpoint)
+    for path in sorted(folder.glob("*.ckpt")):
+        checkpoint = read_checkpoint(path)
+        recorded = recorded_score(checkpoint, path.name)
+        if recorded is None:
+            continue
+        value, mode = recorded
+        modes.add(mode)
+        key = (value if mode == "max" else -value, checkpoint.get("global_step", 0))
+        if best is None or key > best[0]:
+            best = (key, path, checkpoint)
+    if len(modes) > 1:
+        raise CheckpointError(f"{folder}: its checkpoints monitored metrics in both modes (max and min); "
+                              "give one checkpoint file")
+    if best is not None:
+        return best[1], best[2]
+    if (folder / "last.ckpt").is_file():
+        return folder / "last.ckpt", read_checkpoint(folder / "last.ckpt")
+    raise CheckpointError(f"{folder}: no checkpoint with a recorded validation score and no last.ckpt "
+                          "(give a checkpoint file or a run folder)")
+
+
+def resolve_checkpoint(path) -> Path:
+    """A checkpoint file as it is; a run folder or its checkpoints/ folder: its best checkpoint (best_checkpoint)."""
+    path = Path(path)
+    return best_checkpoint(path) if path.is_dir() else path
+
+
+def open_checkpoint(path) -> tuple[Path, dict]:
+    """A classifier checkpoint file, or a run folder's best checkpoint, and its dict: found and read once."""
+    path = Path(path)
+    return best_in(path) if path.is_dir() else (path, read_checkpoint(path))

@@ -6,7 +6,6 @@ also hold teacher_probs (B, C).
 """
 
 import ctypes
-import fcntl
 import hashlib
 import json
 import logging
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from filelock import FileLock
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from data.checkpoint import read_pretraining_checkpoint
@@ -302,20 +302,22 @@ class TextDataModule(L.LightningDataModule):
         that cannot be written is not an error: the data are encoded in memory, with a warning (tokenizer training is
         deterministic, so every process gets the same)."""
         path = self.cache_path()
+        lock = FileLock(path.with_suffix(".lock"))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            lock = open(path.with_suffix(".lock"), "a")
+            lock.acquire()
         except OSError as e:
             log.warning("cache_dir %s cannot be written (%s): encoding without a cache", path.parent, e.strerror)
             return self._load(path) or self._build()
-        with lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
             state = self._load(path)
             if state is None:
                 state = self._build()
                 if self._save(state, path):
                     state = self._load(path) or state  # memory-mapped: the built copy is freed
             return state
+        finally:
+            lock.release()
 
     def _load(self, path: Path) -> dict | None:
         if not path.exists():

@@ -155,7 +155,7 @@ def read_unlabeled(path, text_column: str = "text") -> list[str]:
         check_utf8(path)
         texts = path.read_text(encoding="utf-8").splitlines()
     texts = [text if isinstance(text, str) or text is None else str(text) for text in texts]
-    kept = [text for text in texts if text is not None and text.strip()]
+    kept = [text for text in texts if has_text(text)]
     if not kept:
         where = f" in column {text_column!r}" if path.suffix.lower() in SUFFIXES else ""
         raise DataError(f"{path}: no non-empty texts{where}")
@@ -188,14 +188,14 @@ def drop_unusable(texts: list, labels: list, where: str) -> tuple[list[str], lis
     Numbers in a text column (JSON, parquet) are texts too: 42 becomes "42". Text labels lose surrounding
     whitespace (strip_labels)."""
     texts = [text if isinstance(text, str) or text is None else str(text) for text in texts]
-    has_text = [text is not None and text.strip() != "" for text in texts]
-    keep = [i for i, label in enumerate(labels) if has_text[i] and not is_missing(label)]
-    if not all(has_text):
-        log.warning("%s: skipped %d empty or whitespace-only texts of %d", where, has_text.count(False), len(texts))
-    if sum(has_text) > len(keep):
-        unlabelled = sum(has_text) - len(keep)
+    readable = [has_text(text) for text in texts]
+    keep = [i for i, label in enumerate(labels) if readable[i] and not is_missing(label)]
+    if not all(readable):
+        log.warning("%s: skipped %d empty or whitespace-only texts of %d", where, readable.count(False), len(texts))
+    if sum(readable) > len(keep):
+        unlabelled = sum(readable) - len(keep)
         log.warning("%s: skipped %d rows with an empty or missing label of %d", where, unlabelled, len(texts))
-    if not any(has_text):
+    if not any(readable):
         raise DataError(f"{where}: no non-empty texts")
     if not keep:
         raise DataError(f"{where}: no row has a label")
@@ -211,6 +211,12 @@ def strip_labels(labels: list, where: str) -> list:
         log.warning("%s: removed the spaces around %d of %d labels (e.g. %r → %r)", where, len(changed), len(labels),
                     *changed[0])
     return stripped
+
+
+def has_text(text: str | None) -> bool:
+    """The one rule on empty texts: missing, empty or whitespace-only is no text to learn from or classify (the
+    data skip it, predict.py and serve.py answer it with an error, the head tools and benches leave it out)."""
+    return text is not None and text.strip() != ""
 
 
 def is_missing(label) -> bool:

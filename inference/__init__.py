@@ -1,10 +1,11 @@
-"""Predictions from a checkpoint, without Lightning: `TextClassifier.from_checkpoint(path).predict(texts)`.
+"""Predictions from a checkpoint, without Lightning: `TextClassifier.from_checkpoint(path).predict(texts)` (finding
+and reading checkpoints, and their CheckpointError: data/checkpoint.py).
 
 The names below load torch on first use, so the faces can import inference.limits and inference.texts (which load
 nothing heavy) to answer `--help` and argument errors at once.
 """
 
-__all__ = ["TextClassifier", "Prediction", "CheckpointError"]
+__all__ = ["TextClassifier", "Prediction"]
 
 
 def __getattr__(name: str):

@@ -14,6 +14,7 @@ import json
 import logging
 from pathlib import Path
 
+from inference.limits import IG_STEPS_DEFAULT, PREDICT_BATCH
 from inference.texts import length_is_lower_bound, problem, writable
 
 log = logging.getLogger("inference")
@@ -26,10 +27,10 @@ __all__ = ["NON_FINITE", "load", "prediction_outputs", "explanation_outputs", "f
 def load(paths: list, device: str = "auto"):
     """One checkpoint (or run folder): a TextClassifier; several: an Ensemble, their probabilities averaged."""
     from inference.classifier import TextClassifier
-    from inference.ensemble import Ensemble, resolve_checkpoint
+    from inference.ensemble import Ensemble
 
     if len(paths) == 1:
-        return TextClassifier.from_checkpoint(resolve_checkpoint(paths[0]), device=device)
+        return TextClassifier.from_checkpoint(paths[0], device=device)
     return Ensemble.from_checkpoints(paths, device=device)
 
 
@@ -41,7 +42,7 @@ def readable(texts: list[str]) -> tuple[list[int], dict[int, dict]]:
 
 
 def prediction_outputs(classifier, texts: list[str], *, attention: bool = False, all_heads: bool = False,
-                       top_k: int | None = None, batch_size: int = 256, weights: bool = False) -> list[tuple]:
+                       top_k: int | None = None, batch_size: int = PREDICT_BATCH, weights: bool = False) -> list[tuple]:
     """The JSON object of each text, in input order, with the Prediction it came from (None for a text the model
     cannot read, whose object is {"text", "error"}). weights: compute the attention for the Prediction (heatmaps)
     without putting it in the object."""
@@ -53,7 +54,8 @@ def prediction_outputs(classifier, texts: list[str], *, attention: bool = False,
             (by_index[i].to_dict(all_heads=all_heads, attention=attention), by_index[i]) for i in range(len(texts))]
 
 
-def explanation_outputs(classifier, texts: list[str], *, attention: bool = False, ig_steps: int = 32) -> list[tuple]:
+def explanation_outputs(classifier, texts: list[str], *, attention: bool = False,
+                        ig_steps: int = IG_STEPS_DEFAULT) -> list[tuple]:
     """The explanation object of each text with its Explanation (None for a text the model cannot read); attention
     adds each layer's per-head weights (the explanation page draws them)."""
     real, errors = readable(texts)
@@ -84,7 +86,7 @@ def truncation_note(text: str, length: int, max_length: int) -> str:
 # ---- the server's answers -----------------------------------------------------------------------------------------
 
 
-def answer_batch(classifier, requests: list, ig_steps: int = 32) -> list[dict]:
+def answer_batch(classifier, requests: list, ig_steps: int = IG_STEPS_DEFAULT) -> list[dict]:
     """The answers to a batch of checked requests (inference.request.PredictRequest), in order: {"predictions",
     "notes"} each, or {"error"} for a request the model failed on. The texts of all requests that ask for the same
     thing go through the model together; when that fails, each request is answered alone, so a failure (and its
@@ -136,15 +138,13 @@ def answer(classifier, pairs: list[tuple]) -> dict:
 def model_info(paths: list) -> dict:
     """What GET /info says about the model, read from the checkpoints (safely: data/checkpoint.py), with the
     attention doctor's latest verdicts each carries (inference/verdicts.py; the page's badges)."""
-    from data.checkpoint import read_checkpoint, stored_label_names
-    from inference.ensemble import resolve_checkpoint
+    from data.checkpoint import open_checkpoint, stored_label_names
     from inference.verdicts import latest_verdicts
     from model.config import network_config
 
     members = []
     for path in paths:
-        file = resolve_checkpoint(path)
-        checkpoint = read_checkpoint(file)
+        file, checkpoint = open_checkpoint(path)
         labels = stored_label_names(checkpoint)
         config = network_config(checkpoint["hyper_parameters"], labels)
         members.append({"checkpoint": Path(file).name, "labels": labels, "attention": config.attention,

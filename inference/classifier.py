@@ -15,13 +15,14 @@ import torch
 from tokenizers import Tokenizer
 
 from data.tokenizer import CHARS_PER_TOKEN_BOUND, UNK_ID, cut, pad
-from data.checkpoint import CheckpointError, read_checkpoint, stored_label_names
+from data.checkpoint import CheckpointError, network_weights, open_checkpoint, stored_label_names
+from inference.limits import IG_STEPS_DEFAULT, PREDICT_BATCH
 from inference.texts import COUNT_CHARACTERS, check_texts
 from model.classifier import AttentionClassifier
 from model.config import network_config
 from monitor.views import stacked_layers
 
-__all__ = ["CheckpointError", "Prediction", "TextClassifier", "network_config", "read_checkpoint"]
+__all__ = ["Prediction", "TextClassifier"]
 
 
 @dataclass
@@ -78,12 +79,19 @@ class TextClassifier:
         # Texts are cut to the network's max_length here rather than by the tokenizer, so the full length of a cut
         # text is known (a tokenizer handed in, as train_tokenizer makes one, may carry a truncation).
         self.max_length = model.max_length
+        # What the attention doctor last said of this network in training (inference/verdicts.py), when it was
+        # loaded from a checkpoint that carries it: the explanation page's badges.
+        self.verdicts: dict | None = None
         tokenizer.no_truncation()
         self.tokenizer = tokenizer
 
     @classmethod
-    def from_checkpoint(cls, path, device: str | torch.device = "auto") -> "TextClassifier":
-        checkpoint = read_checkpoint(path)
+    def from_checkpoint(cls, path, device: str | torch.device = "auto", checkpoint: dict | None = None
+                        ) -> "TextClassifier":
+        """The classifier of a checkpoint file or of a run folder (its best checkpoint). `checkpoint`: the file's
+        dict when the caller has read it already (data/checkpoint.py's open_checkpoint), so it is read once."""
+        if checkpoint is None:
+            path, checkpoint = open_checkpoint(path)
         labels = stored_label_names(checkpoint)
         try:
             tokenizer = Tokenizer.from_str(checkpoint["TextDataModule"]["tokenizer"])
@@ -93,17 +101,18 @@ class TextClassifier:
             model = AttentionClassifier(network_config(checkpoint["hyper_parameters"], labels))
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{path}: hyper_parameters do not describe a valid network: {e}") from e
-        prefix = "model."
-        state = checkpoint["state_dict"]
-        weights = {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
         try:
-            model.load_state_dict(weights)
+            model.load_state_dict(network_weights(checkpoint))
         except RuntimeError as e:
             reason = " ".join(str(e).split())[:300]
             raise CheckpointError(
                 f"{path}: weights do not fit the network its hyper_parameters describe: {reason}"
             ) from e
-        return cls(model, tokenizer, labels, device=device)
+        from inference.verdicts import latest_verdicts
+
+        classifier = cls(model, tokenizer, labels, device=device)
+        classifier.verdicts = latest_verdicts(checkpoint)
+        return classifier
 
     def encode(self, texts: list[str]) -> tuple[list[list[int]], list[list[str]], list[int]]:
         """Token ids and tokens cut to max_length, and each text's own length in tokens. As in training, the ids
@@ -127,7 +136,7 @@ class TextClassifier:
 
     @torch.inference_mode()
     def predict(
-        self, texts: list[str], attention: bool = False, top_k: int | None = None, batch_size: int = 256
+        self, texts: list[str], attention: bool = False, top_k: int | None = None, batch_size: int = PREDICT_BATCH
     ) -> list[Prediction]:
         """One Prediction per text, in input order. Texts are batched by length (little padding), then put back."""
         texts = check_texts(texts, "predict")
@@ -160,7 +169,7 @@ class TextClassifier:
                 )
         return predictions
 
-    def explain(self, texts: list[str], ig_steps: int = 32) -> list:
+    def explain(self, texts: list[str], ig_steps: int = IG_STEPS_DEFAULT) -> list:
         """Why each text got its label: per-token scores from five methods and their faithfulness figures
         (inference/explain.py; docs/EXPLAIN.md)."""
         from inference.explain import explain  # Captum only when explanations are asked for

@@ -23,10 +23,9 @@ import torch
 from data.sources import load_splits
 from data.tokenizer import pad
 from inference.classifier import TextClassifier
-from inference.ensemble import resolve_checkpoint
 from inference.splits import SPLIT_KEYS
 from inference.verdicts import monitor_history
-from data.checkpoint import CheckpointError, read_checkpoint
+from data.checkpoint import CheckpointError, open_checkpoint
 from data.files import describe
 from monitor.checks import SAMPLE_TEXTS, model_checks
 from monitor.doctor import Finding, diagnose, figure_table_markdown, head_titles, verdict_table_markdown, warnings
@@ -103,13 +102,12 @@ def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch
     """Every check of the attention doctor on a checkpoint (a run folder stands for its best checkpoint).
     progress wraps the iterable of batches (a progress bar); before(checkpoint path, data settings) is called before
     any data is read (diagnose.py refuses its report's target there)."""
-    path = resolve_checkpoint(path)
-    checkpoint = read_checkpoint(path)
+    path, checkpoint = open_checkpoint(path)
     try:
         history = stored_history(checkpoint)
     except CheckpointError as e:
         raise CheckpointError(f"{path}: {e}") from None
-    classifier = TextClassifier.from_checkpoint(path, device=device)
+    classifier = TextClassifier.from_checkpoint(path, device=device, checkpoint=checkpoint)
     model, config = classifier.model, classifier.model.config
     try:
         settings = data_settings(checkpoint, data or {})

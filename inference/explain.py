@@ -37,7 +37,7 @@ from captum.attr import FeatureAblation, InputXGradient, IntegratedGradients
 from scipy.stats import spearmanr
 
 from data.tokenizer import UNK_ID
-from inference.limits import IG_STEPS
+from inference.limits import IG_STEPS, IG_STEPS_DEFAULT
 from inference.texts import check_texts, length_is_lower_bound
 from model.kinds import ATTENTION_KINDS
 from monitor.views import token_window
@@ -122,7 +122,7 @@ def check_ig_steps(ig_steps: int) -> None:
     IG_STEPS.check("ig_steps (Integrated Gradients steps)", ig_steps)
 
 
-def explain_ids(model, ids: list[int], ig_steps: int = 32, seed: int = 0) -> dict:
+def explain_ids(model, ids: list[int], ig_steps: int = IG_STEPS_DEFAULT, seed: int = 0) -> dict:
     """Scores per method, faithfulness figures and per-layer attention for one text's token ids (no padding)."""
     check_ig_steps(ig_steps)
     device = next(model.parameters()).device
@@ -239,7 +239,7 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float | None:
     return None if math.isnan(r) else round(r, 6)
 
 
-def explain(classifier, texts: list[str], ig_steps: int = 32) -> list[Explanation]:
+def explain(classifier, texts: list[str], ig_steps: int = IG_STEPS_DEFAULT) -> list[Explanation]:
     """One Explanation per text (TextClassifier.explain). Texts longer than max_length are explained as the model
     saw them: their first max_length tokens, with truncated_from set."""
     texts = check_texts(texts, "explain")

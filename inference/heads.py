@@ -19,13 +19,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from data.sources import has_text
 from data.tokenizer import pad
 from inference.classifier import TextClassifier
 from inference.explain import spearman
+from inference.limits import PREDICT_BATCH
 from inference.splits import checkpoint_split
 
 
-def batches(classifier, texts: list[str], labels: list[int], batch_size: int = 256):
+def batches(classifier, texts: list[str], labels: list[int], batch_size: int = PREDICT_BATCH):
     """(token_ids (B, L), key_padding_mask (B, L) or None, labels (B,)) over the texts, sorted by length."""
     ids, _, _ = classifier.encode(texts)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
@@ -139,14 +141,16 @@ def prune_checkpoint(checkpoint: dict, remove: list[tuple[int, int]]) -> dict:
     return out
 
 
-def labelled(classifier, path, split: str, limit: int | None = None, seed: int | None = None):
+def labelled(classifier, path, split: str, limit: int | None = None, seed: int | None = None,
+             checkpoint: dict | None = None):
     """Batches of the checkpoint's `split` with labels in the classifier's label order: its first `limit` texts, or
-    with seed a random sample of `limit`. ValueError when the split's labels are not the checkpoint's."""
-    texts, labels, names = checkpoint_split(path, split)
+    with seed a random sample of `limit`. ValueError when the split's labels are not the checkpoint's. `checkpoint`:
+    the file's dict when the caller has read it already."""
+    texts, labels, names = checkpoint_split(path, split, checkpoint)
     if sorted(names) != sorted(classifier.label_names):
         raise ValueError(f"{path}: the split's labels {names} differ from the checkpoint's {classifier.label_names}")
     index = {name: classifier.label_names.index(name) for name in names}
-    rows = [(t, index[names[y]]) for t, y in zip(texts, labels) if t.strip()]
+    rows = [(t, index[names[y]]) for t, y in zip(texts, labels) if has_text(t)]
     if limit is not None and seed is not None:
         rows = random.Random(seed).sample(rows, min(limit, len(rows)))
     rows = rows[:limit]

@@ -48,8 +48,10 @@ class Bound:
 
 # Integrated Gradients converges within tens to a few hundred steps; more only costs time.
 IG_STEPS = Bound(1, 1024)
+IG_STEPS_DEFAULT = 32  # an explanation's steps unless asked otherwise (library, predict.py, serve.py, the bench)
 # Texts per forward pass; above this one batch of long texts is gigabytes.
 BATCH_SIZE = Bound(1, 65536)
+PREDICT_BATCH = 256  # texts per forward pass of a prediction unless asked otherwise (library, predict.py, benches)
 POSITIVE = Bound(1)
 # The server's own limits. LitServe binds only the ports 1024..65535 and three addresses.
 TEXTS_PER_REQUEST = Bound(1, 65536)
@@ -81,7 +83,7 @@ class ServerLimits:
     max_texts: int = 64  # texts in one request
     max_bytes: int = 1_000_000  # a request body
     request_timeout: float = 120.0  # seconds before a request without an answer gets a 504
-    ig_steps: int = 32  # Integrated Gradients steps of an explanation
+    ig_steps: int = IG_STEPS_DEFAULT  # Integrated Gradients steps of an explanation
     max_batch_size: int = 32  # requests one worker answers together
     batch_timeout: float = 0.005  # seconds a worker waits to fill a batch
 

@@ -9,10 +9,12 @@ SPLIT_KEYS = ("dataset", "data_dir", "train_file", "val_file", "test_file", "tex
               "val_fraction", "seed")
 
 
-def checkpoint_split(path, split: str) -> tuple[list[str], list[int], list[str]]:
+def checkpoint_split(path, split: str, checkpoint: dict | None = None) -> tuple[list[str], list[int], list[str]]:
     """Texts, labels and label names of `split`; ValueError (one line, naming the file or split) when the checkpoint
-    saved no data settings or the data have no such split (DataError, a ValueError, on unreadable data)."""
-    settings = read_checkpoint(path).get("datamodule_hyper_parameters") or {}
+    saved no data settings or the data have no such split (DataError, a ValueError, on unreadable data).
+    `checkpoint`: the file's dict when the caller has read it already."""
+    checkpoint = read_checkpoint(path) if checkpoint is None else checkpoint
+    settings = checkpoint.get("datamodule_hyper_parameters") or {}
     if "dataset" not in settings:
         raise ValueError(f"{path}: no data settings saved in the checkpoint, so its {split} split is unknown")
     splits = load_splits(**{key: settings.get(key) for key in SPLIT_KEYS})

@@ -6,6 +6,8 @@ predict.py and serve.py give it {"text", "error"} in its place, the Python API a
 Imports nothing heavy: the faces use it before torch is loaded.
 """
 
+from data.sources import has_text
+
 # A text cut before tokenizing has its own length in tokens counted on at most this many characters (a fraction of
 # a second); a longer one reports the length of those, a lower bound.
 COUNT_CHARACTERS = 1_000_000
@@ -20,7 +22,7 @@ def length_is_lower_bound(text: str) -> bool:
 
 def problem(text: str) -> str | None:
     """Why the model cannot classify this text, in a few words, or None when it can."""
-    if not text.strip():
+    if not has_text(text):
         return EMPTY
     try:
         text.encode("utf-8")

@@ -32,15 +32,15 @@ from data.datamodule import collate
 from data.tokenizer import UNK_ID
 from model.config import ConfigError
 from monitor.checks import SAMPLE_TEXTS, model_checks
-from monitor.doctor import Finding, diagnose, figure_table_markdown, head_titles, verdict_table_markdown
+from monitor.doctor import (SHOWN_FIGURES, Finding, diagnose, figure_table_markdown, head_titles,
+                            verdict_table_markdown)
 from monitor.dynamics import TrainingDynamics
-from monitor.health import AttentionHealth
+from monitor.health import ROWS_PER_BATCH, AttentionHealth
 from monitor.heatmap import PLAIN_TEXT, attention_figure, figure_to_array, panel_title, shown_weights
 from monitor.views import stacked_layers
 
 log = logging.getLogger(__name__)
 
-FIGURES = ("entropy", "max_weight", "score_std", "gradient_pass", "distance", "pad_weight", "row_sum_error")
 CHECK_SHARE, MIN_CHECK_TEXTS = 0.02, 16  # the model checks' share of the training work, and their fewest texts
 MAX_PROBES, MAX_TOKENS = 64, 256  # probe heatmaps drawn per validation, tokens across one (bounds on figure memory)
 TITLE_CHARACTERS = 70
@@ -71,7 +71,7 @@ class AttentionMonitor(Callback):
         every_n_train_steps: int = 0,
         max_tokens: int = 40,
         health_batches: int | None = None,
-        health_rows: int | None = 256,
+        health_rows: int | None = ROWS_PER_BATCH,
         check_texts: int = SAMPLE_TEXTS,
         warn: bool = True,
         warn_from_epoch: int = 0,
@@ -286,7 +286,7 @@ class AttentionMonitor(Callback):
     def log_scalars(self, trainer, figures, checks: dict, dynamics: dict) -> None:
         scalars = {
             f"attention_health/{name}/layer{layer}_head{head}": float(getattr(figures, name)[layer, head])
-            for name in FIGURES
+            for name in SHOWN_FIGURES
             for layer in range(len(figures.entropy))
             for head in range(figures.heads_of(layer))
         }

@@ -306,9 +306,13 @@ def verdict_table_markdown(findings: list[Finding]) -> str:
     return "\n".join(lines)
 
 
+# The per-head figures shown beside the verdicts (their table) and logged as scalars (monitor/callback.py).
+SHOWN_FIGURES = ("entropy", "max_weight", "score_std", "gradient_pass", "distance", "pad_weight", "row_sum_error")
+
+
 def figure_table_markdown(figures: HealthFigures) -> str:
     """The per-head figures as a markdown table: what the verdicts were read from."""
-    names = ("entropy", "max_weight", "score_std", "gradient_pass", "distance", "pad_weight", "row_sum_error")
+    names = SHOWN_FIGURES
     lines = ["| layer | head | " + " | ".join(names) + " |", "|---:|---:|" + "---:|" * len(names)]
     for layer in range(len(figures.entropy)):
         for head in range(figures.heads_of(layer)):

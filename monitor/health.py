@@ -64,6 +64,7 @@ from model.attention import AttentionWeights
 ROW_SUMS = ("entropy", "max_weight", "gradient_pass", "distance", "pad_weight", "real_zero", "row_sum_error",
             "future_weight", "future_zero", "future_rows")
 PAIR_SUMS = ("head_similarity", "score_products")
+ROWS_PER_BATCH = 256  # query rows a validation batch gives the figures by default (the monitor's health_rows)
 
 
 def allowed_keys(blocked: torch.Tensor | None, n_keys: int, device=None) -> torch.Tensor:
@@ -142,7 +143,7 @@ class AttentionHealth:
     rows read (each weight gets a random key, the smallest `sample_size` keys stay).
     """
 
-    def __init__(self, sample_size: int = 4096, seed: int = 0, rows_per_batch: int | None = 256,
+    def __init__(self, sample_size: int = 4096, seed: int = 0, rows_per_batch: int | None = ROWS_PER_BATCH,
                  causal: bool = False):
         if rows_per_batch is not None and rows_per_batch < 1:
             raise ValueError(f"rows_per_batch must be >= 1 or None, got {rows_per_batch}")

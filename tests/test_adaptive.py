@@ -16,7 +16,8 @@ from data import DataError, TextDataModule
 from data.datamodule import MAX_LENGTH_CAP, RARE_WORD_SHARE
 from data.sources import load_splits
 from inference import TextClassifier
-from inference.ensemble import Ensemble, resolve_checkpoint
+from data.checkpoint import resolve_checkpoint
+from inference.ensemble import Ensemble
 from monitor import AttentionMonitor
 
 

@@ -23,7 +23,7 @@ from bench import ensemble, speed
 from bench.common import best_checkpoint, network_config
 from conftest import ONE_PROBE, ROOT, SMOKE, save_checkpoint, tiny_classifier
 from data.tokenizer import PAD_ID, UNK_ID
-from inference import CheckpointError
+from data.checkpoint import CheckpointError
 from model.config import ConfigError, NetworkConfig
 
 

@@ -12,7 +12,7 @@ import predict
 import prune
 import train
 from inference import TextClassifier
-from inference.classifier import read_checkpoint
+from data.checkpoint import read_checkpoint
 from inference.heads import accuracy, batches, head_importance, least_important, prune_checkpoint
 from model.config import ConfigError, NetworkConfig
 from conftest import (KINDS, ONE_PROBE, QUIET, SHORT, SMOKE, SYNTHETIC, WORDS, digest, error_line, save_checkpoint,

@@ -28,6 +28,10 @@ class StridedSelfAttention(MultiHeadSelfAttention):
     summary = "the keys a multiple of `window` tokens away, O(L²/w)"
     least = {"window": 1}
 
+    def __init__(self, *, stride: int, **kwargs):
+        super().__init__(**kwargs)
+        self.stride = stride
+
     @classmethod
     def check(cls, config) -> None:
         if config.window > config.max_length:
@@ -35,15 +39,11 @@ class StridedSelfAttention(MultiHeadSelfAttention):
 
     @classmethod
     def settings(cls, config) -> dict:
-        return {"window": config.window}
-
-    def __init__(self, *, window: int, **kwargs):
-        super().__init__(**kwargs)
-        self.window = window
+        return {"stride": config.window}  # the window setting, read as the stride
 
     def mask(self, key_padding_mask, L, device=None):
         distance = torch.arange(L, device=device)[:, None] - torch.arange(L, device=device)  # (L, L) query − key
-        blocked = (distance % self.window != 0)[None, None]  # (1, 1, L, L)
+        blocked = (distance % self.stride != 0)[None, None]  # (1, 1, L, L)
         rest = attention_mask(key_padding_mask, self.look_ahead, L, device)  # padding and the look-ahead mask
         return blocked if rest is None else blocked | rest
 

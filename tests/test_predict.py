@@ -16,7 +16,8 @@ import torch
 import predict
 import train
 from conftest import LABELS, ONE_PROBE, QUIET, ROOT, SMOKE, TEXTS, tiny_classifier
-from inference import CheckpointError, TextClassifier
+from data.checkpoint import CheckpointError
+from inference import TextClassifier
 from inference.classifier import COUNT_CHARACTERS
 from inference.answers import prediction_outputs
 
@@ -466,7 +467,7 @@ def test_help_documents_the_local_bands_slots_outside_the_text(capsys):
     with pytest.raises(SystemExit):
         predict.main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "local/sparse: a position below 0 or past the last token is a band slot outside the text" in help_text
+    assert "a position below 0 or past the last token is a band slot outside the text" in help_text
 
 
 def test_the_page_may_not_replace_the_checkpoint_it_explains(tiny_checkpoint, capsys):

@@ -14,7 +14,6 @@ from data.pretraining import PretrainDataModule
 from data.sources import DataError
 from data.tokenizer import FIRST_WORD_ID, MASK_ID, stored_form
 from inference import TextClassifier
-from inference.classifier import CheckpointError
 from model.config import NetworkConfig
 from model.kinds import ATTENTION_KINDS
 from model.pretraining import PretrainingNetwork, choose, corrupt

@@ -10,7 +10,7 @@ from pathlib import Path
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from data.files import write_atomically
-from data.checkpoint import OLDER_LAYOUT, CheckpointError, read_checkpoint, stored_label_names
+from data.checkpoint import OLDER_LAYOUT, CheckpointError, stored_label_names
 from model.config import network_config
 
 SPECIAL_NAMES = ("last", "best", "hpc", "registry")  # Lightning resolves these itself
@@ -38,13 +38,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 def resolve(ckpt_path: str | None, trainer) -> Path | None:
     """The file `ckpt_path` names: a path, or "last" → the run's last.ckpt (None when there is none yet: a fresh
     start). Lightning's other special names ("best", "hpc", ...) are left to Lightning."""
-    if ckpt_path is None or ckpt_path in ("best", "hpc", "registry"):
-        return None
     if ckpt_path == "last":
         log_dir = getattr(trainer.logger, "log_dir", None) if trainer.logger else None
         last = Path(log_dir) / "checkpoints" / "last.ckpt" if log_dir else None
         return last if last is not None and last.exists() else None
-    return Path(ckpt_path)
+    return None if ckpt_path is None or ckpt_path in SPECIAL_NAMES else Path(ckpt_path)
 
 
 def check_fits(path, checkpoint: dict, network, label_names, resume: bool = False) -> None:

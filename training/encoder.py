@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from data.checkpoint import CheckpointError, read_pretraining_checkpoint
+from data.checkpoint import CheckpointError, network_weights, read_pretraining_checkpoint
 from model.config import NetworkConfig
 
 # The settings a fine-tuned classifier may choose apart from its pretraining run: dropout rates, the starting spread
@@ -37,8 +37,7 @@ def check_pretrained(path: str, network: NetworkConfig) -> dict:
 def encoder_state(checkpoint: dict) -> dict[str, torch.Tensor]:
     """The pretrained encoder's weights, named as in AttentionClassifier (token_embedding, position_embedding,
     blocks); the objective's head stays behind."""
-    state = {name.removeprefix("model."): tensor for name, tensor in checkpoint["state_dict"].items()}
-    return {name: tensor for name, tensor in state.items() if name.startswith(ENCODER_PARTS)}
+    return {name: tensor for name, tensor in network_weights(checkpoint).items() if name.startswith(ENCODER_PARTS)}
 
 
 def load_encoder(model: torch.nn.Module, path: str) -> int:
