@@ -70,7 +70,9 @@ def test_the_readmes_table_of_kinds_is_the_registry():
 
 
 def test_the_doctors_table_of_planted_bugs_is_what_bench_bugs_prints(capsys):
-    assert bugs_table(capsys).strip() in (ROOT / "docs" / "DOCTOR.md").read_text(encoding="utf-8")
+    # The held-out bugs (bench/bugs_heldout.py) register only where that module is imported, and are listed apart.
+    printed = [line for line in bugs_table(capsys).splitlines() if " | heldout | " not in line]
+    assert "\n".join(printed) in (ROOT / "docs" / "DOCTOR.md").read_text(encoding="utf-8")
 
 
 def test_a_kind_registered_later_is_validated_by_its_own_rules(strided):
