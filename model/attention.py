@@ -191,6 +191,19 @@ class MultiHeadSelfAttention(nn.Module):
         B, H, L, d = t.shape
         return t.transpose(1, 2).reshape(B, L, H * d)  # (B, L, H·d)
 
+    def reference_keys(self, L: int, causal: bool, device=None) -> torch.Tensor:
+        """(L, L) bool: True where this kind's definition lets query i see key j (before padding); the doctor's
+        reference (monitor/contract.py). Full attention: every key, or those at or before i with the look-ahead."""
+        seen = torch.ones(L, L, dtype=torch.bool, device=device)
+        return seen.tril() if causal else seen
+
+    def reference(self, x: torch.Tensor, padding: torch.Tensor, *, scale: float, causal: bool) -> "Reference":
+        """This layer's definition recomputed the plainest way, dense and in float64, from its own weights:
+        x (B, L, D) the layer's input, padding (B, L) bool from the texts' lengths."""
+        q, k, v = reference_projections(self, x)
+        allowed = self.reference_keys(x.shape[1], causal, x.device)[None, None] & ~padding[:, None, None, :]
+        return dense_reference(self, q, k, v, allowed, scale)
+
 
 def attention_mask(
     key_padding_mask: torch.Tensor | None, causal: bool, L: int, device: torch.device | None = None
@@ -221,3 +234,36 @@ def fused_attention(q, k, v, blocked, scale: float, dropout_p: float) -> torch.T
     bias = torch.zeros(blocked.shape, dtype=q.dtype, device=q.device).masked_fill(blocked, torch.finfo(q.dtype).min)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
     return out.masked_fill(blocked.all(dim=-1, keepdim=True), 0.0)
+
+
+class Reference(NamedTuple):
+    """A kind's definition recomputed densely (MultiHeadSelfAttention.reference): every stage, over all L keys
+    (linformer: its k projected keys), for the doctor to compare with what the layer handed out."""
+
+    scores: torch.Tensor  # (B, H, L, K) q·k · scale; -inf where the definition blocks the key
+    weights: torch.Tensor  # (B, H, L, K) softmax rows; 0 where blocked (and in rows with no key at all)
+    allowed: torch.Tensor  # (B, 1, L, K) bool
+    heads: torch.Tensor  # (B, L, H·d) the heads' outputs side by side, before W_O
+    out: torch.Tensor  # (B, L, D)
+    q: torch.Tensor  # (B, H, L, d), and the keys and values the queries see, (B, H, K, d)
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+def reference_projections(layer, x: torch.Tensor):
+    """Q, K, V (B, H, L, d) each, float64, from the layer's W_Q, W_K, W_V (and biases) on x (B, L, D)."""
+    B, L, _ = x.shape
+    return [F.linear(x.double(), w.weight.double(), None if w.bias is None else w.bias.double())
+            .view(B, L, layer.n_heads, layer.d_head).transpose(1, 2) for w in (layer.w_q, layer.w_k, layer.w_v)]
+
+
+def dense_reference(layer, q, k, v, allowed: torch.Tensor, scale: float) -> Reference:
+    """softmax(q kᵀ · scale) v over the allowed keys, written independently of attention(): the weights by
+    masked_fill(-inf) and softmax, the output by F.scaled_dot_product_attention, then W_O."""
+    scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~allowed, -math.inf)
+    weights = scores.softmax(dim=-1).nan_to_num(0.0)  # a row with no key: 0
+    heads = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale).nan_to_num(0.0)
+    heads = heads.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0).transpose(1, 2).flatten(2)  # (B, L, H·d)
+    w_o = layer.w_o
+    out = F.linear(heads, w_o.weight.double(), None if w_o.bias is None else w_o.bias.double())
+    return Reference(scores, weights, allowed, heads, out, q, k, v)

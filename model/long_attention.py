@@ -148,6 +148,11 @@ class LocalSelfAttention(LongAttention):
         """(L, band_width): column o of row i is key i − w + o."""
         return torch.arange(L, device=device)[:, None] - self.window + torch.arange(self.band_width, device=device)
 
+    def reference_keys(self, L: int, causal: bool, device=None) -> torch.Tensor:
+        """(L, L) bool, the definition: query i sees keys i − w … i + w (causal: i − w … i)."""
+        offset = torch.arange(L, device=device) - torch.arange(L, device=device)[:, None]  # key − query
+        return (offset <= 0) & (offset >= -self.window) if causal else offset.abs() <= self.window
+
 
 # ---- sparse -----------------------------------------------------------------------------------------------------
 
@@ -226,6 +231,14 @@ class SparseSelfAttention(LocalSelfAttention):
         g = min(self.global_tokens, L)
         return torch.cat([torch.arange(g, device=device).expand(L, g), super().key_positions(L, device)], dim=-1)
 
+    def reference_keys(self, L: int, causal: bool, device=None) -> torch.Tensor:
+        """(L, L) bool, the definition: the window as for local, plus every key of a global query and the global
+        keys for every query (causal: none after the query)."""
+        index = torch.arange(L, device=device)
+        seen = super().reference_keys(L, False, device) | (index < self.global_tokens)[:, None] \
+            | (index < self.global_tokens)[None, :]
+        return seen & (index[None, :] <= index[:, None]) if causal else seen
+
 
 # ---- linformer --------------------------------------------------------------------------------------------------
 
@@ -283,3 +296,13 @@ class LinformerSelfAttention(LongAttention):
             return out, None
         virtual = torch.full((L, k.shape[2]), -1, dtype=torch.long, device=q.device)  # (L, k): no token
         return out, weights._replace(key_positions=virtual)
+
+    def reference(self, x: torch.Tensor, padding: torch.Tensor, *, scale: float, causal: bool) -> core.Reference:
+        """The definition, dense in float64: K' = E K and V' = F V over the text's real tokens (padding zeroed
+        before projecting), softmax(Q K'ᵀ · scale) V'; a text of padding only has no key."""
+        q, k, v = core.reference_projections(self, x)
+        L, real = x.shape[1], ~padding[:, None, :, None]
+        keys = self.key_projection[:, :L].double() @ (k * real)  # (B, H, k, d)
+        values = self.value_projection[:, :L].double() @ (v * real)
+        allowed = (~padding.all(dim=-1))[:, None, None, None].expand(-1, 1, L, keys.shape[2])
+        return core.dense_reference(self, q, keys, values, allowed, scale)

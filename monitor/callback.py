@@ -31,7 +31,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from data.datamodule import collate
 from data.tokenizer import UNK_ID
 from model.config import ConfigError
-from monitor.checks import SAMPLE_TEXTS, model_checks
+from monitor.checks import SAMPLE_TEXTS, forward_passes, model_checks
+from monitor.contract import contract_checks, formula_settings
 from monitor.doctor import (SHOWN_FIGURES, Finding, diagnose, figure_table_markdown, head_titles,
                             verdict_table_markdown)
 from monitor.dynamics import TrainingDynamics
@@ -230,9 +231,12 @@ class AttentionMonitor(Callback):
     def on_validation_epoch_start(self, trainer, pl_module):
         self.health.reset()
         self.check_batches = []
-        # The checks cost (heads + 4) forward passes over their texts: at most CHECK_SHARE of the training work
-        # (a forward and a backward pass, about 3 forward passes, per text) since the last validation.
-        passes = sum(block.attention.n_heads for block in pl_module.model.blocks) + 4
+        self.correct = self.seen = 0
+        self.val_labels = None
+        # The checks cost forward_passes() forward passes over their texts: at most CHECK_SHARE of the training
+        # work (a forward and a backward pass, about 3 forward passes, per text) since the last validation. (The
+        # contract checks read a fixed CONTRACT_TEXTS texts on top: bench/monitor_cost.py measures both.)
+        passes = forward_passes(pl_module.model)
         trained = self.dynamics.texts
         budget = max(MIN_CHECK_TEXTS, int(CHECK_SHARE * 3 * trained / passes)) if trained else self.check_texts
         self.check_limit = min(self.check_texts, budget)
@@ -244,6 +248,13 @@ class AttentionMonitor(Callback):
         if held < self.check_limit and "labels" in batch:  # a pretraining batch has no labels to lose
             self.check_batches.append({key: batch[key][: self.check_limit - held]
                                        for key in ("input_ids", "padding_mask", "labels")})
+        logits = outputs.get("logits") if isinstance(outputs, dict) else None
+        if logits is not None and "labels" in batch:  # for not-learning: accuracy against the majority class
+            labels = batch["labels"]
+            self.correct += int((logits.argmax(-1) == labels).sum())
+            self.seen += len(labels)
+            counts = torch.bincount(labels, minlength=logits.shape[-1])
+            self.val_labels = counts if self.val_labels is None else self.val_labels + counts
         if self.health_batches is not None and batch_idx >= self.health_batches:
             return
         attention = outputs.get("attention") if isinstance(outputs, dict) else None
@@ -261,8 +272,14 @@ class AttentionMonitor(Callback):
         # The checks need a classifier's loss: a pretraining network has no labels to lose.
         classifier = getattr(pl_module, "label_names", None) is not None and hasattr(network, "head")
         checks = model_checks(network, self.check_batches) if classifier and self.check_batches else {}
+        if classifier and self.check_batches:
+            checks |= contract_checks(network, self.check_batches)
+        checks |= formula_settings(getattr(network, "config", None))
         self.check_batches = []
         dynamics = self.dynamics.summary()
+        if dynamics and self.seen:
+            dynamics |= {"epoch": trainer.current_epoch, "val_accuracy": self.correct / self.seen,
+                         "majority_rate": float(self.val_labels.max()) / self.seen}
         self.findings = diagnose(figures, checks, dynamics, getattr(network, "config", None))
         step = trainer.global_step
         self.history.append({"step": step, "epoch": trainer.current_epoch, "findings": self.findings})
@@ -299,7 +316,12 @@ class AttentionMonitor(Callback):
                 scalars[f"attention_doctor/score_correlation/layer{layer}"] = float(correlation.nan_to_num(-1).max())
         for name in ("order_sensitivity", "position_sensitivity", "unsteady_loss"):
             scalars[f"attention_doctor/{name}"] = float(checks.get(name, math.nan))
-        scalars |= {f"attention_doctor/{name}": float(value) for name, value in dynamics.items()}
+        for layer, result in enumerate(checks.get("formula", [])):  # the contract: 0 up to rounding
+            scalars[f"attention_doctor/formula_difference/layer{layer}"] = float(result["largest"])
+        for name, delta in checks.get("invariance", {}).items():
+            scalars[f"attention_doctor/invariance_{name}"] = float(delta)
+        scalars |= {f"attention_doctor/{name}": float(value) for name, value in dynamics.items()
+                    if isinstance(value, (int, float))}
         scalars = {name: value for name, value in scalars.items() if not math.isnan(value)}  # figures a kind has not
         for logger in trainer.loggers:
             logger.log_metrics(scalars, trainer.global_step)
@@ -321,8 +343,14 @@ class AttentionMonitor(Callback):
     def on_train_start(self, trainer, pl_module):
         self.dynamics.watch(pl_module)
 
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.dynamics.gradients()
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.dynamics.update(outputs, trainer.global_step, len(batch["input_ids"]))
+        config = getattr(pl_module.model, "config", None)
+        if "labels" in batch and getattr(pl_module, "label_names", None) is not None and config is not None:
+            self.dynamics.count_labels(batch["labels"], config.num_classes)
         step = trainer.global_step
         if self.every_n_train_steps <= 0 or step == 0 or step % self.every_n_train_steps or step == self.last_probe_step:
             return  # the last test skips repeats while gradient accumulation holds the step still

@@ -59,6 +59,15 @@ def model_checks(model, batches: list[dict]) -> dict:
     return checks
 
 
+def forward_passes(model) -> int:
+    """Forward passes model_checks makes over its texts: the base loss, one per head zeroed, the second identical
+    pass, and two each for the order check (full attention, not causal) and the position check."""
+    config = model.config
+    order = 2 if config.attention == "full" and not config.causal else 0
+    position = 2 if getattr(model, "position_embedding", None) is not None else 0
+    return 1 + sum(block.attention.n_heads for block in model.blocks) + 1 + order + position
+
+
 def mean_loss(model, batches: list[dict]) -> float:
     total, count = 0.0, 0
     for batch in batches:

@@ -45,6 +45,14 @@ AVERAGING_ENTROPY = 0.95  # a head this uniform averages its keys
 NEEDED_LOSS = 0.005  # Δloss when the head is zeroed: above this the loss needs it
 UNUSED_LOSS = 0.001  # |Δloss| below this: the loss does not need the head
 STILL_LEARNING = 0.05  # the training loss fell by more than this share over the last epoch
+FORMULA_TOLERANCE = 1e-3  # a layer's stage against its kind's definition recomputed (monitor/contract.py): float32
+# rounding gives ≤ 1e-6 on every kind; the smallest planted change (weights × 0.5) 0.5
+SCALE_FACTOR = 4.0  # a configured scale this many times 1/√d_k, or 1/this, breaks the formula (1.0 with heads of 16
+# is 4×; 0.001 with heads of 16 is 0.004×)
+INVARIANCE = 1e-4  # max |Δp| when a text is padded further or run alone: float rounding gives ≤ 1e-6
+PRIOR_LOSS = 0.95  # the training loss at least this share of the class prior's entropy (guessing the prior) ...
+MAJORITY_MARGIN = 0.01  # ... or validation accuracy within this of the majority-class rate ...
+NOT_LEARNING_EPOCH = 2  # ... at a validation of this epoch (from 0) or later: a healthy slow start is past by then
 
 VERDICTS: dict[str, Verdict] = {
     "padding-leak": Verdict(
@@ -102,6 +110,43 @@ VERDICTS: dict[str, Verdict] = {
         f"two identical evaluation passes differing (abs(Δloss) ≥ {UNSTEADY:g}), or non-finite weights",
         "attention computes something other than softmax(q kᵀ · scale) v over the allowed keys",
         "test attention() against a reference (tests/test_formula.py) and read the figures in the warning"),
+    "formula-broken": Verdict(
+        "warning", f"a stage of the layer (scores, mask, weights, output before W_O, output) differs from its kind's "
+        f"definition recomputed from the layer's own input and weights by ≥ {FORMULA_TOLERANCE:g} (relative; weights "
+        "absolute); the first such stage is named, with how it differs",
+        "the layer computes something other than its kind's definition, softmax(Q Kᵀ/√d_k) V over the keys it "
+        "should see: the named stage is where the code departs from it",
+        "read the line that makes the named stage (model/attention.py attention(), the kind's attend or mask) "
+        "against the formula; tests/test_formula.py compares attention() with a reference"),
+    "formula-setting": Verdict(
+        "warning", f"the config's scale is ≥ {SCALE_FACTOR:g}× or ≤ 1/{SCALE_FACTOR:g} of 1/√d_k",
+        "a network setting changes the formula: the scores are that many times too large (a saturated softmax) or "
+        "too small (uniform rows); the weights may grow to hide it, the setting stays",
+        "leave --model.network.scale unset (1/√d_k), or set it near 1/√d_head"),
+    "weight-not-learning": Verdict(
+        "warning", "a parameter that should learn gets no gradient, is not held by the optimizer, never moves, "
+        "has requires_grad off, or is kept where the network does not register it (a plain list)",
+        "a stray .detach(), a module kept in a plain Python list (the optimizer never sees it), requires_grad left "
+        "off, or an optimizer built on other parameters",
+        "follow the named parameter from the loss back to it: no .detach() on the way, nn.ModuleList for lists of "
+        "modules, requires_grad on, the optimizer built on model.parameters()"),
+    "invariance-broken": Verdict(
+        "warning", f"a prediction moves by ≥ {INVARIANCE:g} when its text's batch is padded further (padding) or "
+        "when the text is run alone instead of with its batch (neighbours)",
+        "padding or other texts of the batch reach a text's prediction: a mask not applied somewhere (attention, "
+        "pooling), or a computation across the batch",
+        "apply the padding mask from the lengths in every step that mixes tokens; nothing may mix texts"),
+    "not-learning": Verdict(
+        "warning", f"from epoch {NOT_LEARNING_EPOCH}: the training loss ≥ {PRIOR_LOSS:g} × the entropy of the class "
+        f"prior (guessing the prior), or validation accuracy within {MAJORITY_MARGIN:g} of the majority-class rate",
+        "the model does not learn: see the other warnings (formula-broken, weight-not-learning) for the cause; "
+        "without them, the learning rate or the data",
+        "read the contract warnings first; then check the labels and the learning rate"),
+    "computes-formula": Verdict(
+        "note", f"every stage of the layer matches its kind's definition recomputed from its own input and weights "
+        f"(largest difference < {FORMULA_TOLERANCE:g})",
+        "the layer computes the formula: softmax(Q Kᵀ · scale) V over the keys its kind defines, then W_O",
+        "nothing"),
     "averaging-head": Verdict(
         "note", f"entropy ≥ {AVERAGING_ENTROPY:g} with no bug-class figure: the head spreads its weight evenly",
         "a head that averages its keys (a bag of words); \"needed\" when zeroing it raises the validation loss by "
@@ -131,6 +176,7 @@ class Finding:
     layer: int | None  # None = the whole model
     head: int | None  # None = the whole layer (or model)
     figures: dict[str, float]  # the figures that led to it, named as in monitor/health.py and monitor/checks.py
+    detail: str = ""  # what the figures cannot say: the stage and how it differs, the parameter, the flag
 
     @property
     def severity(self) -> str:
@@ -146,7 +192,8 @@ class Finding:
         verdict = VERDICTS.get(self.verdict, UNKNOWN)
         numbers = ", ".join(f"{name} {format_figure(value)}" for name, value in self.figures.items())
         numbers = f" ({numbers})" if numbers else ""
-        return f"attention {self.where()}: {self.verdict}{numbers}: {verdict.cause}; try: {verdict.fix}"
+        detail = f": {self.detail}" if self.detail else ""
+        return f"attention {self.where()}: {self.verdict}{numbers}{detail}: {verdict.cause}; try: {verdict.fix}"
 
     def to_dict(self) -> dict:
         """Plain data (a checkpoint loads it with weights_only)."""
@@ -155,7 +202,8 @@ class Finding:
     @classmethod
     def from_dict(cls, data: dict) -> "Finding":
         """A stored finding; one without layer, head or figures (another version's) is about the whole model."""
-        return cls(data["verdict"], data.get("layer"), data.get("head"), dict(data.get("figures") or {}))
+        return cls(data["verdict"], data.get("layer"), data.get("head"), dict(data.get("figures") or {}),
+                   str(data.get("detail", "")))
 
 
 def format_figure(value: float) -> str:
@@ -169,7 +217,8 @@ def diagnose(figures: HealthFigures | None, checks: dict | None = None, dynamics
     """The findings of one validation pass, warnings first. figures: monitor/health.py's; checks: monitor/checks.py's
     model_checks (None: not run); dynamics: {"update_ratio", "nonfinite_loss", "loss_drop"} from the training batches
     (None: no training since the last pass); config: the NetworkConfig (positions, kind, causal)."""
-    findings = model_findings(checks or {}, dynamics or {}, config)
+    findings = model_findings(checks or {}, dynamics or {}, config) + contract_findings(checks or {}, dynamics or {},
+                                                                                       config)
     if figures is None or figures.rows == 0:
         return findings + [Finding("no-data", None, None, {})]
     if not all(math.isfinite(v) for layer in range(len(figures.entropy))
@@ -201,6 +250,37 @@ def model_findings(checks: dict, dynamics: dict, config) -> list[Finding]:
     if dynamics.get("loss_drop", 0.0) > STILL_LEARNING:
         findings.append(Finding("still-learning", None, None, {"loss_drop": dynamics["loss_drop"]}))
     return findings
+
+
+def contract_findings(checks: dict, dynamics: dict, config) -> list[Finding]:
+    """The contract (monitor/contract.py, monitor/dynamics.py): the formula per layer, the settings, every
+    parameter learning, the invariances, and a model that does not learn."""
+    found = []
+    for layer, result in enumerate(checks.get("formula", [])):
+        if result["stage"] is None:
+            found.append(Finding("computes-formula", layer, None, {"difference": result["largest"]}))
+        else:
+            found.append(Finding("formula-broken", layer, None, {"difference": result["difference"]},
+                                 f"first differing stage: {result['stage']}, {result['how']}"))
+    factor = checks.get("scale_factor", math.nan)
+    if factor >= SCALE_FACTOR or factor <= 1 / SCALE_FACTOR:
+        found.append(Finding("formula-setting", None, None, {"scale_factor": factor, "scale": checks["scale"]},
+                             f"--model.network.scale {checks['scale']:g} is {factor:.3g} × 1/√d_k"))
+    for name, reason in dynamics.get("parameters", {}).items():
+        found.append(Finding("weight-not-learning", None, None, {}, f"{name}: {reason}"))
+    for name, delta in checks.get("invariance", {}).items():
+        if delta >= INVARIANCE:
+            found.append(Finding("invariance-broken", None, None, {f"{name}_change": delta},
+                                 {"padding": "padding the batch further changes predictions",
+                                  "neighbours": "a text alone is predicted otherwise than with its batch"}.get(name,
+                                                                                                              name)))
+    if dynamics.get("epoch", -1) >= NOT_LEARNING_EPOCH:
+        loss, prior = dynamics.get("train_loss", math.nan), dynamics.get("prior_loss", math.nan)
+        accuracy, majority = dynamics.get("val_accuracy", math.nan), dynamics.get("majority_rate", math.nan)
+        if loss >= PRIOR_LOSS * prior or accuracy <= majority + MAJORITY_MARGIN:
+            found.append(Finding("not-learning", None, None, {"train_loss": loss, "prior_loss": prior,
+                                                               "val_accuracy": accuracy, "majority_rate": majority}))
+    return found
 
 
 def layer_warnings(figures: HealthFigures, layer: int, checks: dict) -> list[Finding]:
@@ -286,7 +366,7 @@ def head_titles(findings: list[Finding], heads: list[int]) -> list[list[str]]:
         row = []
         for head in range(n):
             mine = [f for f in findings if f.layer in (None, layer) and f.head in (None, head)
-                    and (f.layer is not None or f.severity == "warning")]
+                    and (f.head is not None or f.severity == "warning")]
             names = [f.verdict for f in mine if f.severity == "warning"] or [f.verdict for f in mine] or ["ok"]
             row.append(", ".join(dict.fromkeys(names)))
         titles.append(row)

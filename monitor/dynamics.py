@@ -7,6 +7,13 @@
     nonfinite_loss  1 when a training loss was NaN or infinite, else 0
     loss_drop       (mean loss of the first half of the batches − of the second half) / the first half: above a few
                     percent the model is still learning
+    train_loss      mean training loss since the last validation; prior_loss the entropy of the training labels
+                    seen so far (the loss of a model that guesses the class prior)
+    parameters      {name: why} for each parameter of the trained network that should learn and does not: no
+                    gradient reached it at the steps looked at (GRADIENT_STEPS after each validation), the optimizer
+                    does not hold it, it did not move since the last validation, requires_grad is off (frozen by
+                    design: the fixed position table of positions sinusoidal or none), or it is kept where the
+                    network does not register it (a module or tensor in a plain list, dict or tuple attribute)
 
 Nothing is moved to the CPU per step: the sums stay tensors on the training device until `summary()`.
 """
@@ -14,16 +21,23 @@ Nothing is moved to the CPU per step: the sums stay tensors on the training devi
 import math
 
 import torch
+from torch import nn
+
+GRADIENT_STEPS = 4  # optimizer steps after each validation whose gradients are looked at
 
 
 class TrainingDynamics:
     def __init__(self):
         self.parameters, self.before, self.last_step = [], None, None
+        self.named, self.held, self.frozen, self.hidden, self.start = {}, set(), set(), [], None
+        self.label_counts = None
         self.reset()
 
     def reset(self) -> None:
         self.losses, self.ratios, self.nonfinite = [], [], None
         self.texts = 0  # training texts since the last summary
+        self.gradient_steps, self.no_gradient = 0, None  # names with no gradient at every step looked at
+        self.start = None if not self.named else [p.detach().clone() for p in self.named.values()]
 
     def watch(self, pl_module) -> None:
         """The attention projections of the network the optimizer trains (`online_model` when there is one)."""
@@ -32,6 +46,30 @@ class TrainingDynamics:
                            for linear in (block.attention.w_q, block.attention.w_k, block.attention.w_v,
                                           block.attention.w_o)]
         self.before = None
+        self.named = dict(network.named_parameters())
+        optimizers = getattr(getattr(pl_module, "_trainer", None), "optimizers", None) or []
+        self.held = {id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]}
+        config = getattr(network, "config", None)
+        fixed = {"position_embedding.weight"} if getattr(config, "positions", "learned") != "learned" else set()
+        self.frozen = {name for name, p in self.named.items() if not p.requires_grad and name not in fixed}
+        self.named = {name: p for name, p in self.named.items() if p.requires_grad}
+        self.hidden = unregistered(network)
+        self.reset()
+
+    @torch.no_grad()
+    def gradients(self) -> None:
+        """Before an optimizer step (gradients in place): which parameters got none, at the first GRADIENT_STEPS."""
+        if self.gradient_steps >= GRADIENT_STEPS or not self.named:
+            return
+        self.gradient_steps += 1
+        # Exactly zero everywhere counts as none: a gradient that never varies is no learning signal (one sync per
+        # step looked at, on a few steps only).
+        none = {name for name, p in self.named.items() if p.grad is None or not bool(p.grad.any())}
+        self.no_gradient = none if self.no_gradient is None else self.no_gradient & none
+
+    def count_labels(self, labels: torch.Tensor, classes: int) -> None:
+        counts = torch.bincount(labels.detach().flatten(), minlength=classes)
+        self.label_counts = counts if self.label_counts is None else self.label_counts + counts
 
     @torch.no_grad()
     def update(self, outputs, step: int, texts: int = 0) -> None:
@@ -68,6 +106,45 @@ class TrainingDynamics:
             "nonfinite_loss": float(bool(self.nonfinite)),
             "loss_drop": (first - second) / first if half and first > 0 else math.nan,
             "train_loss": finite.mean().item() if len(finite) else math.nan,
+            "prior_loss": prior_entropy(self.label_counts),
+            "parameters": self.stuck(),
         }
         self.reset()
         return figures
+
+    def stuck(self) -> dict[str, str]:
+        """{parameter name: why it does not learn} since the last validation (see the module docstring)."""
+        found = {name: "requires_grad is off" for name in sorted(self.frozen)}
+        found |= {name: "kept in a plain Python container, so the optimizer never sees it" for name in self.hidden}
+        if self.held:
+            found |= {name: "the optimizer does not hold it" for name, p in self.named.items() if id(p) not in self.held}
+        found |= {name: "no gradient reaches it" for name in sorted(self.no_gradient or ())}
+        if self.start is not None and self.ratios:  # at least one optimizer step since the last validation
+            found |= {name: "the optimizer never moved it" for (name, p), before in zip(self.named.items(), self.start)
+                      if name not in found and torch.equal(p.detach(), before)}
+        return found
+
+
+def prior_entropy(counts: torch.Tensor | None) -> float:
+    """Entropy (nats) of the class shares of `counts`: the cross-entropy of always predicting the prior."""
+    if counts is None or counts.sum() == 0:
+        return math.nan
+    share = counts.double() / counts.sum()
+    return float(-(share * share.clamp(min=1e-300).log()).sum())
+
+
+def unregistered(network: nn.Module) -> list[str]:
+    """Modules and trainable tensors kept in a plain list, tuple or dict attribute of a module: the network does
+    not register them, so no optimizer built on its parameters sees them."""
+    found = []
+    for prefix, module in network.named_modules():
+        for attribute, value in vars(module).items():
+            if attribute.startswith("_") or not isinstance(value, (list, tuple, dict)):
+                continue
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                trainable = isinstance(item, nn.Module) and any(p.requires_grad for p in item.parameters()) or (
+                    isinstance(item, torch.Tensor) and item.requires_grad)
+                if trainable:
+                    found.append(f"{prefix + '.' if prefix else ''}{attribute}[{key!r}]")
+    return found

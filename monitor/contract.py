@@ -1,0 +1,290 @@
+"""The contract checks: what every working attention layer satisfies, whatever the bug (monitor/doctor.py turns
+them into verdicts). Plain PyTorch, run once per validation on a small sample of validation texts (CONTRACT_TEXTS).
+
+    formula      each layer recomputed from its own input x, the padding mask of the texts' lengths, the config's
+                 look-ahead flag and scale, and its own W_Q, W_K, W_V, W_O, by an independent dense reference of its
+                 kind's definition (the kind's `reference`, model/attention.py and model/long_attention.py), and
+                 compared stage by stage with what the layer computed and handed out: the scores (row-centred:
+                 softmax ignores a constant added to a row), the mask (which keys a real query may see), the
+                 weights, the heads' output before W_O, the output. The first stage that differs beyond rounding
+                 (FORMULA_TOLERANCE) is named, by how much and how: a constant factor, the other axis, another
+                 operand, a mask that differs
+    invariances  the predictions (probabilities) must not move when the batch is padded further (padding),
+                 when each text is run alone instead of with its batch neighbours (neighbours)
+    setting      the config's scale against 1/√d_k (formula_settings)
+
+Letters in the shape comments: B texts, L tokens, H heads, K keys of a row, D model width, N real tokens.
+"""
+
+import math
+from contextlib import contextmanager
+
+import torch
+
+from data.tokenizer import pad
+from model.attention import unpack
+
+CONTRACT_TEXTS = 16  # texts of the validation sample the contract checks read (a spread of lengths)
+DENSE_ELEMENTS = 2**23  # at most B·H·L² entries per dense reference tensor: long texts are left out of the sample
+FORMULA_TOLERANCE = 1e-3  # float32 rounding gives ≤ 1e-5 (relative; weights: absolute); see docs/DOCTOR.md
+MATCH = 1e-2  # a candidate explanation ("× c", "other axis", "other operand") fits when its residual is below this
+STAGES = ("scores", "mask", "weights", "output before W_O", "output")
+
+
+def contract_sample(batches: list[dict], texts: int = CONTRACT_TEXTS, heads: int = 1) -> list[torch.Tensor]:
+    """Up to `texts` texts (their real token ids) of the batches, evenly spread over their lengths (so a padded
+    batch of them has padding), none so long that a dense reference of them all would exceed DENSE_ELEMENTS."""
+    found = [ids[~padding] for batch in batches for ids, padding in zip(batch["input_ids"], batch["padding_mask"])]
+    found = sorted((ids for ids in found if len(ids) >= 1), key=len)
+    limit = math.isqrt(DENSE_ELEMENTS // (texts * max(heads, 1)))
+    found = [ids for ids in found if len(ids) <= limit] or found[:1]
+    if len(found) <= texts:
+        return found
+    return [found[round(i * (len(found) - 1) / (texts - 1))] for i in range(texts)] if texts > 1 else found[:1]
+
+
+def padded(texts: list[torch.Tensor], length: int | None = None):
+    """(input_ids (B, L), padding_mask (B, L)) of texts, padded to `length` (default: the longest)."""
+    ids, padding = pad([t.tolist() for t in texts])
+    if length is not None and length > ids.shape[1]:
+        extra = length - ids.shape[1]
+        ids = torch.nn.functional.pad(ids, (0, extra))
+        padding = torch.nn.functional.pad(padding, (0, extra), value=True)
+    device = texts[0].device
+    return ids.to(device), padding.to(device)
+
+
+@torch.no_grad()
+def contract_checks(model, batches: list[dict]) -> dict:
+    """The formula and the invariances on a sample of the batches (eval mode; the model is left as found).
+    Returns {"formula": [per layer: {"stage", "difference", "how", "largest"}], "invariance": {name: max |Δp|}}."""
+    config = model.config
+    texts = contract_sample(batches, heads=max(block.attention.n_heads for block in model.blocks))
+    if not texts:
+        return {}
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.autocast(texts[0].device.type, enabled=False):
+            ids, padding = padded(texts)
+            with captured(model) as records:
+                logits = model(ids, padding, need_weights=True).logits
+            formula = [compare(block.attention, record, padding, config)
+                       for block, record in zip(model.blocks, records)]
+            return {"formula": formula, "invariance": invariances(model, texts, logits)}
+    finally:
+        model.train(was_training)
+
+
+@contextmanager
+def captured(model):
+    """Records, per layer, what its forward_packed received and returned (x, its padding mask, the output, the
+    weights it handed out) and the input of its W_O (the heads' output): one dict per layer."""
+    records, undo = [], []
+    for block in model.blocks:
+        layer, record = block.attention, {}
+        own = layer.__dict__.get("forward_packed")  # an instance attribute (a planted bug) is put back as it was
+
+        def forward_packed(x, key_padding_mask, need_weights=False, original=layer.forward_packed, record=record):
+            out, weights = original(x, key_padding_mask, need_weights)
+            record.update(x=x, padding=key_padding_mask, out=out, attention=weights)
+            return out, weights
+
+        layer.forward_packed = forward_packed
+        hook = layer.w_o.register_forward_pre_hook(lambda module, args, record=record: record.update(heads=args[0]))
+        undo.append((layer, own, hook))
+        records.append(record)
+    try:
+        yield records
+    finally:
+        for layer, own, hook in undo:
+            hook.remove()
+            if own is None:
+                del layer.forward_packed
+            else:
+                layer.forward_packed = own
+
+
+def dense_handout(attention, L: int):
+    """What a layer handed out, over the keys its reference uses: (weights, scores, allowed) each (B, H, L, K),
+    scores -inf where the layer blocked a key. A long kind's band is spread onto the L tokens by its key positions
+    (and the sparse kind's global rows written over rows 0..g-1); projected keys (all positions −1) stay as they
+    are."""
+    weights, scores = attention.weights.double(), attention.scores.double()
+    B, H, _, K = weights.shape
+    allowed = torch.ones_like(weights, dtype=torch.bool)
+    if attention.blocked is not None:
+        allowed = allowed & ~attention.blocked
+    positions = getattr(attention, "key_positions", None)
+    if positions is None or bool((positions < 0).all()):
+        return weights, scores.masked_fill(~allowed, -math.inf), allowed
+    valid = (positions >= 0) & (positions < L)  # (L, K)
+    index = positions.clamp(0, L - 1).expand(B, H, L, K)
+    dense_weights = weights.new_zeros(B, H, L, L).scatter_add_(-1, index, weights * valid)
+    seen = allowed & valid
+    dense_scores = weights.new_full((B, H, L, L), -math.inf).scatter_reduce_(
+        -1, index, scores.masked_fill(~seen, -math.inf), reduce="amax")
+    dense_allowed = dense_scores > -math.inf
+    dense_allowed |= torch.zeros_like(dense_allowed).scatter_(-1, index, seen)  # a -inf score the layer allowed
+    rows = getattr(attention, "global_rows", None)
+    if rows is not None:
+        g = rows.weights.shape[2]
+        global_allowed = torch.ones_like(rows.weights, dtype=torch.bool) if rows.blocked is None else ~rows.blocked
+        global_allowed = global_allowed.expand(B, H, g, L)
+        dense_weights[:, :, :g] = rows.weights.double()
+        dense_scores[:, :, :g] = rows.scores.double().masked_fill(~global_allowed, -math.inf)
+        dense_allowed[:, :, :g] = global_allowed
+    return dense_weights, dense_scores, dense_allowed
+
+
+def compare(layer, record: dict, padding: torch.Tensor, config) -> dict:
+    """The layer's stages against its kind's reference on the same input; the first that differs, how much, how."""
+    B, L = padding.shape
+    received = record["padding"].bool() if record.get("padding") is not None else torch.zeros_like(padding)
+    x = unpack(record["x"], ~received)  # (B, L, D) the layer's input, zeros where it was given padding
+    scale = config.scale if config.scale is not None else 1.0 / math.sqrt(layer.d_head)
+    ref = layer.reference(x, padding, scale=scale, causal=config.causal)
+    rows = ~padding & ref.allowed.any(dim=-1)[:, 0]  # (B, L) real queries with a key to look at
+    found = []  # (stage, difference, how)
+    if record.get("attention") is not None:
+        weights, scores, allowed = dense_handout(record["attention"], L)
+        found += [compare_scores(scores, allowed, ref, rows), compare_mask(allowed, ref, rows, padding),
+                  compare_weights(weights, ref, rows, scores)]
+    if record.get("heads") is not None:
+        heads = unpack(record["heads"], ~received).double()
+        found.append(("output before W_O", *differ(heads[rows], ref.heads[rows], operands(ref, rows))))
+    out = unpack(record["out"], ~received).double()
+    found.append(("output", *differ(out[rows], ref.out[rows], {"W_O left out": ref.heads[rows]})))
+    first = next(((stage, value, how) for stage, value, how in found if value >= FORMULA_TOLERANCE), None)
+    largest = max((value for _, value, _ in found), default=math.nan)
+    if first is None:
+        return {"stage": None, "difference": largest, "how": "", "largest": largest}
+    return {"stage": first[0], "difference": first[1], "how": first[2], "largest": largest}
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a − b| / max |b| (0 when both are empty)."""
+    if a.numel() == 0:
+        return 0.0
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
+
+
+def factor_of(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """The c that makes c·b closest to a, and the residual relative(a, c·b)."""
+    c = float((a * b).sum() / (b * b).sum().clamp(min=1e-300))
+    return c, relative(a, c * b) if c else math.inf
+
+
+def differ(a: torch.Tensor, b: torch.Tensor, candidates: dict[str, torch.Tensor] | None = None) -> tuple[float, str]:
+    """How much a stage differs from the reference (relative), and how: a constant factor, or the candidate (another
+    axis, another operand) it equals up to a factor; "" when it matches."""
+    difference = relative(a, b)
+    if difference < FORMULA_TOLERANCE:
+        return difference, ""
+    c, residual = factor_of(a, b)
+    if residual < MATCH:
+        return difference, f"{c:.3g} × the formula's (a constant factor)"
+    for name, candidate in (candidates or {}).items():
+        if candidate.shape != a.shape:
+            continue
+        c, residual = factor_of(a, candidate)
+        if residual < MATCH:
+            return difference, name + ("" if abs(c - 1) < MATCH else f", × {c:.3g}")
+    return difference, f"differs by up to {difference:.3g} of its size, no constant factor"
+
+
+def centred(scores: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """Scores minus their row mean over `where`, 0 elsewhere (softmax ignores a constant added to a row)."""
+    kept = where.to(scores.dtype)
+    values = scores.masked_fill(~where, 0.0)
+    mean = values.sum(dim=-1, keepdim=True) / kept.sum(dim=-1, keepdim=True).clamp(min=1)
+    return (values - mean) * kept
+
+
+def compare_scores(scores, allowed, ref, rows) -> tuple[str, float, str]:
+    """The scores where both the layer and the definition let a real query see a key, row-centred."""
+    both = allowed & ref.allowed & rows[:, None, :, None]
+    a, b = centred(scores, both), centred(ref.scores, both)
+    raw = {"keys and queries swapped (Kᵀ Q: the other axis)": ref.k @ ref.q.transpose(-2, -1),
+           "Q Qᵀ (another operand: the queries as keys)": ref.q @ ref.q.transpose(-2, -1),
+           "K Kᵀ (another operand: the keys as queries)": ref.k @ ref.k.transpose(-2, -1),
+           "Q Vᵀ (another operand: the values as keys)": ref.q @ ref.v.transpose(-2, -1)}
+    candidates = {name: centred(value, both) for name, value in raw.items() if value.shape == scores.shape}
+    return ("scores", *differ(a, b, candidates))
+
+
+def compare_mask(allowed, ref, rows, padding) -> tuple[str, float, str]:
+    """Keys a real query may see by the layer (allowed, or given weight) against the definition's."""
+    real = rows[:, None, :, None]
+    seen = allowed & real  # weight given where the layer's own mask blocks is the weights' stage
+    extra, missing = seen & ~ref.allowed, ref.allowed & ~allowed & real
+    total = max(int((ref.allowed & real).sum()), 1)
+    difference = (int(extra.sum()) + int(missing.sum())) / total
+    if difference == 0:
+        return "mask", 0.0, ""
+    parts = []
+    if extra.any():
+        K = extra.shape[-1]
+        on_padding = int((extra & padding[:, None, None, :K]).sum()) if K == padding.shape[1] else 0
+        parts.append(f"{int(extra.sum())} places the definition blocks are seen"
+                     + (f" ({on_padding} of them padding)" if on_padding else ""))
+    if missing.any():
+        L = missing.shape[-1]
+        later = torch.ones(L, L, dtype=torch.bool, device=missing.device).triu(1) if L == rows.shape[1] else None
+        look_ahead = later is not None and not (missing & ~later).any()
+        parts.append(f"{int(missing.sum())} keys the definition allows are blocked"
+                     + (" (all of them later tokens: a look-ahead mask)" if look_ahead else ""))
+    return "mask", difference, "a mask that differs: " + "; ".join(parts)
+
+
+def compare_weights(weights, ref, rows, scores) -> tuple[str, float, str]:
+    """The weights of real queries' rows (absolute: they lie in 0..1)."""
+    a, b = weights[rows[:, None].expand_as(weights[..., 0])], ref.weights[rows[:, None].expand_as(ref.weights[..., 0])]
+    difference = float((a - b).abs().max()) if a.numel() else 0.0
+    if difference < FORMULA_TOLERANCE:
+        return "weights", difference, ""
+    sums = a.sum(dim=-1)
+    if ref.scores.shape == weights.shape:  # softmax over the queries, compared where the definition allows a key
+        over_queries = ref.scores.softmax(dim=-2).nan_to_num(0.0)
+        picked = rows[:, None].expand_as(weights[..., 0])
+        allowed = ref.allowed.expand_as(weights)[picked]
+        if relative(a * allowed, over_queries[picked] * allowed) < MATCH:
+            return "weights", difference, "softmax over the queries (the other axis)"
+    c, residual = factor_of(a, b)
+    if residual < MATCH:
+        return "weights", difference, f"{c:.3g} × the formula's (a constant factor; rows sum to {c:.3g})"
+    return "weights", difference, (f"differ by up to {difference:.3g}; rows sum to {float(sums.min()):.3g}–"
+                                   f"{float(sums.max()):.3g}")
+
+
+def operands(ref, rows) -> dict[str, torch.Tensor]:
+    """The heads' output with another operand than V: the keys, the queries (B, L, H·d) at real rows."""
+    found = {}
+    for name, operand in (("the weights mix K instead of V (another operand)", ref.k),
+                          ("the weights mix Q instead of V (another operand)", ref.q)):
+        if operand.shape == ref.v.shape:
+            found[name] = (ref.weights @ operand).transpose(1, 2).flatten(2)[rows]
+    return found
+
+
+def invariances(model, texts: list[torch.Tensor], logits: torch.Tensor) -> dict[str, float]:
+    """max |Δp| over the sample when the batch is padded further (NaN when the texts already reach max_length)
+    and when each text is run alone, against the batch as it was (logits)."""
+    p = logits.float().softmax(-1)
+    found = {"padding": math.nan}
+    longest = max(len(t) for t in texts)
+    target = min(model.max_length, longest + max(1, longest // 2))
+    if target > longest:
+        ids, padding = padded(texts, target)
+        found["padding"] = float((model(ids, padding).logits.float().softmax(-1) - p).abs().max())
+    alone = torch.cat([model(t[None], None).logits.float().softmax(-1) for t in texts])
+    found["neighbours"] = float((alone - p).abs().max())
+    return found
+
+
+def formula_settings(config) -> dict[str, float]:
+    """The config's scale as a multiple of 1/√d_k (1 when unset): {"scale_factor", "scale"}."""
+    if config is None or getattr(config, "scale", None) is None:
+        return {}
+    d_head = config.d_head or config.d_model // config.n_heads
+    return {"scale_factor": config.scale * math.sqrt(d_head), "scale": config.scale}
