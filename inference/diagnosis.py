@@ -28,6 +28,7 @@ from inference.verdicts import monitor_history
 from data.checkpoint import CheckpointError, open_checkpoint
 from data.files import describe
 from monitor.checks import SAMPLE_TEXTS, model_checks
+from monitor.contract import contract_checks, formula_settings
 from monitor.doctor import Finding, diagnose, figure_table_markdown, head_titles, verdict_table_markdown, warnings
 from monitor.health import AttentionHealth, HealthFigures
 from monitor.views import stacked_layers
@@ -47,12 +48,24 @@ class Diagnosis:
 
     @property
     def warnings(self) -> list[Finding]:
-        """This check's warnings, and those of the last validation the monitor recorded in training (training
-        dynamics, such as an unstable learning rate, are only seen there)."""
+        """This check's warnings, and those of every validation the monitor recorded in training after its first
+        optimizer step (training dynamics are only seen there, and a bug the weights learned to hide was named
+        then): a warning at any epoch counts."""
         found = warnings(self.findings)
         seen = {(f.verdict, f.layer, f.head) for f in found}
-        last = warnings(self.history[-1]["findings"]) if self.history else []
-        return found + [f for f in last if (f.verdict, f.layer, f.head) not in seen]
+        for entry in self.history:
+            if entry.get("step", 1) == 0:  # a validation before any training step (a validate run)
+                continue
+            for finding in warnings(entry["findings"]):
+                if (finding.verdict, finding.layer, finding.head) not in seen:
+                    seen.add((finding.verdict, finding.layer, finding.head))
+                    found.append(finding)
+        return found
+
+    @property
+    def certified(self) -> list[int]:
+        """The layers whose every stage matched their kind's definition recomputed here (computes-formula)."""
+        return [f.layer for f in self.findings if f.verdict == "computes-formula"]
 
 
 def data_settings(checkpoint: dict, overrides: dict) -> dict:
@@ -132,6 +145,7 @@ def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch
     # The model checks on a spread of the sample's batches (short and long texts alike).
     step = max(1, len(batches) * batch_size // SAMPLE_TEXTS)
     checks = model_checks(model, batches[::step])
+    checks |= contract_checks(model, batches) | formula_settings(config)
     findings = diagnose(figures, checks, None, config)
     picks = [order[round(q * (len(order) - 1))] for q in (0.5, 0.75)][:MAPS]
     maps = []
@@ -155,6 +169,16 @@ def text_report(diagnosis: Diagnosis) -> str:
             notes = sorted({f.verdict for f in entry["findings"] if f.severity == "note"})
             lines.append(f"  epoch {entry['epoch']:>3} step {entry['step']:>6}: warnings: {warned(entry) or 'none'}"
                          + (f"; notes: {', '.join(notes)}" if notes else ""))
+    current = {(f.verdict, f.layer, f.head) for f in diagnosis.findings}
+    for finding in diagnosis.warnings:
+        if (finding.verdict, finding.layer, finding.head) not in current:  # given in training only
+            epochs = [entry["epoch"] for entry in diagnosis.history if any(
+                (f.verdict, f.layer, f.head) == (finding.verdict, finding.layer, finding.head)
+                for f in entry["findings"])]
+            lines.append(f"  WARNING {finding.line()} (in training, epoch {', '.join(map(str, epochs))})")
+    for layer in diagnosis.certified:
+        lines.append(f"  ok      attention layer {layer} computes the formula: every stage matches its kind's "
+                     "definition recomputed from the layer's own input and weights")
     count = len(diagnosis.warnings)
     lines.append(f"{count} warning{'s' * (count != 1)}" + (": see above" if count else ": no bug class found"))
     return "\n".join(lines)
@@ -214,7 +238,12 @@ vertical-align: top; }} img {{ max-width: 100%; display: block; margin: 1em 0; }
 <p>{html.escape(str(diagnosis.checkpoint))}: {diagnosis.texts} validation texts of
 {html.escape(str(diagnosis.data.get('train_file') or diagnosis.data['dataset']))}.
 <b class="{'bad' if count else ''}">{summary}</b>. The verdicts and their rules: docs/DOCTOR.md.</p>
+{''.join(f'<p>attention layer {layer} computes the formula: every stage matches its kind&#39;s definition '
+         f'recomputed from the layer&#39;s own input and weights.</p>' for layer in diagnosis.certified)}
 <h2>Verdicts</h2>{markdown_table_html(verdict_table_markdown(diagnosis.findings))}
+{'<h2>Warnings given in training only</h2>' + markdown_table_html(verdict_table_markdown(
+    [f for f in diagnosis.warnings if f not in diagnosis.findings])) if any(
+    f not in diagnosis.findings for f in diagnosis.warnings) else ''}
 <h2>Attention of two validation texts</h2>
 <p>Every head on one 0–1 colour scale (query rows, key columns), each titled with its verdict.</p>{maps}
 <h2>Figures per head</h2>{markdown_table_html(figure_table_markdown(diagnosis.figures))}

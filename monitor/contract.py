@@ -149,7 +149,7 @@ def compare(layer, record: dict, padding: torch.Tensor, config) -> dict:
     if record.get("attention") is not None:
         weights, scores, allowed = dense_handout(record["attention"], L)
         found += [compare_scores(scores, allowed, ref, rows), compare_mask(allowed, ref, rows, padding),
-                  compare_weights(weights, ref, rows, scores)]
+                  compare_weights(weights, ref, rows, padding)]
     if record.get("heads") is not None:
         heads = unpack(record["heads"], ~received).double()
         found.append(("output before W_O", *differ(heads[rows], ref.heads[rows], operands(ref, rows))))
@@ -237,7 +237,7 @@ def compare_mask(allowed, ref, rows, padding) -> tuple[str, float, str]:
     return "mask", difference, "a mask that differs: " + "; ".join(parts)
 
 
-def compare_weights(weights, ref, rows, scores) -> tuple[str, float, str]:
+def compare_weights(weights, ref, rows, padding) -> tuple[str, float, str]:
     """The weights of real queries' rows (absolute: they lie in 0..1)."""
     a, b = weights[rows[:, None].expand_as(weights[..., 0])], ref.weights[rows[:, None].expand_as(ref.weights[..., 0])]
     difference = float((a - b).abs().max()) if a.numel() else 0.0
@@ -245,7 +245,9 @@ def compare_weights(weights, ref, rows, scores) -> tuple[str, float, str]:
         return "weights", difference, ""
     sums = a.sum(dim=-1)
     if ref.scores.shape == weights.shape:  # softmax over the queries, compared where the definition allows a key
-        over_queries = ref.scores.softmax(dim=-2).nan_to_num(0.0)
+        # The padded queries' scores as a layer that zeroes padded queries has them (0): they share the column.
+        padded = padding[:, None, :, None] & ref.allowed
+        over_queries = ref.scores.masked_fill(padded, 0.0).softmax(dim=-2).nan_to_num(0.0)
         picked = rows[:, None].expand_as(weights[..., 0])
         allowed = ref.allowed.expand_as(weights)[picked]
         if relative(a * allowed, over_queries[picked] * allowed) < MATCH:

@@ -381,6 +381,7 @@ def verdict_table_markdown(findings: list[Finding]) -> str:
     for finding in findings:
         verdict = VERDICTS.get(finding.verdict, UNKNOWN)
         numbers = ", ".join(f"{name} {format_figure(value)}" for name, value in finding.figures.items())
+        numbers += f"; {finding.detail}" if numbers and finding.detail else finding.detail
         lines.append(f"| {finding.where()} | {finding.verdict} | {finding.severity} | {numbers} | {verdict.cause} "
                      f"| {verdict.fix} |")
     return "\n".join(lines)

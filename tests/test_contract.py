@@ -1,0 +1,177 @@
+"""The doctor's contract checks (monitor/contract.py, monitor/dynamics.py): every kind computes its formula to
+rounding, and a bug planted against each check (the formula, the settings, every weight learning, the invariances,
+a model that does not learn) is named with what breaks."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bench.bugs import BUGS, Plant
+from conftest import refuses_causal
+from inference.diagnosis import Diagnosis
+from model.classifier import AttentionClassifier
+from model.config import NetworkConfig
+from monitor.contract import contract_checks, formula_settings
+from monitor.doctor import Finding, diagnose, warnings
+from monitor.dynamics import TrainingDynamics
+from monitor.health import AttentionHealth
+
+LENGTHS = [10, 7, 4, 2, 1, 6]  # texts shorter than max_length (16): the padding check can pad them further
+
+
+def network(kind="full", plant=None, **settings):
+    torch.manual_seed(0)
+    config = NetworkConfig(**(dict(vocab_size=30, num_classes=2, max_length=16, d_model=16, n_heads=2, n_layers=2,
+                                   attention=kind, window=2, projection_length=4, global_tokens=1, dropout=0.0,
+                                   embedding_dropout=0.0, bias=True) | (plant.settings if plant else {}) | settings))
+    model = AttentionClassifier(config)
+    if plant is not None:
+        plant.edit(SimpleNamespace(model=model, online_model=model, hparams=SimpleNamespace(lr=1e-3)))
+    return model
+
+
+def batches():
+    ids = torch.randint(4, 30, (len(LENGTHS), max(LENGTHS)), generator=torch.Generator().manual_seed(1))
+    padding = torch.arange(max(LENGTHS)) >= torch.tensor(LENGTHS)[:, None]
+    return [{"input_ids": ids.masked_fill(padding, 0), "padding_mask": padding,
+             "labels": torch.tensor([0, 1] * (len(LENGTHS) // 2))}]
+
+
+def checked(bug_name=None, kind="full", **settings):
+    """The contract checks and the findings on a tiny network with the bug planted (None: healthy)."""
+    plant = Plant()
+    if bug_name:
+        BUGS[bug_name].plant(plant)
+    model = network(kind, plant, **settings)
+    with plant.applied():
+        checks = contract_checks(model, batches()) | formula_settings(model.config)
+    return checks, diagnose(None, checks, None, model.config)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_kind_computes_its_formula_to_rounding(registered_kind, causal):
+    if causal and refuses_causal(registered_kind):
+        pytest.skip(f"{registered_kind} refuses the look-ahead mask")
+    checks, findings = checked(kind=registered_kind, causal=causal, pooling="mean")
+    assert [layer["stage"] for layer in checks["formula"]] == [None, None]
+    assert max(layer["largest"] for layer in checks["formula"]) < 1e-5
+    assert all(delta < 1e-5 for delta in checks["invariance"].values()) and not math.isnan(checks["invariance"]["padding"])
+    assert [f.verdict for f in findings if f.layer is not None] == ["computes-formula"] * 2
+    assert warnings(findings) == []
+
+
+@pytest.mark.parametrize("name, kind, stage, how", [
+    ("tiny-scale", "full", "scores", "0.001 × the formula's (a constant factor)"),
+    ("no-scaling", "linformer", "scores", "16 × the formula's"),
+    ("look-ahead", "sparse", "mask", "a look-ahead mask"),
+    ("padding-ignored", "local", "mask", "of them padding"),
+    ("softmax-over-queries", "full", "weights", "softmax over the queries (the other axis)"),
+    ("half-weights", "local", "weights", "0.5 × the formula's"),
+    ("values-are-keys", "sparse", "output before W_O", "the weights mix K instead of V (another operand)"),
+    ("values-are-keys", "linformer", "output before W_O", "the weights mix K instead of V"),
+])
+def test_a_changed_formula_is_named_by_its_first_differing_stage(name, kind, stage, how):
+    checks, findings = checked(name, kind)
+    assert checks["formula"][0]["stage"] == stage and how in checks["formula"][0]["how"]
+    (broken, *_) = [f for f in findings if f.verdict == "formula-broken"]
+    assert f"first differing stage: {stage}, " in broken.line() and how in broken.line()
+
+
+def test_a_scale_setting_that_breaks_the_formula_is_named_with_its_flag():
+    _, findings = checked(scale=0.001)  # heads of 8: 0.001 is 0.0028 × 1/√d_k
+    (setting,) = [f for f in warnings(findings) if f.verdict == "formula-setting"]
+    assert "--model.network.scale 0.001 is 0.00283 × 1/√d_k" in setting.line()
+    assert [f.verdict for f in findings if f.layer is not None] == ["computes-formula"] * 2  # the layer obeys it
+    for scale in (None, 1 / math.sqrt(8), 0.5):  # 1/√d_k, and 1.4× it: no warning
+        assert [f.verdict for f in warnings(checked(scale=scale)[1])] == []
+
+
+def test_padding_or_batch_neighbours_that_reach_a_prediction_break_an_invariance():
+    checks, findings = checked("no-padding-mask")  # padding embedded and attended like words
+    assert checks["invariance"]["neighbours"] > 1e-3 and checks["invariance"]["padding"] > 1e-3
+    assert {f.detail for f in findings if f.verdict == "invariance-broken"} == {
+        "padding the batch further changes predictions", "a text alone is predicted otherwise than with its batch"}
+
+
+def train_steps(model, optimizer, steps=3):
+    """A few optimizer steps on the tiny batches, watched by TrainingDynamics; returns its summary."""
+    dynamics = TrainingDynamics()
+    dynamics.watch(SimpleNamespace(model=model, online_model=model, _trainer=SimpleNamespace(optimizers=[optimizer])))
+    (batch,) = batches()
+    for step in range(steps):
+        loss = F.cross_entropy(model(batch["input_ids"], batch["padding_mask"]).logits, batch["labels"])
+        optimizer.zero_grad()
+        loss.backward()
+        dynamics.gradients()
+        optimizer.step()
+        dynamics.update({"loss": loss.detach()}, step + 1, len(batch["labels"]))
+        dynamics.count_labels(batch["labels"], 2)
+    return dynamics.summary()
+
+
+def detach_values(model):
+    """A stray .detach() on V in every layer: W_V gets no gradient."""
+    for block in model.blocks:
+        attend = block.attention.attend
+        block.attention.attend = lambda q, k, v, *args, attend=attend, **options: attend(q, k, v.detach(), *args,
+                                                                                         **options)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "attention"])
+def test_every_weight_learns_in_a_healthy_network(pooling):
+    model = network(pooling=pooling)
+    summary = train_steps(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    assert summary["parameters"] == {} and summary["prior_loss"] == pytest.approx(math.log(2))
+
+
+@pytest.mark.parametrize("plant, name, why", [
+    (detach_values, "blocks.0.attention.w_v.weight", "no gradient reaches it"),
+    (lambda model: model.head.weight.requires_grad_(False), "head.weight", "requires_grad is off"),
+    (lambda model: setattr(model.blocks[1], "extra", [nn.Linear(16, 16)]), "blocks.1.extra[0]",
+     "kept in a plain Python container"),
+    ("optimizer without the head", "head.bias", "the optimizer does not hold it"),
+    ("learning rate 0 for the head", "head.weight", "the optimizer never moved it"),
+])
+def test_a_weight_that_does_not_learn_is_named(plant, name, why):
+    model = network()
+    parameters = dict(model.named_parameters())
+    if callable(plant):
+        plant(model)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    elif plant == "optimizer without the head":
+        optimizer = torch.optim.AdamW([p for n, p in parameters.items() if not n.startswith("head.")], lr=1e-3)
+    else:
+        head = [parameters["head.weight"], parameters["head.bias"]]
+        optimizer = torch.optim.AdamW([{"params": [p for p in model.parameters() if all(p is not h for h in head)]},
+                                       {"params": head, "lr": 0.0}], lr=1e-3)
+    stuck = train_steps(model, optimizer)["parameters"]
+    assert name in stuck and why in stuck[name]
+    (finding, *_) = [f for f in diagnose(None, None, {"parameters": stuck}) if f.detail.startswith(name)]
+    assert finding.verdict == "weight-not-learning" and finding.severity == "warning"
+
+
+def test_a_model_at_the_class_prior_after_its_first_epochs_is_not_learning():
+    def verdicts(epoch, loss, accuracy):
+        dynamics = {"epoch": epoch, "train_loss": loss, "prior_loss": math.log(2), "val_accuracy": accuracy,
+                    "majority_rate": 0.505}
+        return [f.verdict for f in warnings(diagnose(None, None, dynamics))]
+
+    assert verdicts(2, 0.69, 0.60) == ["not-learning"]  # the loss of guessing the prior
+    assert verdicts(3, 0.50, 0.51) == ["not-learning"]  # the majority class's accuracy
+    assert verdicts(1, 0.69, 0.50) == []  # a slow start: the healthy synthetic run is at 0.695 after epoch 0
+    assert verdicts(2, 0.32, 0.92) == []  # the healthy synthetic run at epoch 2
+
+
+def test_diagnose_judges_every_stored_validation():
+    health = AttentionHealth()
+    health.update([SimpleNamespace(weights=torch.full((1, 1, 2, 2), 0.5), scores=torch.zeros(1, 1, 2, 2),
+                                   blocked=None)])
+    hidden = Finding("formula-setting", None, None, {"scale_factor": 0.004}, "--model.network.scale 0.001")
+    history = [{"step": 0, "epoch": 0, "findings": [Finding("padding-leak", 0, None, {})]},  # before any training
+               {"step": 50, "epoch": 0, "findings": [hidden]}, {"step": 100, "epoch": 1, "findings": []}]
+    diagnosis = Diagnosis(None, {"dataset": "synthetic"}, 10, health.compute(), [], history)
+    assert diagnosis.warnings == [hidden]
