@@ -2,6 +2,7 @@
 tests/test_planted_bugs.py).
 
     python -m bench.bugs            # lists the catalogue: name, expected verdict, kinds, what the bug does
+    python -m bench.bugs --docs docs/DOCTOR.md    # writes it, and monitor/doctor.py's VERDICTS, into the docs
 
 A bug is a small function registered by name with the verdict the doctor should give. It plants itself through a
 `Plant`, from outside the product code (nothing in model/, training/, monitor/ or inference/ knows about it):
@@ -36,6 +37,7 @@ before the projection whatever the mask says).
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -387,20 +389,56 @@ def values_are_keys(plant):
     replace_attention(plant, lambda attend: lambda q, k, v, *args, **options: attend(q, k, k, *args, **options))
 
 
-@bug(group="outside")
+@bug(group="outside", kinds=MASKED_KINDS)
 def mask_after_softmax(plant):
     """The mask applied to the weights after softmax: padded keys get 0, but rows of padded texts sum below 1."""
     replace_attention(plant, lambda attend: lambda *args, **options: edited_attention(
         *args, mask_after_softmax=True, **options))
 
 
+# Modules that register more bugs on import (the held-out group): loaded by every_bug().
+BUG_MODULES = ("bench.bugs_heldout",)
+
+
+def every_bug() -> dict[str, Bug]:
+    """BUGS with the bugs of BUG_MODULES registered too."""
+    for name in BUG_MODULES:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
+    return BUGS
+
+
+def bug_table_markdown() -> str:
+    lines = ["| bug | group | expected verdict | kinds | what it does |", "|---|---|---|---|---|"]
+    lines += [f"| {entry.name} | {entry.group} | {' or '.join(entry.expects) or 'any warning'} | "
+              f"{', '.join(entry.kinds)} | {entry.summary} |" for entry in every_bug().values()]
+    return "\n".join(lines)
+
+
+def doc_tables(text: str) -> str:
+    """docs/DOCTOR.md's text with its generated tables (the verdicts, the bugs) made anew between their markers."""
+    from monitor.doctor import verdict_reference_markdown
+
+    for name, table in (("verdict", verdict_reference_markdown), ("bug", bug_table_markdown)):
+        start, end = f"<!-- {name} table: python -m bench.bugs --docs docs/DOCTOR.md -->", f"<!-- end of {name} table -->"
+        if start not in text or end not in text:
+            raise ValueError(f"no {start} … {end} block to fill")
+        before, rest = text.split(start, 1)
+        text = before + start + "\n" + table() + "\n" + end + rest.split(end, 1)[1]
+    return text
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.parse_args(argv)
-    print("| bug | group | expected verdict | kinds | what it does |\n|---|---|---|---|---|")
-    for entry in BUGS.values():
-        print(f"| {entry.name} | {entry.group} | {' or '.join(entry.expects) or 'any warning'} | "
-              f"{', '.join(entry.kinds)} | {entry.summary} |")
+    parser.add_argument("--docs", metavar="FILE", help="rewrite the verdict and bug tables of this file (DOCTOR.md)")
+    args = parser.parse_args(argv)
+    if args.docs:
+        with open(args.docs, encoding="utf-8") as f:
+            text = f.read()
+        with open(args.docs, "w", encoding="utf-8") as f:
+            f.write(doc_tables(text))
+        return
+    print(bug_table_markdown())
 
 
 if __name__ == "__main__":

@@ -400,3 +400,10 @@ def figure_table_markdown(figures: HealthFigures) -> str:
             values = figures.head(layer, head)
             lines.append(f"| {layer} | {head} | " + " | ".join(format_figure(values[n]) for n in names) + " |")
     return "\n".join(lines)
+
+
+def verdict_reference_markdown() -> str:
+    """VERDICTS as docs/DOCTOR.md prints it (python -m bench.bugs --docs writes it there; a test compares)."""
+    lines = ["| verdict | severity | rule | likely cause | what to try |", "|---|---|---|---|---|"]
+    lines += [f"| `{name}` | {v.severity} | {v.rule} | {v.cause} | {v.fix} |" for name, v in VERDICTS.items()]
+    return "\n".join(lines)

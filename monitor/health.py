@@ -210,6 +210,7 @@ class AttentionHealth:
         # A row the layer lets see a single key has no choice to make (a kind may narrow what a query sees); a row
         # it lets see none, while the batch says it should see two, is counted: a mask that blocks everything.
         allowed = allowed_keys(attention[0].blocked, K, device)
+        allowed = allowed.expand(*allowed.shape[:-1], K)  # a mask broadcast along the keys (B, 1, L, 1) holds K each
         choices = allowed.sum(dim=-1)[:, 0].expand(B, n_queries)  # (B, L)
         counted = (query < lengths[:, None]) & (query >= first_query) & (should_see.sum(dim=-1) >= 2) \
             & (choices != 1)  # (B, L)

@@ -298,3 +298,12 @@ def test_diagnose_shows_a_history_of_another_version_and_refuses_one_it_cannot_r
     with_history(tiny_checkpoint, [{"findings": 3}])
     code, out, err = diagnose_main(capsys, "--ckpt", tiny_checkpoint, "--out", tmp_path)
     assert code == 2 and "history" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_verdict_and_bug_tables_of_the_docs_are_made_from_verdicts_and_bugs():
+    from bench.bugs import every_bug, doc_tables
+
+    text = (ROOT / "docs" / "DOCTOR.md").read_text(encoding="utf-8")
+    assert doc_tables(text) == text, "run: python -m bench.bugs --docs docs/DOCTOR.md"
+    for name in [*VERDICTS, *every_bug()]:
+        assert f"| `{name}` |" in text or f"| {name} |" in text

@@ -351,3 +351,56 @@ def test_a_healthy_checkpoint_of_another_version_is_read_and_a_broken_one_left_o
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["healthy_runs"] == 1
     (line,) = [r.getMessage() for r in caplog.records if str(broken) in r.getMessage()]
     assert "left out" in line and "history" in line and "\n" not in line
+
+
+# ---- the doctor on every bug of the catalogue, one validation's checks on a tiny network --------------------------
+
+
+def one_validation(bug_name: str, kind: str) -> set[str]:
+    """The warnings of one validation's checks (health figures, model checks, contract checks, the dynamics of a
+    few AdamW steps at the module's learning rate) on a tiny network with the bug planted."""
+    from monitor.checks import model_checks
+    from monitor.contract import contract_checks, formula_settings
+    from monitor.doctor import diagnose, warnings
+    from monitor.dynamics import TrainingDynamics
+    from monitor.health import AttentionHealth
+
+    plant = Plant()
+    BUGS[bug_name].plant(plant)
+    config = NetworkConfig(**({"vocab_size": 30, "max_length": 16, "d_model": 16, "n_heads": 2, "attention": kind,
+                                "window": 2, "projection_length": 4, "dropout": 0.0, "embedding_dropout": 0.0}
+                               | plant.settings))
+    torch.manual_seed(0)
+    network = AttentionClassifier(config)
+    module = SimpleNamespace(model=network, online_model=network, hparams=SimpleNamespace(lr=0.001))
+    plant.edit(module)
+    lengths = torch.tensor([12, 9, 7, 5, 3, 10, 8, 2])
+    padding = torch.arange(12) >= lengths[:, None]
+    ids = torch.randint(4, 30, (8, 12), generator=torch.Generator().manual_seed(1)).masked_fill(padding, 0)
+    batch = {"input_ids": ids, "padding_mask": padding, "labels": torch.arange(8) % 2}
+    with plant.applied():
+        optimizer = torch.optim.AdamW(network.parameters(), lr=module.hparams.lr)
+        dynamics = TrainingDynamics()
+        dynamics.watch(SimpleNamespace(model=network, online_model=network,
+                                       _trainer=SimpleNamespace(optimizers=[optimizer])))
+        for step in range(3):
+            loss = torch.nn.functional.cross_entropy(network(ids, padding).logits, batch["labels"])
+            optimizer.zero_grad()
+            loss.backward()
+            dynamics.gradients()
+            optimizer.step()
+            dynamics.update({"loss": loss.detach()}, step + 1, 8)
+        network.eval()
+        health = AttentionHealth(causal=config.causal)
+        with torch.no_grad():
+            health.update(network(ids, padding, need_weights=True).attention, padding,
+                          key_layout=network.blocks[0].attention.key_layout)
+        checks = model_checks(network, [batch]) | contract_checks(network, [batch]) | formula_settings(config)
+        findings = diagnose(health.compute(), checks, dynamics.summary(), config)
+    return {finding.verdict for finding in warnings(findings)}
+
+
+@pytest.mark.parametrize("name, kind", [(name, kind) for name, entry in BUGS.items() for kind in entry.kinds])
+def test_the_doctor_names_each_bug_at_one_validation(name, kind):
+    expected, given = BUGS[name].expects, one_validation(name, kind)
+    assert (set(expected) & given) if expected else given, f"{name} on {kind}: {sorted(given)}"
