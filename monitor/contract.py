@@ -23,6 +23,7 @@ import torch
 
 from data.tokenizer import pad
 from model.attention import unpack
+from monitor.views import token_window
 
 CONTRACT_TEXTS = 16  # texts of the validation sample the contract checks read (a spread of lengths)
 DENSE_ELEMENTS = 2**23  # at most B·H·L² entries per dense reference tensor: long texts are left out of the sample
@@ -107,34 +108,28 @@ def captured(model):
 
 def dense_handout(attention, L: int):
     """What a layer handed out, over the keys its reference uses: (weights, scores, allowed) each (B, H, L, K),
-    scores -inf where the layer blocked a key. A long kind's band is spread onto the L tokens by its key positions
-    (and the sparse kind's global rows written over rows 0..g-1); projected keys (all positions −1) stay as they
-    are."""
-    weights, scores = attention.weights.double(), attention.scores.double()
-    B, H, _, K = weights.shape
+    scores -inf where the layer blocked a key. Each is read through monitor/views.py's token_window, which spreads a
+    long kind's band onto the L tokens (and writes the sparse kind's global rows over rows 0..g-1); projected keys
+    stay as they are."""
+    weights = attention.weights.double()
     allowed = torch.ones_like(weights, dtype=torch.bool)
     if attention.blocked is not None:
         allowed = allowed & ~attention.blocked
-    positions = getattr(attention, "key_positions", None)
-    if positions is None or bool((positions < 0).all()):
-        return weights, scores.masked_fill(~allowed, -math.inf), allowed
-    valid = (positions >= 0) & (positions < L)  # (L, K)
-    index = positions.clamp(0, L - 1).expand(B, H, L, K)
-    dense_weights = weights.new_zeros(B, H, L, L).scatter_add_(-1, index, weights * valid)
-    seen = allowed & valid
-    dense_scores = weights.new_full((B, H, L, L), -math.inf).scatter_reduce_(
-        -1, index, scores.masked_fill(~seen, -math.inf), reduce="amax")
-    dense_allowed = dense_scores > -math.inf
-    dense_allowed |= torch.zeros_like(dense_allowed).scatter_(-1, index, seen)  # a -inf score the layer allowed
-    rows = getattr(attention, "global_rows", None)
+    rows = attention.global_rows
+    rows_allowed = None
     if rows is not None:
-        g = rows.weights.shape[2]
-        global_allowed = torch.ones_like(rows.weights, dtype=torch.bool) if rows.blocked is None else ~rows.blocked
-        global_allowed = global_allowed.expand(B, H, g, L)
-        dense_weights[:, :, :g] = rows.weights.double()
-        dense_scores[:, :, :g] = rows.scores.double().masked_fill(~global_allowed, -math.inf)
-        dense_allowed[:, :, :g] = global_allowed
-    return dense_weights, dense_scores, dense_allowed
+        rows_allowed = torch.ones_like(rows.weights, dtype=torch.bool)
+        rows_allowed = rows_allowed if rows.blocked is None else rows_allowed & ~rows.blocked
+
+    def dense(values, row_values=None):  # the hand-out with `values` in place of its weights, token × token
+        global_rows = None if rows is None else rows._replace(weights=row_values)
+        return token_window(attention._replace(weights=values, global_rows=global_rows), 0, L)
+
+    seen = dense(allowed.double(), None if rows is None else rows_allowed.double()) > 0
+    # A blocked place holds 0 here, so a token that fills two columns (a global key inside the band) sums to its score.
+    scores = dense(attention.scores.double().masked_fill(~allowed, 0.0),
+                   None if rows is None else rows.scores.double().masked_fill(~rows_allowed, 0.0))
+    return dense(weights, None if rows is None else rows.weights.double()), scores.masked_fill(~seen, -math.inf), seen
 
 
 def compare(layer, record: dict, padding: torch.Tensor, config) -> dict:

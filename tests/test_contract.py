@@ -13,6 +13,7 @@ from torch import nn
 from bench.bugs import BUGS, Plant
 from conftest import refuses_causal
 from inference.diagnosis import Diagnosis
+from model.attention import AttentionWeights
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
 from monitor.contract import contract_checks, formula_settings
@@ -168,8 +169,7 @@ def test_a_model_at_the_class_prior_after_its_first_epochs_is_not_learning():
 
 def test_diagnose_judges_every_stored_validation():
     health = AttentionHealth()
-    health.update([SimpleNamespace(weights=torch.full((1, 1, 2, 2), 0.5), scores=torch.zeros(1, 1, 2, 2),
-                                   blocked=None)])
+    health.update([AttentionWeights(torch.full((1, 1, 2, 2), 0.5), torch.zeros(1, 1, 2, 2), None)])
     hidden = Finding("formula-setting", None, None, {"scale_factor": 0.004}, "--model.network.scale 0.001")
     history = [{"step": 0, "epoch": 0, "findings": [Finding("padding-leak", 0, None, {})]},  # before any training
                {"step": 50, "epoch": 0, "findings": [hidden]}, {"step": 100, "epoch": 1, "findings": []}]

@@ -393,8 +393,7 @@ def one_validation(bug_name: str, kind: str) -> set[str]:
         network.eval()
         health = AttentionHealth(causal=config.causal)
         with torch.no_grad():
-            health.update(network(ids, padding, need_weights=True).attention, padding,
-                          key_layout=network.blocks[0].attention.key_layout)
+            health.update(network(ids, padding, need_weights=True).attention, padding)
         checks = model_checks(network, [batch]) | contract_checks(network, [batch]) | formula_settings(config)
         findings = diagnose(health.compute(), checks, dynamics.summary(), config)
     return {finding.verdict for finding in warnings(findings)}
