@@ -28,8 +28,10 @@ Your own bug, in your own module:
     python -m bench.diagnosis --bugs my_module:my_bug
 
 Groups: "catalogue" (the bug classes the doctor's checks were designed for), "field" (mask bugs seen in public
-code), "outside" (bugs no check was designed for: any warning is right, silence is wrong). `expects` is the verdict
-(or verdicts) that name the cause; None means any warning. `kinds` says which attention kinds the bug means
+code), "contract" (one bug for each contract check that no figure of attention shows: a weight that never learns, a
+setting that breaks the formula, padding that reaches a prediction outside attention), "outside" (bugs no check was
+designed for: any warning is right, silence is wrong). `expects` is the verdict (or verdicts) that name the cause;
+None means any warning. `kinds` says which attention kinds the bug means
 something for, as a rule on the kind's class (read from the registry when asked, so a kind registered later is
 included) or a tuple of names: a padding bug cannot leak into linformer's projected keys (padded keys are zeros
 before the projection whatever the mask says).
@@ -50,7 +52,7 @@ from data.files import describe
 from model.attention import AttentionWeights
 from model.kinds import ATTENTION_KINDS
 
-GROUPS = ("catalogue", "field", "outside", "heldout")
+GROUPS = ("catalogue", "field", "contract", "outside", "heldout")
 
 
 def every_kind(kind: type) -> bool:
@@ -360,6 +362,40 @@ def no_padding_mask(plant):
     plant.module(edit)
 
 
+# ---- the contract: bugs that attention's own figures cannot show --------------------------------------------------
+
+
+@bug("weight-not-learning", group="contract")
+def values_detached(plant):
+    """A stray .detach() on V in every layer: W_V gets no gradient and keeps its random start."""
+
+    def edit(layer):
+        attend = layer.attend
+        layer.attend = lambda q, k, v, *args, **options: attend(q, k, v.detach(), *args, **options)
+
+    plant.layers(edit)
+
+
+@bug("formula-setting", group="contract")
+def scale_setting(plant):
+    """--model.network.scale 0.001: the scores 0.001 / (1/√d_k) of the formula's, a setting the weights can grow to
+    hide."""
+    plant.network(scale=0.001)
+
+
+@bug("invariance-broken", group="contract")
+def pooling_over_padding(plant):
+    """Mean pooling over every place of the batch, padding included: a text's prediction depends on how far its
+    batch is padded."""
+
+    def edit(module):
+        for network in networks(module):
+            pool = network.pool
+            network.pool = lambda x, key_padding_mask, pool=pool: pool(x, torch.zeros_like(key_padding_mask))
+
+    plant.module(edit)
+
+
 # ---- outside the catalogue: no check was designed for these -----------------------------------------------------
 
 
@@ -389,7 +425,7 @@ def values_are_keys(plant):
     replace_attention(plant, lambda attend: lambda q, k, v, *args, **options: attend(q, k, k, *args, **options))
 
 
-@bug(group="outside", kinds=MASKED_KINDS)
+@bug(group="outside", kinds=masked_kinds)
 def mask_after_softmax(plant):
     """The mask applied to the weights after softmax: padded keys get 0, but rows of padded texts sum below 1."""
     replace_attention(plant, lambda attend: lambda *args, **options: edited_attention(

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 import train
-from bench.bugs import BUGS, Bug, Plant, load_bug
+from bench.bugs import BUGS, GROUPS, Bug, Plant, every_bug, load_bug
 from bench.common import CONFIGS, ROOT
 from bench.subsets import subset, write
 from data.files import WriteError, check_target, describe, make_folder, write_text
@@ -321,7 +321,7 @@ def main(argv=None):
     parser.add_argument("--datasets", nargs="+", default=list(SHIPPED), choices=list(SHIPPED))
     parser.add_argument("--bugs", nargs="+", default=["all"],
                         help="bug names (python -m bench.bugs lists them), module:function, 'all', 'none', or a "
-                             "group: catalogue, field, outside")
+                             f"group: {', '.join(GROUPS)}")
     parser.add_argument("--rows", type=POSITIVE.argument(), default=3000, help="training rows of each subset")
     parser.add_argument("--check-every", type=POSITIVE.argument(), default=25,
                         help="optimizer steps between validations")

@@ -241,13 +241,15 @@ def tiny_run(tiny_data, tmp_path, bug_name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, verdict", [
+@pytest.mark.parametrize("name, verdict", [  # a figure of attention, and each contract check, in training
     ("padding-ignored", "padding-leak"),
-    ("softmax-over-queries", "rows-not-normalized"),
-    ("look-ahead", "unasked-look-ahead"),
+    ("values-are-keys", "formula-broken"),
+    ("values-detached", "weight-not-learning"),
+    ("pooling-over-padding", "invariance-broken"),
+    ("scale-setting", "formula-setting"),
 ])
 def test_the_doctor_names_a_planted_bug(tiny_data, tmp_path, name, verdict):
-    assert verdict in BUGS[name].expects
+    assert verdict in BUGS[name].expects or not BUGS[name].expects  # a bug outside the catalogue: any warning
     assert verdict in tiny_run(tiny_data, tmp_path, name)
 
 
