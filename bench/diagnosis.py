@@ -54,6 +54,7 @@ SHIPPED = {"synthetic": CONFIGS / "smoke.yaml", "sst2": CONFIGS / "sst2.yaml",
            "chnsenticorp_htl": CONFIGS / "chnsenticorp_htl.yaml"}
 NO_CONFIG = "no config"
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+HELD_OUT = "heldout"  # the group of bugs written by someone who never read monitor/ (bench/bugs_heldout.py)
 FIRST_STEPS = 200  # the goal: each verdict within this many optimizer steps
 
 
@@ -276,19 +277,64 @@ def healthy_table(runs: list[Run]) -> list[str]:
     return lines
 
 
-def summary(runs: list[Run]) -> dict:
-    """Catalogued bugs (groups catalogue and field) named with their cause, bugs outside the catalogue given any
-    warning, healthy runs given one."""
+def group_table(runs: list[Run]) -> list[str]:
+    """One column per bug group (catalogue, field, contract, heldout, outside) and the healthy runs: runs, runs given
+    any warning, runs given the bug's expected verdict (its cause named; "–" for bugs that expect any warning)."""
+    groups = [g for g in GROUPS if any(run.bug != "healthy" and bug_of(run).group == g for run in runs)]
+    healthy = [run for run in runs if run.bug == "healthy"]
+    lines = [f"| | {' | '.join(groups)} | healthy |", "|---|" + "---:|" * (len(groups) + 1)]
+    rows = {"runs": [], "any warning": [], "expected verdict": []}
+    for group in groups:
+        mine = [(run, bug_of(run)) for run in runs if run.bug != "healthy" and bug_of(run).group == group]
+        named = [run for run, bug in mine if bug.expects]
+        rows["runs"].append(str(len(mine)))
+        rows["any warning"].append(f"{sum(bool(run.warnings()) for run, _ in mine)} of {len(mine)}")
+        rows["expected verdict"].append(
+            f"{sum(run.first_step(bug_of(run).expects) is not None for run in named)} of {len(named)}" if named else "–")
+    cells = {"runs": str(len(healthy)), "any warning": f"{sum(bool(run.warnings()) for run in healthy)} of "
+             f"{len(healthy)} (false alarms)", "expected verdict": "–"}
+    return lines + [f"| {name} | {' | '.join(values)} | {cells[name]} |" for name, values in rows.items()]
+
+
+def verdict_table(runs: list[Run]) -> list[str]:
+    """Per warning verdict: recall (the runs of bugs that expect it that were given it) and precision (of the runs
+    given it, the share that had a bug planted: a healthy run given it is a false alarm)."""
     planted = [(run, bug_of(run)) for run in runs if run.bug != "healthy"]
-    designed = [(run, bug) for run, bug in planted if bug.group != "outside"]
+    healthy = [run for run in runs if run.bug == "healthy"]
+    lines = ["| verdict | expected in runs | recall | given in bug runs | given in healthy runs | precision |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, verdict in VERDICTS.items():
+        if verdict.severity != "warning":
+            continue
+        expected = [run for run, bug in planted if name in bug.expects]
+        hit = sum(name in run.warnings() for run in expected)
+        given_bug = sum(name in run.warnings() for run, _ in planted)
+        given_healthy = sum(name in run.warnings() for run in healthy)
+        if not expected and not given_bug and not given_healthy:
+            continue
+        recall = f"{hit / len(expected):.2f}" if expected else "–"
+        given = given_bug + given_healthy
+        precision = f"{given_bug / given:.2f}" if given else "–"
+        lines.append(f"| {name} | {len(expected)} | {recall} | {given_bug} | {given_healthy} | {precision} |")
+    return lines
+
+
+def summary(runs: list[Run]) -> dict:
+    """Catalogued bugs (groups catalogue, field and contract) named with their cause, bugs outside the catalogue
+    (outside, and the held-out ones, written without reading the doctor) given any warning, healthy runs given one."""
+    planted = [(run, bug_of(run)) for run in runs if run.bug != "healthy"]
+    designed = [(run, bug) for run, bug in planted if bug.group not in ("outside", HELD_OUT)]
+    held_out = [run for run, bug in planted if bug.group == HELD_OUT]
     named = [run.first_step(bug.expects) for run, bug in designed]
     healthy = [run for run in runs if run.bug == "healthy"]
     return {
         "catalogued_runs": len(designed),
         "named_by_end_of_epoch_1": sum(step is not None for step in named),
         f"named_within_{FIRST_STEPS}_steps": sum(step is not None and step <= FIRST_STEPS for step in named),
-        "outside_runs": len(planted) - len(designed),
+        "outside_runs": len(planted) - len(designed) - len(held_out),
         "outside_runs_warned": sum(bool(run.warnings()) for run, bug in planted if bug.group == "outside"),
+        "held_out_runs": len(held_out),
+        "held_out_runs_warned": sum(bool(run.warnings()) for run in held_out),
         "healthy_runs": len(healthy),
         "healthy_runs_with_warnings": sum(bool(run.warnings()) for run in healthy),
     }
@@ -304,8 +350,10 @@ def report(runs: list[Run], command: str) -> str:
              f"Catalogued bugs named with their cause by the end of the first epoch: "
              f"{figures['named_by_end_of_epoch_1']} of {figures['catalogued_runs']} runs; within {FIRST_STEPS} steps: "
              f"{figures[f'named_within_{FIRST_STEPS}_steps']}. Bugs outside the catalogue given a warning: "
-             f"{figures['outside_runs_warned']} of {figures['outside_runs']} runs. Healthy runs with a warning: "
+             f"{figures['outside_runs_warned']} of {figures['outside_runs']} runs. Held-out bugs given a warning: "
+             f"{figures['held_out_runs_warned']} of {figures['held_out_runs']} runs. Healthy runs with a warning: "
              f"{figures['healthy_runs_with_warnings']} of {figures['healthy_runs']}.", ""]
+    parts += ["Runs by group:", "", *group_table(runs), "", "Per verdict:", "", *verdict_table(runs), ""]
     if figures["catalogued_runs"] + figures["outside_runs"]:
         parts += ["First step at which the expected verdict was given (other warnings in brackets):", "",
                   *first_step_table(runs), "", "Confusion: planted bug (runs) × warning given at any "

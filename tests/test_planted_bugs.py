@@ -12,7 +12,8 @@ import torch
 
 import model.attention as core
 from bench.bugs import BUGS, Plant, load_bug, replaced
-from bench.diagnosis import SHIPPED, Run, confusion_table, first_step_table, fit, run_args, select_bugs, subset_files, summary
+from bench.diagnosis import (SHIPPED, Run, confusion_table, first_step_table, fit, group_table, run_args, select_bugs,
+                             subset_files, summary, verdict_table)
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
 from model.kinds import ATTENTION_KINDS
@@ -216,8 +217,12 @@ def test_the_bench_counts_what_each_run_was_told():
             Run("healthy", "sst2", "no config", [told(23), told(46, "saturated")])]
     assert runs[0].first_step(("padding-leak",)) == 46 and runs[1].first_step(("padding-leak",)) is None
     assert summary(runs) == {"catalogued_runs": 2, "named_by_end_of_epoch_1": 1, "named_within_200_steps": 1,
-                             "outside_runs": 1, "outside_runs_warned": 0, "healthy_runs": 1,
-                             "healthy_runs_with_warnings": 1}
+                             "outside_runs": 1, "outside_runs_warned": 0, "held_out_runs": 0,
+                             "held_out_runs_warned": 0, "healthy_runs": 1, "healthy_runs_with_warnings": 1}
+    assert group_table(runs)[2:] == ["| runs | 2 | 1 | 1 |", "| any warning | 2 of 2 | 0 of 1 | 1 of 1 (false alarms) |",
+                                     "| expected verdict | 1 of 2 | – | – |"]
+    assert "| padding-leak | 2 | 0.50 | 1 | 0 | 1.00 |" in verdict_table(runs)
+    assert "| saturated | 0 | – | 0 | 1 | 0.00 |" in verdict_table(runs)
     table = confusion_table(runs)
     assert table[0] == "| planted bug | padding-leak | rows-not-normalized | none |"
     assert table[2:] == ["| padding-ignored (2) | 1 | 1 | · |", "| values-are-keys (1) | · | · | 1 |"]
