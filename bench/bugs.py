@@ -478,4 +478,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    # Through the importable module: the bug modules of BUG_MODULES register into bench.bugs.BUGS, not __main__'s.
+    from bench.bugs import main as registered_main
+
+    registered_main()

@@ -341,7 +341,7 @@ def summary(runs: list[Run]) -> dict:
 
 
 def bug_of(run: Run) -> Bug:
-    return BUGS.get(run.bug) or load_bug(run.bug)
+    return every_bug().get(run.bug) or load_bug(run.bug)
 
 
 def report(runs: list[Run], command: str) -> str:
