@@ -2,8 +2,8 @@
 
 The AttentionMonitor (monitor/callback.py) records one entry per validation epoch in its callback state, {"step",
 "epoch", "findings": [Finding.to_dict()]}, and the checkpoint keeps it. The page shows the latest entry: each finding
-as plain JSON, {"verdict", "severity", "layer", "head", "figures", "cause", "fix"} (layer None: the whole model; head
-None: the whole layer; severity, cause and fix from monitor/doctor.py's VERDICTS), and draws a badge per head from
+as plain JSON, {"verdict", "severity", "layer", "head", "figures", "detail", "cause", "fix"} (layer None: the whole
+model; head None: the whole layer; severity, cause and fix from monitor/doctor.py's VERDICTS), and draws a badge per head from
 the findings of that head and of its layer. A checkpoint with no monitor history (trained without the monitor, or
 written by hand) gives None: the page says "not examined".
 """
@@ -51,7 +51,7 @@ def plain(finding) -> dict | None:
     verdict = VERDICTS.get(found.verdict)
     figures = {name: value if math.isfinite(value) else None for name, value in figures.items()}
     return {"verdict": found.verdict, "severity": verdict.severity if verdict else "note", "layer": found.layer,
-            "head": found.head, "figures": figures,
+            "head": found.head, "figures": figures, "detail": found.detail,
             "cause": verdict.cause if verdict else "a verdict this version of the doctor does not know",
             "fix": verdict.fix if verdict else ""}
 

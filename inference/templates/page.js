@@ -143,7 +143,7 @@ function highlight(i, row, col = null, where = null) {
 function findingLine(f) {
   const figures = Object.entries(f.figures || {}).map(([k, v]) => `${k} ${v === null ? 'n/a' : fmt(v)}`).join(', ');
   return `${f.verdict} (${f.severity}${f.head === null && f.layer !== null ? ', the whole layer' : ''})` +
-    (figures ? `: ${figures}` : '') + (f.cause ? `\ncause: ${f.cause}` : '') + (f.fix ? `\ntry: ${f.fix}` : '');
+    (figures ? `: ${figures}` : '') + (f.detail ? `\n${f.detail}` : '') + (f.cause ? `\ncause: ${f.cause}` : '') + (f.fix ? `\ntry: ${f.fix}` : '');
 }
 function badge(findings) {  // findings: those of one head, or null when the checkpoint holds none
   const v = STATE.verdicts, b = el('span', 'badge');
