@@ -12,15 +12,18 @@ from inference.limits import Parser
 
 DESCRIPTION = """\
 Run the attention doctor on a checkpoint from train.py: its checks (weight on padding, row sums, a look-ahead
-nobody asked for, score spread, gradient passed, identical heads, heads zeroed one at a time, tokens shuffled) on
-a sample of the run's validation texts, plus the verdicts the AttentionMonitor stored in the checkpoint while it
-trained. Prints each finding with the figures behind it, its likely cause and what to try, and writes a one-page
-HTML report (the verdicts, every head's map of two texts on one 0-1 scale titled with its verdict, the figures,
-the training history). The verdict table: docs/DOCTOR.md.
+nobody asked for, score spread, gradient passed, identical heads, heads zeroed one at a time, tokens shuffled) and
+its contract checks (each layer recomputed from its own input and weights by its kind's definition, stage by stage;
+predictions that more padding or other batch neighbours must not move; the scale setting) on a sample of the run's
+validation texts, plus the verdicts the AttentionMonitor stored in the checkpoint at every validation while it
+trained (a parameter that never learned, a model that never learned). Prints each finding with the figures behind
+it, its likely cause and what to try, and writes a one-page HTML report (the verdicts, every head's map of two
+texts on one 0-1 scale titled with its verdict, the figures, the training history). The verdict table:
+docs/DOCTOR.md.
 
 The data are those the checkpoint recorded (dataset, files, columns); --data.* replaces them, as in train.py.
-Exit status: 0 no warning, 1 a warning (a bug class: guard a CI job with it), 2 bad input (a missing or broken
-checkpoint, a bad flag, unreadable data), with a one-line error."""
+Exit status: 0 no warning, 1 a warning here or at any stored validation (a bug class: guard a CI job with it), 2
+bad input (a missing or broken checkpoint, a bad flag, unreadable data), with a one-line error."""
 
 EPILOG = """\
 examples:
