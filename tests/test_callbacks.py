@@ -98,11 +98,15 @@ def test_figures_are_the_health_of_the_whole_validation_set(monitored_run):
 def test_tiny_scale_is_one_scale_warning_for_the_layer_with_its_figures(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="monitor.callback")
     run(tmp_path, "--model.network.scale", "0.0001", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "10")
-    lines = [r.getMessage() for r in caplog.records if r.name == "monitor.callback" and r.levelno == logging.WARNING]
-    assert len(lines) == 1, lines  # the one layer, not each head
+    warned = [r.getMessage() for r in caplog.records if r.name == "monitor.callback" and r.levelno == logging.WARNING]
+    lines = [line for line in warned if line.startswith("attention layer")]
+    assert len(lines) == 1, warned  # the one layer, not each head
     assert lines[0].startswith("attention layer 0: scale-too-small (score_std ")
     assert "1/√d_k" in lines[0]
     assert verdict_texts(events(tmp_path))[-1].count("| scale-too-small |") == 1
+    # and the setting itself, with its flag (the contract): the model's one other warning
+    (setting,) = [line for line in warned if line not in lines]
+    assert setting.startswith("attention the model: formula-setting") and "--model.network.scale 0.0001" in setting
 
 
 @pytest.mark.slow

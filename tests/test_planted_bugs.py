@@ -406,7 +406,9 @@ def one_validation(bug_name: str, kind: str) -> set[str]:
     return {finding.verdict for finding in warnings(findings)}
 
 
-@pytest.mark.parametrize("name, kind", [(name, kind) for name, entry in BUGS.items() for kind in entry.kinds])
+# The bench measures the held-out group; no test asserts on it (a test that must pass is a threshold tuned to it).
+@pytest.mark.parametrize("name, kind", [(name, kind) for name, entry in BUGS.items() if entry.group != "heldout"
+                                        for kind in entry.kinds])
 def test_the_doctor_names_each_bug_at_one_validation(name, kind):
     expected, given = BUGS[name].expects, one_validation(name, kind)
     assert (set(expected) & given) if expected else given, f"{name} on {kind}: {sorted(given)}"
