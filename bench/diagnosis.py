@@ -45,7 +45,7 @@ from inference.limits import POSITIVE, Parser
 from inference.diagnosis import diagnose_checkpoint
 from model.kinds import ATTENTION_KINDS
 from monitor import AttentionMonitor
-from monitor.doctor import Finding
+from monitor.doctor import VERDICTS, Finding
 from training.module import NonFiniteLossError
 
 log = logging.getLogger("bench.diagnosis")
