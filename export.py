@@ -22,14 +22,17 @@ DESCRIPTION = """\
 Export a checkpoint from train.py to ONNX, keeping the attention. Writes into DIR:
   model.onnx      inputs  input_ids (int64, B × L), attention_mask (int64, B × L: 1 real token, 0 padding);
                   B and L are dynamic, L at most max_length, padding on the right
-                  outputs logits (float32, B × classes, in the order of config.json's labels) and, with
+                  outputs logits (float32, B × classes, in the order of config.json's labels), probabilities
+                  (float32, B × classes: the calibrated softmax, logits / the temperature fitted on validation;
+                  several labels a text: a sigmoid per label, the answer those reaching config.json's
+                  thresholds) and, with
                   --attention, one output per layer, attention.0 … attention.N-1 (float32, B × H × L × L: query
                   rows, key columns; the layout of `predict.py --attention --all-heads`; a long-text kind gives
                   B × H × L × K in its own key layout, with attention_keys (int64, L × K: the token of each column,
                   -1 for a linformer projected key) and, for sparse, global_attention.0 … (B × H × g × L))
   tokenizer.json  the checkpoint's tokenizer for `tokenizers.Tokenizer.from_file`, truncating to max_length and
                   padding a batch on the right: encode_batch gives input_ids and attention_mask as model.onnx takes them
-  config.json     label names in output order, max_length, attention kind, how to pad, the network's settings
+  config.json     label names in output order, multi_label, temperature, thresholds, max_length, attention kind, how to pad, the network's settings
 Kinds that cannot be exported get a one-line error naming why; nothing in DIR is half-written."""
 
 EPILOG = """\
@@ -78,17 +81,16 @@ def exportable(classifier, attention: bool):
         def forward(self, input_ids, attention_mask):
             # The transformers mask (1 real, 0 padding) → this project's key_padding_mask (True at padding).
             output = self.model(input_ids, attention_mask == 0, need_weights=attention)
-            if not attention:
-                return output.logits
-            return tuple(named_outputs(self.model, output).values())
+            return tuple(named_outputs(self.model, output, classifier.probabilities(output.logits)).values())
 
     return Exported().eval()
 
 
-def named_outputs(model, output) -> dict:
+def named_outputs(model, output, probabilities) -> dict:
     """{name: tensor} of what the export hands out, in output order, from one forward's ClassifierOutput: the
-    logits and, when it holds weights, each layer's, in the kind's key layout (model/kinds.py)."""
-    outputs = {"logits": output.logits}
+    logits, the calibrated probabilities and, when it holds weights, each layer's, in the kind's key layout
+    (model/kinds.py)."""
+    outputs = {"logits": output.logits, "probabilities": probabilities}
     if output.attention is None:
         return outputs
     layers = output.attention
@@ -108,7 +110,7 @@ def output_names(classifier, attention: bool) -> list[str]:
     input_ids, attention_mask = trace_inputs(config.max_length, config.vocab_size)
     with torch.no_grad():
         output = classifier.model(input_ids, attention_mask == 0, need_weights=attention)
-    return list(named_outputs(classifier.model, output))
+    return list(named_outputs(classifier.model, output, output.logits))
 
 
 def trace_inputs(max_length: int, vocab_size: int):
@@ -137,7 +139,7 @@ def export_onnx(classifier, path: Path, names: list[str]) -> None:
             warnings.simplefilter("ignore")
             logging.getLogger("torch").setLevel(logging.ERROR)
             program = torch.onnx.export(
-                exportable(classifier, attention=len(names) > 1), inputs, input_names=["input_ids", "attention_mask"],
+                exportable(classifier, attention=len(names) > 2), inputs, input_names=["input_ids", "attention_mask"],
                 output_names=names, dynamic_axes=axes, opset_version=OPSET, dynamo=True, verbose=False,
             )
     except Exception as e:  # torch.export / onnxscript raise many kinds; the first line says which step failed
@@ -165,9 +167,12 @@ def export_config(classifier, checkpoint_name: str, names: list[str]) -> dict:
     from data.tokenizer import CHARS_PER_TOKEN_BOUND, PAD, PAD_ID, UNK, UNK_ID
 
     config = classifier.model.config
-    layouts = {"logits": "B × classes, in the order of labels; softmax gives the probabilities"}
+    layouts = {"logits": "B × classes, in the order of labels, before calibration",
+               "probabilities": ("B × classes: sigmoid(logits) per label; a text's labels are those reaching their "
+                                 "thresholds" if classifier.multi_label else
+                                 "B × classes: softmax(logits / temperature), calibrated on validation")}
     long_kind = "attention_keys" in names  # its own key layout, named by attention_keys
-    for name in names[1:]:
+    for name in names[2:]:
         if name.startswith("attention."):
             layouts[name] = ("B × H × L × K: query rows over the K columns attention_keys names (predict.py "
                              "--attention --all-heads)" if long_kind else
@@ -178,6 +183,9 @@ def export_config(classifier, checkpoint_name: str, names: list[str]) -> dict:
             layouts[name] = "B × H × g × L: the g global tokens' rows over all L keys (sparse)"
     return {
         "labels": classifier.label_names,
+        "multi_label": classifier.multi_label,
+        "temperature": classifier.temperature,
+        "thresholds": classifier.thresholds if classifier.multi_label else None,
         "max_length": classifier.max_length,
         "attention": config.attention,
         "inputs": {"input_ids": "int64 B × L token ids from tokenizer.json, L ≤ max_length",

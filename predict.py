@@ -25,6 +25,8 @@ NOTES_SHOWN = 10  # per kind of note; the rest are counted
 DESCRIPTION = """\
 Classify texts with a checkpoint from train.py. Prints one JSON object per input on stdout:
   {"text": ..., "label": <label name>, "probabilities": {<label name>: p, ...}}
+A model of several labels a text adds "labels": [<label name>, ...] (those reaching their thresholds, most probable
+first; "label" joins them). Probabilities are calibrated on validation (docs/LABELS.md).
 Notes (truncated texts, replaced bytes, empty lines) go to stderr.
 
 Empty or whitespace-only inputs are not skipped: each gives {"text": ..., "error": "empty text"}, so output

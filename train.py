@@ -19,7 +19,8 @@ logs, checkpoints and `--ckpt_path last`; `python train.py pretrain --help` list
 
 Left unset, the sizes the data decide (data.max_length, data.vocab_size) and the training length
 (trainer.max_epochs) are chosen at start, logged once, and written into the run's config.yaml, so a rerun from
-that file is exact. Early stopping on val/acc and the attention monitor are on by default.
+that file is exact. Early stopping (on val/acc, or macro-F1 val/f1 when the classes are imbalanced or several a
+text: data/labels.py) and the attention monitor are on by default.
 """
 
 import errno
@@ -35,6 +36,7 @@ from lightning.pytorch.cli import LightningCLI
 from data import DataError, TextDataModule
 from data.datamodule import NO_TEST_SPLIT
 from data.files import WriteError, reason
+from data.labels import monitored_metric
 from data.pretraining import PretrainDataModule, check_known
 from data.checkpoint import CheckpointError, load_safely, read_checkpoint, read_pretraining_checkpoint
 from model.config import ConfigError, NetworkConfig, max_length_caps
@@ -64,6 +66,8 @@ PATIENCE_STEPS = 300
 ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"  # what `fit` reads first when no --config is given
 PRETRAIN_CONFIG = ROOT / "configs" / "pretrain.yaml"  # and `pretrain`
+AUTO_MONITOR = "auto"  # early_stopping.monitor's default: chosen from the data (CLI.choose_monitor)
+BEST_NAME = "best-epoch{epoch}-step{step}-acc{val/acc:.4f}"
 
 
 def check_network(config) -> None:
@@ -95,10 +99,12 @@ class CLI(LightningCLI):
         parser.link_arguments("model.init_from", "data.tokenizer_from")
         parser.link_arguments("data.label_names", "model.label_names", apply_on="instantiate")
         parser.link_arguments("data.label_names", "model.network.num_classes", compute_fn=len, apply_on="instantiate")
-        # Stop when validation accuracy has not improved for `patience` epochs; the best checkpoint is kept.
+        parser.link_arguments("data.multi_label", "model.multi_label", apply_on="instantiate")
+        # Stop when the monitored validation figure has not improved for `patience` epochs; the best checkpoint is
+        # kept. "auto": macro-F1 when the classes are imbalanced or several a text, else accuracy (data/labels.py).
         parser.add_lightning_class_args(EarlyStopping, "early_stopping")
         # strict=False: a run without validation (--trainer.limit_val_batches 0) trains on instead of failing.
-        parser.set_defaults({"early_stopping.monitor": "val/acc", "early_stopping.mode": "max",
+        parser.set_defaults({"early_stopping.monitor": AUTO_MONITOR, "early_stopping.mode": "max",
                              "early_stopping.patience": 5, "early_stopping.strict": False})
         # On unless a config lists its own callbacks (the shipped ones list it too).
         parser.set_defaults({"trainer.callbacks": [{"class_path": "monitor.AttentionMonitor"}]})
@@ -175,10 +181,37 @@ class CLI(LightningCLI):
         config["data"]["vocab_size"] = self.datamodule.vocab_size
         config["data"]["bucket_pool"] = self.datamodule.bucket_pool
         config["data"]["data_dir"] = self.datamodule.hparams.data_dir  # the local copy read, when none was given
+        monitor = self.choose_monitor(config)
         trainer = config["trainer"]
         if self.subcommand in ("fit", None) and trainer.get("max_epochs") is None and trainer.get("max_steps") in (None, -1):
             trainer["max_epochs"] = kwargs["max_epochs"] = self.training_epochs(config)
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        for callback in trainer.callbacks:  # the best checkpoint is chosen on the same figure
+            if isinstance(callback, ModelCheckpoint) and callback.monitor == "val/acc":
+                callback.monitor = monitor
+                callback.filename = BEST_NAME.replace("acc{val/acc", f"{monitor[4:]}{{{monitor}")
+        return trainer
+
+    def choose_monitor(self, config) -> str:
+        """early_stopping.monitor "auto" → val/f1 (macro) when the classes are imbalanced or several a text, else
+        val/acc; logged, and written into config.yaml."""
+        stopping = config.get("early_stopping")
+        init = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        stopper = init.get("early_stopping")
+        monitor = stopping.get("monitor") if stopping else None
+        data = self.datamodule
+        if not hasattr(data, "imbalanced"):  # pretraining: its own checkpoint monitor (val/loss)
+            return monitor
+        if monitor in (None, AUTO_MONITOR):
+            monitor = monitored_metric(data.imbalanced)
+            log.info("monitored metric %s (checkpoint selection%s): %s", monitor, " and early stopping" if stopping
+                     else "", "several labels a text" if data.multi_label else
+                     "classes imbalanced" if data.imbalanced else "classes balanced")
+            if stopping:
+                stopping["monitor"] = monitor
+            if stopper is not None:
+                stopper.monitor = monitor
+        return monitor
 
     def training_epochs(self, config) -> int:
         """max_epochs from the training split's size; and early stopping's patience in epochs raised to cover
@@ -195,7 +228,7 @@ class CLI(LightningCLI):
             stopping["patience"] = stopper.patience = max(stopping["patience"], wanted)
         log.info("max_epochs %d: at least %d epochs and %d optimizer steps (%d per epoch), at most %d epochs%s", epochs,
                  MIN_EPOCHS, MIN_STEPS, steps, MAX_EPOCHS,
-                 f"; early stopping after {stopping['patience']} epochs without a better val/acc "
+                 f"; early stopping after {stopping['patience']} epochs without a better {stopping['monitor']} "
                  f"({stopping['patience'] * steps} steps)" if stopping else "")
         return epochs
 
@@ -287,6 +320,10 @@ def main(args=None):
 def cli(args=None, run=True):
     from_command_line = args is None
     args = list(sys.argv[1:] if from_command_line else args)
+    if "--no-calibration" in args:  # the short form of --model.calibration false (docs/LABELS.md)
+        at = args.index("--no-calibration")
+        args[at : at + 1] = ["--model.calibration", "false"]
+        from_command_line = False  # LightningCLI must read the rewritten list, not sys.argv
     pretrain = args[:1] == ["pretrain"]
     if pretrain:  # `fit` of the pretraining classes (no subcommand at all when not run)
         args = ["fit", *args[1:]] if run else args[1:]
@@ -322,7 +359,7 @@ def cli(args=None, run=True):
                 # save_last rewrites last.ckpt only in epochs that also saved a new best.
                 ModelCheckpoint(
                     monitor=monitor, mode=mode, auto_insert_metric_name=False,
-                    filename="best-epoch{epoch}-step{step}-acc{val/acc:.4f}",
+                    filename=BEST_NAME,
                 ),
                 ModelCheckpoint(filename="last", enable_version_counter=False),  # no monitor: the newest epoch
                 LearningRateMonitor(logging_interval="step"),

@@ -1,7 +1,7 @@
 """The DataModule: load splits → train the tokenizer on train → encode once (cached) → length-bucketed batches.
 
 A batch is a dict: input_ids (B, L) long, padding_mask (B, L) bool with True at padding (from the texts' lengths,
-data.tokenizer.pad), labels (B,) long, padded per batch to its longest text; with data.teacher, training batches
+data.tokenizer.pad), labels (B,) long (several labels a text: (B, C) float, 1 where a label applies), padded per batch to its longest text; with data.teacher, training batches
 also hold teacher_probs (B, C).
 """
 
@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from data.checkpoint import read_pretraining_checkpoint
 from data.files import WriteError, describe, write_atomically
+from data.labels import class_counts, describe_counts, is_imbalanced, multi_hot
 from data.sources import DataError, Splits, load_splits, local_copy_dir
 from data.progress import progress_bar
 from data.teacher import out_of_fold_probabilities
@@ -75,7 +76,7 @@ class EncodedSplit(Dataset):
                 pieces.append(torch.tensor([i for ids in encoded for i in ids], dtype=torch.int32))
                 progress.update(len(chunk))
         ids = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int32)
-        return cls(ids, torch.tensor(lengths).cumsum(0), torch.tensor(labels))
+        return cls(ids, torch.tensor(lengths).cumsum(0), torch.as_tensor(labels))
 
     def state(self) -> dict:
         state = {"ids": self.ids, "offsets": self.offsets, "labels": self.labels}
@@ -140,7 +141,8 @@ class TextDataModule(L.LightningDataModule):
         val_file: str | None = None,
         test_file: str | None = None,
         text_column: str | None = None,
-        label_column: str | None = None,
+        label_column: str | list[str] | None = None,
+        label_separator: str | None = None,
         val_fraction: float = 0.1,
         max_length: int | None = None,
         batch_size: int = 64,
@@ -165,7 +167,10 @@ class TextDataModule(L.LightningDataModule):
             val_file: validation file for train_file; without it a stratified `val_fraction` of train is held out.
             test_file: optional test file.
             text_column: column holding the text (default: the dataset's, or "text" for own files).
-            label_column: column holding the label, strings or integers (default: the dataset's, or "label").
+            label_column: column holding the label, strings or integers (default: the dataset's, or "label"); a
+                column of lists (parquet/JSON) gives several labels a text; a list of columns, one 0/1 column per
+                label ([anger, fear, joy]), too (docs/LABELS.md).
+            label_separator: several labels a text in one text column, cut at this string ("," for "anger,fear").
             val_fraction: share of train held out for validation when there is no validation split (0 < f < 1).
             max_length: longer texts are truncated to this many tokens. Unset: the longest training text in
                 tokens, rounded up to a multiple of 8, at most max_length_caps (logged at start and written into
@@ -226,6 +231,17 @@ class TextDataModule(L.LightningDataModule):
     @property
     def label_names(self) -> list[str]:
         return self.state["label_names"]
+
+    @property
+    def multi_label(self) -> bool:
+        """Several labels a text (a sigmoid per label), or one (a softmax over the classes)."""
+        return self.state.get("multi_label", False)
+
+    @property
+    def imbalanced(self) -> bool:
+        """Whether accuracy says little on these data (data/labels.py is_imbalanced): macro-F1 is monitored then."""
+        train = self.split("train").labels
+        return is_imbalanced(class_counts(train, len(self.label_names)), self.multi_label)
 
     @property
     def max_length(self) -> int:
@@ -348,19 +364,24 @@ class TextDataModule(L.LightningDataModule):
         return load_splits(
             dataset=hp.dataset, data_dir=hp.data_dir, train_file=hp.train_file, val_file=hp.val_file,
             test_file=hp.test_file, text_column=hp.text_column, label_column=hp.label_column,
-            val_fraction=hp.val_fraction, seed=hp.seed,
+            val_fraction=hp.val_fraction, seed=hp.seed, label_separator=hp.get("label_separator"),
         )
 
     def _encode(self, tokenizer, splits: Splits, max_length: int) -> dict:
+        n = len(splits.label_names)
         encoded = {
-            name: EncodedSplit.encode(tokenizer, texts, splits.labels[name], max_length, name)
+            name: EncodedSplit.encode(tokenizer, texts, multi_hot(splits.labels[name], n) if splits.multi_label
+                                      else splits.labels[name], max_length, name)
             for name, texts in splits.texts.items()
         }
+        counts = describe_counts(class_counts(encoded["train"].labels, n), splits.label_names) if n else "no labels"
         log.info(
             "encoded %s; vocabulary %d%s", ", ".join(f"{name} {len(s)}" for name, s in encoded.items()),
-            tokenizer.get_vocab_size(), f"; labels {splits.label_names}" if splits.label_names else "",  # pretraining
+            tokenizer.get_vocab_size(), f"; labels {splits.label_names} ({'several' if splits.multi_label else 'one'} a "
+            f"text; {counts})" if splits.label_names else "",  # pretraining has none
         )
-        return {"tokenizer": tokenizer.to_str(), "label_names": splits.label_names, "splits": encoded}
+        return {"tokenizer": tokenizer.to_str(), "label_names": splits.label_names, "splits": encoded,
+                "multi_label": splits.multi_label}
 
     def _build(self) -> dict:
         hp = self.hparams
@@ -376,7 +397,8 @@ class TextDataModule(L.LightningDataModule):
             # From the whole texts, not the cut ones: the teacher reads what n-grams it can, the student its tokens.
             state["splits"]["train"].teacher_probs = out_of_fold_probabilities(
                 splits.texts["train"], splits.labels["train"], len(splits.label_names), seed=hp.seed,
-                source=splits.sources.get("train", "train"))
+                source=splits.sources.get("train", "train"),
+                class_weight="balanced" if state_is_imbalanced(state, splits) else None)
         return {**state, "max_length": max_length, "vocab_size": vocab_size, "choices": choices}
 
     def _pretrained_tokenizer(self):
@@ -520,6 +542,12 @@ def return_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc (macOS, musl): they return memory their own way
         pass
+
+
+def state_is_imbalanced(state: dict, splits: Splits) -> bool:
+    """Single-label classes imbalanced enough for balanced weights (data/labels.py is_imbalanced)."""
+    counts = class_counts(state["splits"]["train"].labels, len(splits.label_names))
+    return not splits.multi_label and is_imbalanced(counts, False)
 
 
 def _stat(path) -> tuple[int, int]:

@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from data import labels
+
 log = logging.getLogger(__name__)
 
 DATA_ROOT_ENV = "ATTENTION_DATA_ROOT"  # folder holding <dataset name>/ local copies, e.g. ../shared/data
@@ -31,6 +33,7 @@ class RegisteredDataset:
     label_names: list[str] | None = None
     hub_splits: dict[str, str] = field(default_factory=lambda: {"train": "train", "validation": "validation"})
     test_fraction: float | None = None  # one file, no test split: this stratified share is held out as test
+    hub_config: str | None = None  # the hub dataset's configuration (go_emotions: "simplified")
 
 
 # The fixed test split of a dataset with test_fraction: its own seed, independent of data.seed and val_fraction, so
@@ -48,6 +51,15 @@ REGISTRY = {
         "fancyzhx/ag_news", "text", "label", ["World", "Sports", "Business", "Sci/Tech"], {"train": "train", "test": "test"}
     ),
     "imdb": RegisteredDataset("stanfordnlp/imdb", "text", "label", ["negative", "positive"], {"train": "train", "test": "test"}),
+    # Several labels a text: a column of lists of indices into these names (the local copy's labels.txt).
+    "goemotions": RegisteredDataset(
+        "google-research-datasets/go_emotions", "text", "labels",
+        ["admiration", "amusement", "anger", "annoyance", "approval", "caring", "confusion", "curiosity", "desire",
+         "disappointment", "disapproval", "disgust", "embarrassment", "excitement", "fear", "gratitude", "grief", "joy",
+         "love", "nervousness", "optimism", "pride", "realization", "relief", "remorse", "sadness", "surprise",
+         "neutral"],
+        {"train": "train", "validation": "validation", "test": "test"}, hub_config="simplified",
+    ),
 }
 NAMES = sorted(REGISTRY) + ["synthetic"]
 
@@ -58,6 +70,7 @@ class Splits:
     labels: dict[str, list[int]]
     label_names: list[str]
     sources: dict[str, str] = field(default_factory=dict)  # split → the file (or hub split) it came from
+    multi_label: bool = False  # labels[split] then holds a list of class indices per text (data/labels.py)
 
 
 def local_copy_dir(name: str, data_dir: str | None) -> Path | None:
@@ -102,9 +115,10 @@ def check_utf8(path: Path) -> None:
         raise DataError(f"{path}: not valid UTF-8 (truncated character at the end); save it as UTF-8") from None
 
 
-def read_table(path: Path, text_column: str, label_column: str | None) -> tuple[list[str], list | None]:
+def read_table(path: Path, text_column: str, label_column: str | list[str] | None) -> tuple[list[str], list | None]:
     """Texts and raw labels (None when label_column is None) of one CSV/TSV/JSON/JSONL/parquet file, read with
-    `datasets`.
+    `datasets`. A list of label columns is one 0/1 column per label: each row's labels are the set of the columns
+    holding 1 (data/labels.py).
 
     CSV/TSV cells of the two columns are read as the file's own text: pandas would otherwise read a column of
     numbers as numbers ("007" → 7, a text "42" → 42) and the labels "01", "10" as 1 and 10. JSON and parquet keep
@@ -123,9 +137,10 @@ def read_table(path: Path, text_column: str, label_column: str | None) -> tuple[
     if not has_rows(path, builder):  # `datasets` fails on each empty format with a different riddle
         raise DataError(f"{path}: no rows" + (" (a header only, or an empty file)" if builder == "csv" else ""))
     kwargs = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
+    label_columns = [label_column] if isinstance(label_column, str) else list(label_column or [])
     if builder == "csv":
         kwargs["keep_default_na"] = False  # a text "NA" or "null" stays text
-        columns = [text_column] + ([label_column] if label_column else [])
+        columns = [text_column] + label_columns
         kwargs["converters"] = {column: str for column in columns}  # cells as written, never parsed as numbers
     try:
         table = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
@@ -133,12 +148,17 @@ def read_table(path: Path, text_column: str, label_column: str | None) -> tuple[
         while e.__cause__ is not None or e.__context__ is not None:
             e = e.__cause__ or e.__context__
         raise DataError(f"{path}: could not be read as {path.suffix} ({type(e).__name__}: {str(e).splitlines()[0]})") from None
-    for column in (text_column, label_column):
+    for column in (text_column, *label_columns):
         if column and column not in table.column_names:
             raise DataError(f"{path}: no column {column!r}; columns found: {', '.join(table.column_names)}")
     if table.num_rows == 0:
         raise DataError(f"{path}: no rows")
-    return table[text_column], table[label_column] if label_column else None
+    if isinstance(label_column, str) or not label_columns:
+        return table[text_column], table[label_column] if label_column else None
+    try:
+        return table[text_column], labels.from_indicator_columns({column: table[column] for column in label_columns})
+    except labels.LabelError as e:
+        raise DataError(f"{path}: {e}") from None
 
 
 def read_unlabeled(path, text_column: str = "text") -> list[str]:
@@ -306,9 +326,10 @@ def load_splits(
     val_file: str | None,
     test_file: str | None,
     text_column: str | None,
-    label_column: str | None,
+    label_column: str | list[str] | None,
     val_fraction: float,
     seed: int,
+    label_separator: str | None = None,
 ) -> Splits:
     names, test_fraction = None, None
     if train_file:
@@ -333,31 +354,67 @@ def load_splits(
     else:
         raise DataError(f"unknown dataset {dataset!r}; registered: {', '.join(NAMES)} (or give train_file)")
 
+    if label_separator:
+        raw = {split: (texts, labels.split_delimited(values, label_separator)) for split, (texts, values) in raw.items()}
     raw = {split: drop_unusable(*pair, where=sources[split]) for split, pair in raw.items()}
     if "all" in raw:  # one file: train is split off below
         raw["train"], sources["train"] = raw.pop("all"), sources.pop("all")
-    labels, label_names = encode_labels({s: pair[1] for s, pair in raw.items()}, sources, names)
+    multi_label = bool(label_separator) or any(labels.is_set(value) for value in raw["train"][1])
+    if multi_label:
+        label_sets, label_names, texts = encode_label_sets(raw, sources, names)
+        if all(len(indices) == 1 for indices in label_sets["train"]):
+            log.info("%s: every training text has exactly one label: one class a text (softmax)", sources["train"])
+            label_sets = {split: [s[0] if len(s) == 1 else None for s in sets] for split, sets in label_sets.items()}
+            multi_label = False
+            for split, sets in list(label_sets.items()):  # a validation/test text of several labels cannot be scored
+                if None in sets:
+                    log.warning("%s: skipped %d text(s) with other than one label (training has one a text)",
+                                sources[split], sets.count(None))
+                    texts[split] = [t for t, s in zip(texts[split], sets) if s is not None]
+                    label_sets[split] = [s for s in sets if s is not None]
+        return finish_splits(texts, label_sets, label_names, sources, test_fraction, val_fraction, seed, multi_label)
+    encoded, label_names = encode_labels({s: pair[1] for s, pair in raw.items()}, sources, names)
     texts = {split: pair[0] for split, pair in raw.items()}
-    classes = sorted(set(labels["train"]))
-    once = [cls for cls, count in Counter(labels["train"]).items() if count == 1]
-    if names is None and len(once) > max(2, len(labels["train"]) / 2):  # no split could validate such classes
+    classes = sorted(set(encoded["train"]))
+    once = [cls for cls, count in Counter(encoded["train"]).items() if count == 1]
+    if names is None and len(once) > max(2, len(encoded["train"]) / 2):  # no split could validate such classes
         raise DataError(
             f"{sources['train']}: the label column {label_column!r} holds {len(classes)} different values in "
-            f"{len(labels['train'])} rows, most of them once (such as {label_names[once[0]][:40]!r}): is it the text? "
+            f"{len(encoded['train'])} rows, most of them once (such as {label_names[once[0]][:40]!r}): is it the text? "
             f"Name the columns with text_column and label_column (now {text_column!r} and {label_column!r})"
         )
+    return finish_splits(texts, encoded, label_names, sources, test_fraction, val_fraction, seed, False)
+
+
+def encode_label_sets(raw: dict, sources: dict[str, str], names: list[str] | None):
+    """Sets of labels a text (data/labels.py) → (class indices a text per split, label names, texts per split)."""
+    try:
+        encoded, label_names, keep = labels.encode_sets({s: labels.as_sets(pair[1]) for s, pair in raw.items()},
+                                                        sources, names)
+    except labels.LabelError as e:
+        raise DataError(str(e)) from None
+    texts = {split: [raw[split][0][i] for i in keep[split]] for split in raw}
+    return encoded, label_names, texts
+
+
+def finish_splits(texts, labels, label_names, sources, test_fraction, val_fraction, seed, multi_label) -> Splits:
+    """Checks, then the test and validation splits held out of train where the data have none."""
+    def strata(ls):  # multi-label: stratified by each text's first label (-1: none)
+        return [(s[0] if s else -1) for s in ls] if multi_label else ls
+
+    classes = sorted({c for s in labels["train"] for c in s}) if multi_label else sorted(set(labels["train"]))
     if len(classes) < 2:
         raise DataError(
             f"{sources['train']}: needs at least two classes to learn from; "
             f"all {len(labels['train'])} usable row(s) are labelled {label_names[classes[0]]!r}"
         )
     if "test" not in texts and test_fraction:
-        rest, test_idx = stratified_split(labels["train"], test_fraction, TEST_SPLIT_SEED)
+        rest, test_idx = stratified_split(strata(labels["train"]), test_fraction, TEST_SPLIT_SEED)
         texts["test"], labels["test"] = [texts["train"][i] for i in test_idx], [labels["train"][i] for i in test_idx]
         texts["train"], labels["train"] = [texts["train"][i] for i in rest], [labels["train"][i] for i in rest]
         sources["test"] = f"{sources['train']} (held-out test split)"
     if "validation" not in texts:
-        train_idx, val_idx = stratified_split(labels["train"], val_fraction, seed)
+        train_idx, val_idx = stratified_split(strata(labels["train"]), val_fraction, seed)
         if not val_idx:
             raise DataError(
                 f"{sources['train']}: val_fraction {val_fraction} of {len(labels['train'])} rows leaves no validation "
@@ -368,14 +425,14 @@ def load_splits(
         texts["train"] = [texts["train"][i] for i in train_idx]
         labels["train"] = [labels["train"][i] for i in train_idx]
         sources["validation"] = f"{sources['train']} (held-out validation split)"
-    n_classes = len(set(labels["train"]))
-    if len(labels["validation"]) < n_classes:
+    n_classes = len(classes)
+    if len(labels["validation"]) < n_classes and not multi_label:
         # Early stopping and the best checkpoint are chosen on validation accuracy: a few texts cannot choose them.
         raise DataError(
             f"{sources['validation']}: {len(labels['validation'])} validation text(s) for {n_classes} classes; "
             "give at least one per class (a larger val_file or val_fraction)"
         )
-    return Splits(texts, labels, label_names, sources)
+    return Splits(texts, labels, label_names, sources, multi_label)
 
 
 def load_from_hub(name: str, spec: RegisteredDataset, text_column: str, label_column: str):
@@ -386,7 +443,7 @@ def load_from_hub(name: str, spec: RegisteredDataset, text_column: str, label_co
     import datasets
 
     try:
-        hub = datasets.load_dataset(spec.hub_id)
+        hub = datasets.load_dataset(spec.hub_id, spec.hub_config)
     except Exception as e:
         raise DataError(
             f"dataset {name!r}: no local copy (data_dir, or {DATA_ROOT_ENV}/{name}) and the hub ({spec.hub_id}) "

@@ -39,31 +39,37 @@ def ngram_features(texts: list[str]):
     return TfidfVectorizer(analyzer="word", ngram_range=(1, 2), sublinear_tf=True, token_pattern=r"(?u)\b\w+\b")
 
 
-def fit_ngram_teacher(texts, labels, C: float = 4.0):
+def fit_ngram_teacher(texts, labels, C: float = 4.0, class_weight: str | None = None):
     """The recipe, written once (the teacher here, the TF-IDF peer of bench/accuracy.py): TF-IDF n-grams
-    (ngram_features) + logistic regression fitted on these texts. Returns (vectorizer, classifier); sklearn's
-    ValueError when the texts hold no n-gram at all."""
+    (ngram_features) + logistic regression fitted on these texts (class_weight: sklearn's, "balanced" for
+    imbalanced classes). Returns (vectorizer, classifier); sklearn's ValueError when the texts hold no n-gram."""
     from sklearn.linear_model import LogisticRegression
 
     vectorizer = ngram_features(list(texts))
     x = vectorizer.fit_transform(texts)
-    return vectorizer, LogisticRegression(C=C, max_iter=2000).fit(x, labels)
+    return vectorizer, LogisticRegression(C=C, max_iter=2000, class_weight=class_weight).fit(x, labels)
 
 
 def out_of_fold_probabilities(texts, labels: list[int], num_classes: int, folds: int = FOLDS, seed: int = 0,
-                              C: float = 4.0, source: str = "train", sample: int = SAMPLE) -> torch.Tensor:
+                              C: float = 4.0, source: str = "train", sample: int = SAMPLE,
+                              class_weight: str | None = None) -> torch.Tensor:
     """(N, num_classes) float32 probabilities of an n-gram teacher for each training text, each from a teacher
     that did not see it (stratified folds, fixed by `seed`). `texts`: any sequence of strings (a list, or a column
     read row by row). `source` names the texts' file in errors.
 
     At most `sample` texts (a seeded sample when there are more) are fitted on, in folds: the n-gram vocabulary and
     the fitted matrix grow with the texts, the rest does not. Texts outside the sample are scored by one of the fold
-    teachers each, CHUNK texts at a time, so memory stays bounded and time grows linearly beyond the sample."""
+    teachers each, CHUNK texts at a time, so memory stays bounded and time grows linearly beyond the sample.
+    class_weight "balanced": the teacher weighs each class the same, as the student's loss does on imbalanced
+    classes (model.class_weights), so its soft targets do not pull the student back to the commonest class."""
     try:
         from sklearn.model_selection import StratifiedKFold
     except ImportError:
         raise DataError("data.teacher ngram needs scikit-learn: pip install scikit-learn") from None
     start = time.perf_counter()
+    if labels and isinstance(labels[0], list):  # several labels a text
+        log.info("n-gram teacher: scoring %d training texts out of fold (%d folds)", len(texts), folds)
+        return out_of_fold_label_probabilities(list(texts), labels, num_classes, folds, seed, C, source, start)
     y, n = np.asarray(labels), len(labels)
     chosen = np.arange(n) if n <= sample else np.sort(np.random.default_rng(seed).choice(n, sample, replace=False))
     rest = np.setdiff1d(np.arange(n), chosen, assume_unique=True)
@@ -85,7 +91,7 @@ def out_of_fold_probabilities(texts, labels: list[int], num_classes: int, folds:
                 progress.update(len(scored))
                 continue
             try:
-                vectorizer, teacher = fit_ngram_teacher([texts[i] for i in fitted], y[fitted], C)
+                vectorizer, teacher = fit_ngram_teacher([texts[i] for i in fitted], y[fitted], C, class_weight)
             except ValueError:  # sklearn: "empty vocabulary"
                 raise DataError(f"{source}: the n-gram teacher found no words in the training texts; check "
                                 "text_column or train without the teacher: --data.teacher null --model.distillation 0"
@@ -99,4 +105,32 @@ def out_of_fold_probabilities(texts, labels: list[int], num_classes: int, folds:
     agreement = float((probabilities.argmax(1) == y).mean())
     log.info("n-gram teacher: out-of-fold probabilities for %d training texts (%d folds, %.0f s); it agrees with "
              "%.1f%% of their labels", n, folds, time.perf_counter() - start, 100 * agreement)
+    return torch.from_numpy(probabilities)
+
+
+def out_of_fold_label_probabilities(texts, label_sets, num_classes, folds, seed, C, source, start) -> torch.Tensor:
+    """Several labels a text: (N, num_classes) probabilities that each label applies, one logistic regression per
+    label (one-vs-rest) on the same TF-IDF n-grams, out of fold (plain folds: a text has no single class to
+    stratify on). A label absent from a fold's texts gets probability 0 there."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import KFold
+    from sklearn.multiclass import OneVsRestClassifier
+
+    y = np.zeros((len(texts), num_classes), dtype=np.int64)
+    for row, indices in enumerate(label_sets):
+        y[row, indices] = 1
+    probabilities = np.zeros((len(texts), num_classes), dtype=np.float32)
+    texts = np.asarray(texts, dtype=object)
+    for fitted, scored in KFold(folds, shuffle=True, random_state=seed).split(texts):
+        present = np.flatnonzero((y[fitted].sum(0) > 0) & (y[fitted].sum(0) < len(fitted)))
+        try:
+            vectorizer = ngram_features(list(texts[fitted]))
+            x = vectorizer.fit_transform(texts[fitted])
+        except ValueError:
+            raise DataError(f"{source}: the n-gram teacher found no words in the training texts; check text_column "
+                            "or train without the teacher: --data.teacher null --model.distillation 0") from None
+        teacher = OneVsRestClassifier(LogisticRegression(C=C, max_iter=2000)).fit(x, y[fitted][:, present])
+        probabilities[np.ix_(scored, present)] = teacher.predict_proba(vectorizer.transform(texts[scored]))
+    log.info("n-gram teacher: out-of-fold label probabilities for %d training texts (%d folds, %.0f s)", len(texts),
+             folds, time.perf_counter() - start)
     return torch.from_numpy(probabilities)

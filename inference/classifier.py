@@ -37,12 +37,16 @@ class Prediction:
     # (counted on its first COUNT_CHARACTERS characters: a lower bound past those, see length_is_lower_bound)
     attention_keys: torch.Tensor | None = None  # long kinds: (n, K) the token of each column; -1 a projected key
     global_attention: torch.Tensor | None = None  # sparse: (n_layers, H, g, n) the global tokens' rows
+    labels: list[str] | None = None  # several labels a text: those whose probability reaches their threshold, most
+    # probable first (possibly none); `label` then names them joined by ", "
 
     def to_dict(self, all_heads: bool = False, decimals: int = 6, attention: bool = True) -> dict:
         """JSON-ready; attention is averaged over heads unless all_heads, and rounded to `decimals`. attention=False
         leaves out every attention field (tokens, weights, a long kind's key columns and global weights) even when
         they were computed (predict.py --attention-png draws them without printing them)."""
         out = {"text": self.text, "label": self.label, "probabilities": self.probabilities}
+        if self.labels is not None:
+            out["labels"] = self.labels
         if self.truncated_from is not None:
             out["truncated_from"] = self.truncated_from
         if not attention:
@@ -72,10 +76,19 @@ def resolve_device(device: str | torch.device) -> torch.device:
 class TextClassifier:
     """A trained network with its tokenizer, loaded once; `predict` turns texts into Predictions."""
 
-    def __init__(self, model: AttentionClassifier, tokenizer: Tokenizer, label_names: list[str], device="cpu"):
+    def __init__(self, model: AttentionClassifier, tokenizer: Tokenizer, label_names: list[str], device="cpu",
+                 multi_label: bool = False, temperature: float = 1.0, thresholds: list[float] | None = None):
+        """multi_label: a sigmoid per label, the answer the labels reaching `thresholds` (default 0.5 each);
+        else a softmax of the logits divided by `temperature` (both fitted on validation: training/calibration.py)."""
         self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
         self.label_names = list(label_names)
+        self.multi_label, self.temperature = multi_label, float(temperature)
+        self.model.multi_label = multi_label  # explanations read it: a sigmoid per label (inference/explain.py)
+        self.thresholds = list(thresholds) if thresholds else [0.5] * len(self.label_names)
+        if len(self.thresholds) != len(self.label_names) or self.temperature <= 0:
+            raise ValueError(f"{len(self.thresholds)} thresholds for {len(self.label_names)} labels, temperature "
+                             f"{self.temperature}: need one threshold a label and a temperature > 0")
         # Texts are cut to the network's max_length here rather than by the tokenizer, so the full length of a cut
         # text is known (a tokenizer handed in, as train_tokenizer makes one, may carry a truncation).
         self.max_length = model.max_length
@@ -110,9 +123,31 @@ class TextClassifier:
             ) from e
         from inference.verdicts import latest_verdicts
 
-        classifier = cls(model, tokenizer, labels, device=device)
+        calibration = checkpoint.get("calibration") or {}  # none before calibration existed: temperature 1, cuts 0.5
+        try:
+            classifier = cls(model, tokenizer, labels, device=device,
+                             multi_label=bool(checkpoint["hyper_parameters"].get("multi_label", False)),
+                             temperature=calibration.get("temperature", 1.0), thresholds=calibration.get("thresholds"))
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{path}: its calibration does not fit its labels: {e}") from e
         classifier.verdicts = latest_verdicts(checkpoint)
         return classifier
+
+    def answer(self, probabilities: list[float]) -> tuple[str, list[str] | None]:
+        """(label, labels) of one text's probabilities: the most likely class and None; several labels a text:
+        those reaching their threshold, most probable first, and their names joined by ", "."""
+        if not self.multi_label:
+            return self.label_names[max(range(len(probabilities)), key=probabilities.__getitem__)], None
+        chosen = sorted((i for i, p in enumerate(probabilities) if p >= self.thresholds[i]),
+                        key=lambda i: -probabilities[i])
+        labels = [self.label_names[i] for i in chosen]
+        return ", ".join(labels), labels
+
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """Calibrated probabilities (B, C) of logits (B, C): sigmoid per label, or softmax(logits / temperature)."""
+        if self.multi_label:
+            return logits.float().sigmoid()
+        return (logits.float() / self.temperature).softmax(dim=-1)
 
     def encode(self, texts: list[str]) -> tuple[list[list[int]], list[list[str]], list[int]]:
         """Token ids and tokens cut to max_length, and each text's own length in tokens. As in training, the ids
@@ -157,9 +192,10 @@ class TextClassifier:
             for row, i in enumerate(batch):
                 n = len(ids[i])
                 rows = weights[row, :, :, :n] if attention else None  # (n_layers, H, n, L), or K columns of a long kind
+                label, labels = self.answer(probabilities[row].tolist())
                 predictions[i] = Prediction(
                     text=texts[i],
-                    label=self.label_names[int(probabilities[row].argmax())],
+                    label=label, labels=labels,
                     probabilities=self._label_probabilities(probabilities[row].tolist(), top_k),
                     tokens=tokens[i] if attention else None,
                     attention=(rows[..., :n] if keys is None else rows).clone() if attention else None,
@@ -183,7 +219,7 @@ class TextClassifier:
         # Length-sorted batches often have no padding at all; then there is nothing to mask.
         mask = key_padding_mask.to(self.device) if key_padding_mask.any() else None
         output = self.model(input_ids.to(self.device), mask, need_weights=attention)
-        probabilities = output.logits.float().softmax(dim=-1).cpu()  # (B, num_classes)
+        probabilities = self.probabilities(output.logits).cpu()  # (B, num_classes)
         if not attention:
             return probabilities, (None, None, None)
         return probabilities, stacked_layers(output.attention)  # each layer's own weights, in its kind's layout

@@ -77,7 +77,8 @@ def data_settings(checkpoint: dict, overrides: dict) -> dict:
     if {"dataset", "train_file", "data_dir"} & given.keys():
         recorded = {key: value for key, value in recorded.items() if key in ("val_fraction", "seed")}
     settings = {"dataset": None, "data_dir": None, "train_file": None, "val_file": None, "test_file": None,
-                "text_column": None, "label_column": None, "val_fraction": 0.1, "seed": 0} | recorded | given
+                "text_column": None, "label_column": None, "val_fraction": 0.1, "seed": 0,
+                "label_separator": None} | recorded | given
     if settings["dataset"] is None and settings["train_file"] is None:
         raise CheckpointError("it records no data settings (not written by train.py fit?): name its data with "
                               "--data.dataset NAME or --data.train_file FILE")
@@ -94,6 +95,9 @@ def validation_sample(settings: dict, label_names: list[str], texts: int, seed: 
                               "the data the run was trained on (--data.*)")
     pairs = list(zip(splits.texts["validation"], splits.labels["validation"]))
     chosen = sorted(random.Random(seed).sample(range(len(pairs)), min(texts, len(pairs))))
+    if splits.multi_label:  # several labels a text: multi-hot rows in the checkpoint's label order
+        return [pairs[i][0] for i in chosen], [[float(name in {splits.label_names[c] for c in pairs[i][1]})
+                                                for name in label_names] for i in chosen]
     return [pairs[i][0] for i in chosen], [known[splits.label_names[pairs[i][1]]] for i in chosen]
 
 

@@ -47,9 +47,15 @@ class Ensemble:
             average = {name: sum(p[i].probabilities[name] for p in per_member) / len(per_member)
                        for name in self.label_names}
             label = max(self.label_names, key=average.__getitem__)  # ties: the first label, as argmax
+            labels = None
+            if self.members[0].multi_label:  # several labels a text: each label's threshold averaged like its p
+                cuts = [sum(m.thresholds[c] for m in self.members) / len(self.members) for c in range(len(average))]
+                labels = sorted((name for name, cut in zip(self.label_names, cuts) if average[name] >= cut),
+                                key=lambda name: -average[name])
+                label = ", ".join(labels)
             if top_k is not None:
                 average = dict(sorted(average.items(), key=lambda pair: pair[1], reverse=True)[:top_k])
             cut_from = [p[i].truncated_from for p in per_member if p[i].truncated_from is not None]
-            predictions.append(Prediction(text=text, label=label, probabilities=average,
+            predictions.append(Prediction(text=text, label=label, probabilities=average, labels=labels,
                                           truncated_from=max(cut_from) if cut_from else None))
         return predictions

@@ -59,6 +59,8 @@ class Explanation:
     faithfulness: dict  # {"spearman": {method: r}, "deletion": {method: [drop at k]}, "ks": [...]}
     notes: dict[str, str]  # method → what it reflects (or why it does not apply)
     integrated_gradients_delta: float | None = None  # |Σ scores − (p_c(text) − p_c(baseline))|
+    per_label: dict[str, dict] | None = None  # several labels a text: for each predicted label (the first is `label`
+    # itself, whose scores are above), its own scores, faithfulness and integrated_gradients_delta
     truncated_from: int | None = None  # the text's length in tokens when it was cut to max_length
     attention: list[torch.Tensor] | None = field(default=None, repr=False)  # per layer (H, n, n), for the report
 
@@ -71,6 +73,12 @@ class Explanation:
                "integrated_gradients_delta": self.integrated_gradients_delta}
         if self.truncated_from is not None:
             out["truncated_from"] = self.truncated_from
+        if self.per_label is not None:
+            out["per_label"] = {name: {"scores": {m: None if s is None else [round(v, 6) for v in s]
+                                                  for m, s in entry["scores"].items()},
+                                       "faithfulness": entry["faithfulness"],
+                                       "integrated_gradients_delta": entry["integrated_gradients_delta"]}
+                                for name, entry in self.per_label.items()}
         if attention:
             out["attention"] = None if self.attention is None else [
                 layer.double().round(decimals=decimals).tolist() for layer in self.attention]  # double: no noise
@@ -108,22 +116,31 @@ class EmbeddingForward:
         swap = embeddings.reshape(-1, embeddings.shape[-1])  # (B·L, D): row-major, as the model packs real tokens
         handle = self.model.token_embedding.register_forward_hook(lambda module, inputs, output: swap)
         try:
-            return self.model(token_ids).logits.softmax(dim=-1)
+            return output_probabilities(self.model, self.model(token_ids).logits)
         finally:
             handle.remove()
 
 
 def probabilities_of(model, token_ids: torch.Tensor) -> torch.Tensor:
     """(B, C) probabilities of texts without padding."""
-    return model(token_ids).logits.softmax(dim=-1)
+    return output_probabilities(model, model(token_ids).logits)
+
+
+def output_probabilities(model, logits: torch.Tensor) -> torch.Tensor:
+    """What each method explains: p(class) by softmax, or with several labels a text (TextClassifier marks the
+    network `multi_label`) p(label applies) by a sigmoid per label, so one label is explained apart from the others.
+    No temperature: it rescales every score of a text alike and changes no ranking."""
+    return logits.sigmoid() if getattr(model, "multi_label", False) else logits.softmax(dim=-1)
 
 
 def check_ig_steps(ig_steps: int) -> None:
     IG_STEPS.check("ig_steps (Integrated Gradients steps)", ig_steps)
 
 
-def explain_ids(model, ids: list[int], ig_steps: int = IG_STEPS_DEFAULT, seed: int = 0) -> dict:
-    """Scores per method, faithfulness figures and per-layer attention for one text's token ids (no padding)."""
+def explain_ids(model, ids: list[int], ig_steps: int = IG_STEPS_DEFAULT, seed: int = 0,
+                target: int | None = None) -> dict:
+    """Scores per method, faithfulness figures and per-layer attention for one text's token ids (no padding), for
+    the class `target` (default: the most probable)."""
     check_ig_steps(ig_steps)
     device = next(model.parameters()).device
     token_ids = torch.tensor([ids], device=device)  # (1, n)
@@ -136,8 +153,8 @@ def explain_ids(model, ids: list[int], ig_steps: int = IG_STEPS_DEFAULT, seed: i
             output = model(token_ids, need_weights=True)
     finally:
         hook.remove()
-    probabilities = output.logits.softmax(dim=-1)[0]  # (C,)
-    target = int(probabilities.argmax())
+    probabilities = output_probabilities(model, output.logits)[0]  # (C,)
+    target = int(probabilities.argmax()) if target is None else target
     scores: dict[str, np.ndarray | None] = {}
 
     tokens = ATTENTION_KINDS[model.config.attention].keys_are_tokens
@@ -250,7 +267,18 @@ def explain(classifier, texts: list[str], ig_steps: int = IG_STEPS_DEFAULT) -> l
     explanations = []
     for i, text in enumerate(texts):
         result = explain_ids(model, ids[i], ig_steps=ig_steps)
-        target = result["target"]
+        target, per_label = result["target"], None
+        if getattr(classifier, "multi_label", False):  # an explanation per predicted label, the most probable first
+            _, labels = classifier.answer(result["probabilities"])
+            targets = [classifier.label_names.index(name) for name in labels] or [target]
+            target = targets[0]
+            results = [result if t == result["target"] else explain_ids(model, ids[i], ig_steps=ig_steps, target=t)
+                       for t in targets]
+            result = results[0]
+            per_label = {classifier.label_names[t]: {
+                "scores": {m: None if s is None else [float(v) for v in s] for m, s in r["scores"].items()},
+                "faithfulness": r["faithfulness"], "integrated_gradients_delta": r["integrated_gradients_delta"]}
+                for t, r in zip(targets, results)}
         truncated = full_lengths[i] if full_lengths[i] > len(ids[i]) else None
         text_notes = dict(notes)
         if truncated:
@@ -264,6 +292,6 @@ def explain(classifier, texts: list[str], ig_steps: int = IG_STEPS_DEFAULT) -> l
             scores={m: None if s is None else [float(v) for v in s] for m, s in result["scores"].items()},
             faithfulness=result["faithfulness"], notes=text_notes,
             integrated_gradients_delta=result["integrated_gradients_delta"], truncated_from=truncated,
-            attention=result["attention"],
+            attention=result["attention"], per_label=per_label,
         ))
     return explanations

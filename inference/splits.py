@@ -6,7 +6,7 @@ from data.checkpoint import read_checkpoint
 
 # The data settings a checkpoint records that decide its splits (load_splits' arguments): diagnose.py reads them too.
 SPLIT_KEYS = ("dataset", "data_dir", "train_file", "val_file", "test_file", "text_column", "label_column",
-              "val_fraction", "seed")
+              "val_fraction", "seed", "label_separator")
 
 
 def checkpoint_split(path, split: str, checkpoint: dict | None = None) -> tuple[list[str], list[int], list[str]]:

@@ -135,12 +135,16 @@ class AttentionMonitor(Callback):
         for i in pick_probes(validation.lengths, self.num_probes, self.max_tokens):
             ids, label = validation[i]
             items.append((ids.long()[:max_length], label))
-            label_name = label_names[int(label)] if label_names else int(label)
+            if label.ndim:  # several labels a text (multi-hot)
+                label_name = "{" + ", ".join(label_names[c] for c in label.nonzero().flatten().tolist()) + "}"
+            else:
+                label_name = label_names[int(label)] if label_names else int(label)
             origin = f"validation #{i}, label {label_name}" if classes else f"held-out text #{i}"
             titles.append((tokenizer.decode(ids.tolist()), origin))
         for text in self.probe_texts:
             ids = tokenizer.encode(text).ids[:max_length] or [UNK_ID]  # a text of only unknown symbols → [UNK]
-            items.append((torch.tensor(ids), torch.tensor(-1)))
+            no_label = torch.full_like(validation.labels[0], -1) if len(validation) else torch.tensor(-1)
+            items.append((torch.tensor(ids), no_label))
             titles.append((text, "from the config"))
         if not items:
             return None
@@ -169,7 +173,12 @@ class AttentionMonitor(Callback):
         label_names = getattr(pl_module, "label_names", [])
         heads = [layer.weights.shape[1] for layer in layers]
         verdicts = head_titles(self.findings, heads) if self.history else [["not judged yet"] * n for n in heads]
-        probabilities = logits.float().softmax(-1).cpu() if label_names is not None else None
+        if label_names is None:
+            probabilities = None
+        elif hasattr(pl_module, "probabilities"):  # calibrated: softmax / temperature, or a sigmoid per label
+            probabilities = pl_module.probabilities(logits).cpu()
+        else:
+            probabilities = logits.float().softmax(-1).cpu()
         for i, (text, origin) in enumerate(titles):
             text = text if len(text) <= TITLE_CHARACTERS else text[: TITLE_CHARACTERS - 1] + "…"
             predicted = ""

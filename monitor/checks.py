@@ -72,7 +72,10 @@ def mean_loss(model, batches: list[dict]) -> float:
     total, count = 0.0, 0
     for batch in batches:
         logits = model(batch["input_ids"], batch["padding_mask"]).logits
-        total += float(F.cross_entropy(logits.float(), batch["labels"], reduction="sum"))
+        if batch["labels"].ndim == 2:  # several labels a text: binary cross-entropy per label, summed per text
+            total += float(F.binary_cross_entropy_with_logits(logits.float(), batch["labels"].float(), reduction="sum"))
+        else:
+            total += float(F.cross_entropy(logits.float(), batch["labels"], reduction="sum"))
         count += len(batch["labels"])
     return total / max(count, 1)
 

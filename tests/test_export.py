@@ -105,7 +105,7 @@ def test_without_attention_there_is_one_output(tmp_path):
     ckpt = save_checkpoint(classifier, tmp_path / "tiny.ckpt")
     assert export.main(["--ckpt", str(ckpt), "--out", str(tmp_path / "out")]) == 0
     _, _, _, outputs = run_onnx(tmp_path / "out", TEXTS)
-    assert list(outputs) == ["logits"]
+    assert list(outputs) == ["logits", "probabilities"]
     expected = np.array([[p.probabilities[name] for name in classifier.label_names]
                          for p in classifier.predict(TEXTS)])
     probabilities = torch.from_numpy(outputs["logits"]).softmax(-1).numpy()

@@ -180,7 +180,8 @@ def test_saved_checkpoint_predicts_like_the_model_in_memory(run, classifier):
     with torch.inference_mode():
         for text, prediction in zip(TEXTS, predictions):
             ids = torch.tensor([tokenizer.encode(text).ids])
-            expected = network(ids).logits.softmax(-1)[0].tolist()
+            # calibrated: the temperature fitted on validation divides the logits
+            expected = (network(ids).logits / cli.model.temperature).softmax(-1)[0].tolist()
             assert list(prediction.probabilities.values()) == pytest.approx(expected, abs=1e-5)
             assert prediction.label == cli.model.label_names[max(range(len(expected)), key=expected.__getitem__)]
 
@@ -400,7 +401,7 @@ def test_special_token_strings_get_the_same_ids_and_prediction_in_validate_and_p
     def recording(self, batch, stage, need_weights=False):
         out = evaluate(self, batch, stage, need_weights)
         for ids, padding, logits in zip(batch["input_ids"], batch["padding_mask"], out["logits"]):
-            seen.append((ids[~padding].tolist(), logits.softmax(-1).tolist()))
+            seen.append((ids[~padding].tolist(), self.probabilities(logits).tolist()))  # with its temperature
         return out
 
     monkeypatch.setattr(type(cli.model), "evaluate", recording)

@@ -9,11 +9,13 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric, MetricCollection
-from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, MultilabelF1Score
 
+from data.labels import balanced_weights, class_counts, describe_counts, is_imbalanced
 from data.tokenizer import UNK_ID
 from model.classifier import AttentionClassifier
 from model.config import ConfigError, NetworkConfig
+from training import calibration as calib
 from training.encoder import load_encoder
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,9 @@ class ClassifierModule(L.LightningModule):
         distillation: float = 0.0,
         init_from: str | None = None,
         word_vectors: int = 0,
+        multi_label: bool = False,
+        class_weights: str | list[float] | None = "auto",
+        calibration: bool = True,
     ):
         """
         Args:
@@ -63,8 +68,19 @@ class ClassifierModule(L.LightningModule):
                 (network.embedding_std). 0 = off; not with init_from; a resumed run keeps the weights of its --ckpt_path.
                 Off in every shipped config: on IMDB's generic default they changed nothing, on SST-2 they cost
                 1.4 points (docs/RESULTS.md "Word vectors of the training texts").
+            multi_label: several labels a text: a sigmoid per label and binary cross-entropy, a text's answer the
+                labels whose probability reaches their threshold; train.py sets it from the data (docs/LABELS.md).
+            class_weights: weights of the classes in the training loss: "balanced" (each class weighs the same:
+                scikit-learn's rule; several labels a text: each label's positives as much as its negatives), a
+                list (one per class), null (none), or "auto": balanced when one label a text and the commonest
+                class is 3 times the rarest or more, else none (several labels a text: thresholds instead).
+            calibration: after each validation pass of a fit, fit on validation a temperature (one label a text)
+                or per-label thresholds (several), stored in the checkpoint and applied by predict, serve and the
+                ONNX export. false: temperature 1, thresholds 0.5.
         """
         super().__init__()
+        if class_weights not in (None, "auto", "balanced") and not isinstance(class_weights, (list, tuple)):
+            raise ConfigError(f"model.class_weights must be auto, balanced, null or a list of numbers, got {class_weights!r}")
         if word_vectors < 0:
             raise ConfigError(f"model.word_vectors must be 0 (off) or a number of epochs, got {word_vectors}")
         if word_vectors and init_from:
@@ -88,15 +104,23 @@ class ClassifierModule(L.LightningModule):
             self._online = copy.deepcopy(self.model)
             self.model.requires_grad_(False)  # the average is never trained directly (and DDP must not wait for it)
         num_classes = network.num_classes
-        metrics = MetricCollection(
-            {"acc": MulticlassAccuracy(num_classes, average="micro"), "f1": MulticlassF1Score(num_classes, average="macro")}
-        )
+        if isinstance(class_weights, (list, tuple)) and len(class_weights) != num_classes:
+            raise ConfigError(f"model.class_weights has {len(class_weights)} numbers for {num_classes} classes")
+        if multi_label:  # validation and test figures use the fitted thresholds: computed per split (_score_split)
+            metrics = MetricCollection({"f1": MultilabelF1Score(num_classes, average="macro")})
+        else:
+            metrics = MetricCollection({"acc": MulticlassAccuracy(num_classes, average="micro"),
+                                        "f1": MulticlassF1Score(num_classes, average="macro")})
         self.train_metrics = metrics.clone(prefix="train/")
         self.val_metrics, self.val_loss = metrics.clone(prefix="val/"), MeanMetric()
         self.test_metrics, self.test_loss = metrics.clone(prefix="test/"), MeanMetric()
         # Set by the attention monitor: validation_step then asks the network for its attention (the very
         # weights and scores of this forward pass) and returns them for the monitor to read.
         self.keep_validation_attention = False
+        # Fitted on validation (calibration) and stored in the checkpoint under "calibration".
+        self.temperature, self.thresholds = 1.0, None
+        self.register_buffer("loss_weights", None, persistent=False)  # from the training labels at fit start
+        self._outputs = {"val": [], "test": []}  # (logits, labels) of the split's batches, scored at its end
 
     @property
     def online_model(self) -> AttentionClassifier:
@@ -127,13 +151,14 @@ class ClassifierModule(L.LightningModule):
             dropped = torch.rand(input_ids.shape, device=input_ids.device) < self.hparams.token_dropout
             input_ids = input_ids.masked_fill(dropped & ~batch["padding_mask"], UNK_ID)
         logits = self.online_model(input_ids, batch["padding_mask"]).logits
-        loss = F.cross_entropy(logits, batch["labels"], label_smoothing=self.hparams.label_smoothing)
+        loss = self.loss(logits, batch["labels"], weight=self.loss_weights,
+                         label_smoothing=self.hparams.label_smoothing).mean()
         if self.hparams.distillation > 0:
             if "teacher_probs" not in batch:
                 raise ValueError("model.distillation needs a teacher's probabilities in the training batches: "
                                  "set data.teacher ngram")
             alpha = self.hparams.distillation
-            loss = (1 - alpha) * loss + alpha * F.cross_entropy(logits, batch["teacher_probs"])
+            loss = (1 - alpha) * loss + alpha * self.loss(logits, batch["teacher_probs"]).mean()
         if not torch.isfinite(loss):
             # Stop here: one more step would put NaN into the weights and the next checkpoint; those on disk stay.
             raise NonFiniteLossError(
@@ -142,7 +167,7 @@ class ClassifierModule(L.LightningModule):
                 "Checkpoints already saved are kept"
             )
         self.log("train/loss", loss, prog_bar=True, batch_size=len(logits))
-        self.train_metrics.update(logits, batch["labels"])
+        self.train_metrics.update(logits, batch["labels"].long() if self.hparams.multi_label else batch["labels"])
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         return loss
 
@@ -154,17 +179,111 @@ class ClassifierModule(L.LightningModule):
 
     def evaluate(self, batch, stage, need_weights=False):
         logits, attention = self(batch["input_ids"], batch["padding_mask"], need_weights=need_weights)
-        loss = F.cross_entropy(logits, batch["labels"], reduction="none")
+        loss = self.loss(logits, batch["labels"])
         mean_loss, metrics = getattr(self, f"{stage}_loss"), getattr(self, f"{stage}_metrics")
         mean_loss.update(loss)  # exact mean over the whole set, not a mean of batch means
-        metrics.update(logits, batch["labels"])
         self.log(f"{stage}/loss", mean_loss, prog_bar=stage == "val")
-        self.log_dict(metrics, prog_bar=stage == "val")
+        if not self.hparams.multi_label:
+            metrics.update(logits, batch["labels"])
+            self.log_dict(metrics, prog_bar=stage == "val")
+        self._outputs[stage].append((logits.detach().float().cpu(), batch["labels"].cpu()))
         return {"logits": logits, "attention": attention}
 
+    def loss(self, logits, targets, **settings):
+        """Per text: cross-entropy (one label a text; targets class ids or probabilities; settings: its weight and
+        label_smoothing), or binary cross-entropy averaged over the labels (several; the weight is then each
+        label's positive weight, and label smoothing does not apply)."""
+        if self.hparams.multi_label:
+            return F.binary_cross_entropy_with_logits(logits, targets.float(), pos_weight=settings.get("weight"),
+                                                      reduction="none").mean(-1)
+        return F.cross_entropy(logits, targets, reduction="none", **settings)
+
+    def probabilities(self, logits):
+        """Calibrated probabilities: sigmoid per label, or softmax of the logits divided by the temperature."""
+        if self.hparams.multi_label:
+            return logits.float().sigmoid()
+        return (logits.float() / self.temperature).softmax(-1)
+
     def predict_step(self, batch, batch_idx):
-        probabilities = self(batch["input_ids"], batch["padding_mask"]).logits.softmax(-1)
+        probabilities = self.probabilities(self(batch["input_ids"], batch["padding_mask"]).logits)
+        if self.hparams.multi_label:
+            return {"probabilities": probabilities, "labels": calib.label_sets(probabilities, self.label_thresholds)}
         return {"probabilities": probabilities, "labels": probabilities.argmax(-1)}
+
+    @property
+    def label_thresholds(self) -> list[float]:
+        return self.thresholds or [0.5] * len(self.label_names)
+
+    def on_validation_epoch_start(self):
+        self._outputs["val"] = []
+
+    def on_test_epoch_start(self):
+        self._outputs["test"] = []
+
+    def on_validation_epoch_end(self):
+        if self.trainer.sanity_checking:
+            self._outputs["val"] = []
+            return
+        self._score_split("val", fit=self.trainer.state.fn == "fit" and self.hparams.calibration)
+
+    def on_test_epoch_end(self):
+        self._score_split("test", fit=False)
+
+    def _score_split(self, stage: str, fit: bool) -> None:
+        """The split's figures from all its outputs: with `fit`, the temperature or thresholds are fitted first on
+        these (validation) outputs; macro-F1 (and with several labels a text micro-F1, subset accuracy as acc),
+        ECE; TensorBoard gets per-class figures, the confusion matrix and the reliability diagram; outside a fit
+        (validate, test) the per-class table is logged too."""
+        outputs, self._outputs[stage] = self._outputs[stage], []
+        if not outputs:
+            return
+        logits = torch.cat([o[0] for o in outputs])
+        labels = torch.cat([o[1] for o in outputs])
+        multi = self.hparams.multi_label
+        if fit and multi:
+            self.thresholds = calib.fit_thresholds(logits.sigmoid(), labels)
+        elif fit:
+            self.temperature = calib.fit_temperature(logits, labels)
+        probabilities = self.probabilities(logits)
+        figures = calib.scores(probabilities, labels, multi, self.label_thresholds if multi else None)
+        per_class = figures.pop("per_class")
+        if multi:  # single-label acc and f1 are the torchmetrics objects logged per step
+            self.log_dict({f"{stage}/{name}": value for name, value in figures.items()}, prog_bar=stage == "val")
+        self.log(f"{stage}/ece", calib.expected_calibration_error(probabilities, labels, multi))
+        if not multi:
+            self.log(f"{stage}/temperature", self.temperature)
+            raw = logits.softmax(-1)
+            self.log(f"{stage}/ece_uncalibrated", calib.expected_calibration_error(raw, labels, multi))
+        for name, row in zip(self.label_names, per_class.tolist()):
+            self.log(f"{stage}_per_class/f1_{name}", row[2])
+        if self.trainer.state.fn != "fit":
+            log.info("%s per class (%s):\n%s", stage, "thresholds fitted on validation" if multi and self.thresholds
+                     else "temperature %.3f" % self.temperature, calib.per_class_table(per_class, self.label_names))
+        self._log_figures(stage, probabilities, labels)
+
+    def _log_figures(self, stage, probabilities, labels) -> None:
+        experiment = getattr(self.logger, "experiment", None)
+        if not hasattr(experiment, "add_figure"):  # TensorBoard only
+            return
+        import matplotlib.pyplot as plt
+
+        multi, step = self.hparams.multi_label, self.global_step
+        matrix = calib.confusion(probabilities, labels, multi, self.label_thresholds if multi else None)
+        for name, figure in (("confusion_matrix", calib.confusion_figure(matrix, self.label_names,
+                                                                           f"{stage} confusion, step {step}")),
+                             ("reliability", calib.reliability_figure(probabilities, labels, multi,
+                                                                      f"{stage} reliability, step {step}"))):
+            experiment.add_figure(f"{stage}/{name}", figure, global_step=step)
+            plt.close(figure)
+
+    def on_save_checkpoint(self, checkpoint):
+        # Plain numbers and lists: the checkpoint still loads with torch.load(weights_only=True).
+        checkpoint["calibration"] = {"temperature": float(self.temperature), "thresholds": list(self.thresholds or [])}
+
+    def on_load_checkpoint(self, checkpoint):
+        stored = checkpoint.get("calibration") or {}  # none in a checkpoint written before calibration: T 1, cut 0.5
+        self.temperature = float(stored.get("temperature", 1.0))
+        self.thresholds = list(stored.get("thresholds") or []) or None
 
     def setup(self, stage):
         # Before Lightning restores a --ckpt_path (which then overwrites these weights when resuming).
@@ -173,10 +292,32 @@ class ClassifierModule(L.LightningModule):
                 load_encoder(network, self.hparams.init_from)
 
     def on_fit_start(self):
+        self.choose_loss_weights()
         # After Lightning restored the weights of a --ckpt_path (trainer.ckpt_path is set by then): a resumed run
         # keeps them.
         if self.hparams.word_vectors and self.trainer.ckpt_path is None:
             self.start_from_word_vectors(self.trainer.datamodule.split("train"))
+
+    def choose_loss_weights(self) -> None:
+        """Class weights of the training loss from model.class_weights and the training labels (logged)."""
+        setting, multi = self.hparams.class_weights, self.hparams.multi_label
+        data = getattr(self.trainer, "datamodule", None)
+        if setting is None or not hasattr(data, "split"):
+            return
+        if isinstance(setting, (list, tuple)):
+            self.loss_weights = torch.tensor(setting, dtype=torch.float32, device=self.device)
+            log.info("class weights (model.class_weights): %s", list(setting))
+            return
+        labels = data.split("train").labels
+        counts = class_counts(labels, len(self.label_names))
+        if setting == "auto" and (multi or not is_imbalanced(counts, multi)):
+            log.info("class weights: none (model.class_weights auto: %s; %s)", "several labels a text, thresholds "
+                     "fitted instead" if multi else "classes not imbalanced", describe_counts(counts, self.label_names))
+            return
+        self.loss_weights = balanced_weights(counts, len(labels), multi).to(self.device)
+        log.info("class weights balanced (model.class_weights %s; %s): %s", setting,
+                 describe_counts(counts, self.label_names),
+                 ", ".join(f"{n} {w:.2f}" for n, w in zip(self.label_names, self.loss_weights.tolist())))
 
     def start_from_word_vectors(self, split) -> None:
         """Skip-gram vectors of the training texts (split: an EncodedSplit) as the token embedding's start."""
