@@ -258,7 +258,8 @@ class AttentionMonitor(Callback):
             self.check_batches.append({key: batch[key][: self.check_limit - held]
                                        for key in ("input_ids", "padding_mask", "labels")})
         logits = outputs.get("logits") if isinstance(outputs, dict) else None
-        if logits is not None and "labels" in batch:  # for not-learning: accuracy against the majority class
+        # for not-learning: accuracy against the majority class (one label a text; not defined for label sets)
+        if logits is not None and "labels" in batch and batch["labels"].ndim == 1:
             labels = batch["labels"]
             self.correct += int((logits.argmax(-1) == labels).sum())
             self.seen += len(labels)

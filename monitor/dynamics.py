@@ -68,7 +68,10 @@ class TrainingDynamics:
         self.no_gradient = none if self.no_gradient is None else self.no_gradient & none
 
     def count_labels(self, labels: torch.Tensor, classes: int) -> None:
-        counts = torch.bincount(labels.detach().flatten(), minlength=classes)
+        if labels.ndim == 2:  # several labels a text (multi-hot): texts carrying each label
+            counts = labels.detach().sum(0).long()
+        else:
+            counts = torch.bincount(labels.detach().flatten(), minlength=classes)
         self.label_counts = counts if self.label_counts is None else self.label_counts + counts
 
     @torch.no_grad()
