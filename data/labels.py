@@ -20,8 +20,10 @@ Rules:
 import logging
 import math
 from collections import Counter
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a tensor is made: data.sources reads this module, and the
+    import torch  # faces read data.sources before torch is loaded (tests/test_layering.py)
 
 log = logging.getLogger(__name__)
 
@@ -132,32 +134,38 @@ def encode_sets(raw: dict[str, list[list]], sources: dict[str, str], names: list
     return encoded, names, keep
 
 
-def multi_hot(sets: list[list[int]], num_classes: int) -> torch.Tensor:
+def multi_hot(sets: list[list[int]], num_classes: int) -> "torch.Tensor":
     """(N, num_classes) float32: 1 where a text carries the label."""
+    import torch
+
     out = torch.zeros(len(sets), num_classes)
     for row, indices in enumerate(sets):
         out[row, indices] = 1.0
     return out
 
 
-def class_counts(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+def class_counts(labels: "torch.Tensor", num_classes: int) -> "torch.Tensor":
     """Training texts per class: class ids (N,) or multi-hot (N, C)."""
+    import torch
+
     if labels.ndim == 2:
         return labels.sum(0)
     return torch.bincount(labels.long(), minlength=num_classes).float()
 
 
-def is_imbalanced(counts: torch.Tensor, multi_label: bool) -> bool:
+def is_imbalanced(counts: "torch.Tensor", multi_label: bool) -> bool:
     """Where accuracy says little: several labels a text, or a class IMBALANCE_RATIO times rarer than the
     commonest."""
     present = counts[counts > 0]
     return multi_label or (len(present) > 1 and float(present.max() / present.min()) >= IMBALANCE_RATIO)
 
 
-def balanced_weights(counts: torch.Tensor, total: int, multi_label: bool) -> torch.Tensor:
+def balanced_weights(counts: "torch.Tensor", total: int, multi_label: bool) -> "torch.Tensor":
     """scikit-learn's class_weight="balanced": total / (classes × count) per class, so each class weighs the same
     in the loss. Several labels a text: each label's positive weight negatives / positives (BCE's pos_weight), so
     its positives weigh as much as its negatives. A class without training texts gets weight 1."""
+    import torch
+
     counts = counts.float()
     if multi_label:
         weights = (total - counts) / counts
@@ -171,7 +179,7 @@ def monitored_metric(imbalanced: bool) -> str:
     return "val/f1" if imbalanced else "val/acc"
 
 
-def describe_counts(counts: torch.Tensor, names: list[str]) -> str:
+def describe_counts(counts: "torch.Tensor", names: list[str]) -> str:
     order = counts.argsort(descending=True).tolist()
     most, least = order[0], order[-1]
     ratio = float(counts[most] / counts[least]) if counts[least] > 0 else math.inf
