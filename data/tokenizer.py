@@ -9,12 +9,15 @@ Training is deterministic: the same texts and settings give the same JSON in eve
 import json
 import logging
 from collections import Counter
+from typing import TYPE_CHECKING
 
-import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from data.progress import progress_bar
 from data.sources import DataError
+
+if TYPE_CHECKING:  # torch is imported where batches are made: training a tokenizer alone loads no torch
+    import torch
 
 log = logging.getLogger(__name__)
 # The special tokens, the one table of them: a token's id is its place here, since the trainers put the special
@@ -188,17 +191,21 @@ def cut(texts: list[str], max_length: int) -> list[str]:
     return [text[: max_length * CHARS_PER_TOKEN_BOUND] for text in texts]
 
 
-def padding_mask(lengths: torch.Tensor, L: int | None = None) -> torch.Tensor:
+def padding_mask(lengths: "torch.Tensor", L: int | None = None) -> "torch.Tensor":
     """The one padding rule: (B, L) bool, True at padding, for texts of `lengths` (B,) tokens padded to L (default
     the longest). From lengths, never from token ids (a text may hold PAD_ID itself)."""
+    import torch
+
     lengths = torch.as_tensor(lengths)
     L = int(lengths.max()) if L is None else L
     return torch.arange(L, device=lengths.device) >= lengths[:, None]  # (B, L)
 
 
-def pad(sequences) -> tuple[torch.Tensor, torch.Tensor]:
+def pad(sequences) -> tuple["torch.Tensor", "torch.Tensor"]:
     """Token id sequences (lists or 1-d tensors) → input_ids (B, L) long, PAD_ID after each text's end, and
     padding_mask (B, L) bool, True at padding (padding_mask() of their lengths); L is the longest."""
+    import torch
+
     lengths = torch.tensor([len(ids) for ids in sequences])
     input_ids = torch.full((len(sequences), int(lengths.max())), PAD_ID, dtype=torch.long)  # (B, L)
     for row, ids in enumerate(sequences):

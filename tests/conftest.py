@@ -269,11 +269,12 @@ def smoke_run(tmp_path_factory) -> SmokeRun:
     return SmokeRun(root, run, best, run / "checkpoints" / "last.ckpt", train_file, cli, len(model_calls))
 
 
-# The modules that take longest (`--durations=0`), run first: pytest-xdist hands whole modules to the workers in
+# The modules that take longest (most CPU seconds), run first: pytest-xdist hands whole modules to the workers in
 # collection order (`--dist loadfile --no-loadscope-reorder`, pyproject.toml), so the long ones start early and the
 # many short ones even out the end. Only the order changes; a module missing here just runs later.
-LONGEST_FIRST = ["test_pretraining.py", "test_export.py", "test_training.py", "test_bad_training.py", "test_bench.py",
-                 "test_predict.py", "test_adaptive.py", "test_heads.py"]
+LONGEST_FIRST = ["test_export.py", "test_bad_training.py", "test_bench.py", "test_training.py", "test_predict.py",
+                 "test_adaptive.py", "test_doctor.py", "test_pretraining.py", "test_ddp.py", "test_serve.py",
+                 "test_data.py", "test_layering.py"]
 
 
 def pytest_collection_modifyitems(items):

@@ -162,12 +162,16 @@ def test_early_stopping_and_the_attention_monitor_are_on_by_default(tmp_path):
 
 
 @pytest.mark.slow
-def test_early_stopping_ends_a_run_that_stopped_improving(tmp_path):
+def test_early_stopping_ends_a_run_that_stopped_improving_and_last_ckpt_is_its_last_epoch(tmp_path):
     cli = train.main(["fit", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"), *QUIET,
                       "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.callbacks", "[]",
                       "--model.lr", "0", "--early_stopping.patience", "1", "--trainer.limit_train_batches", "2"])
     # lr 0: validation accuracy never changes; epoch 0 sets the best, epoch 1 does not beat it, so it stops.
     assert cli.trainer.current_epoch == 2 and cli.trainer.max_epochs == 10
+    folder = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    # epoch 0 is the best; last.ckpt must still be epoch 1, the last one, for resuming.
+    assert [p.name.split("-acc")[0] for p in folder.glob("best-*.ckpt")] == ["best-epoch0-step2"]
+    assert torch.load(folder / "last.ckpt", weights_only=True)["epoch"] == 1
 
 
 @pytest.fixture(scope="module")
@@ -242,14 +246,3 @@ def test_accuracy_bench_scores_a_run_by_its_best_checkpoint_and_keeps_its_valida
                          text_column=None, label_column=None, val_fraction=0.1, seed=0)
     # The same checkpoint twice averages to itself: the ensemble scores what train.py validated.
     assert ensemble_accuracy([str(best), str(best)], splits, "validation") == pytest.approx(score, abs=1e-6)
-
-
-@pytest.mark.slow
-def test_last_ckpt_is_the_last_epoch_even_when_it_is_not_the_best(tmp_path):
-    train.main(["fit", "--config", SMOKE, "--data.cache_dir", str(tmp_path / "cache"), *QUIET,
-                "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.callbacks", "[]", "--model.lr", "0",
-                "--early_stopping.patience", "2", "--trainer.limit_train_batches", "2"])
-    folder = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
-    # lr 0: epoch 0 is the best and epochs 1, 2 do not beat it; last.ckpt must still be epoch 2, for resuming.
-    assert [p.name.split("-acc")[0] for p in folder.glob("best-*.ckpt")] == ["best-epoch0-step2"]
-    assert torch.load(folder / "last.ckpt", weights_only=True)["epoch"] == 2

@@ -1,4 +1,5 @@
-"""Two CPU processes (DDP over gloo) read the one data cache and train on disjoint shares of the training texts."""
+"""Two CPU processes (DDP over gloo) read the one data cache and train on disjoint shares of the training texts, with
+the monitor on, and the checkpoint counts the steps of one rank."""
 
 import json
 import os
@@ -7,8 +8,9 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
-from conftest import QUIET, ROOT, SMOKE
+from conftest import ONE_PROBE, QUIET, ROOT, SMOKE
 
 # Run as a script: Lightning's DDP starts the second process by running this same command again (LOCAL_RANK set).
 SCRIPT = textwrap.dedent("""
@@ -46,7 +48,7 @@ def test_two_processes_train_on_disjoint_texts_of_one_cache(tmp_path):
             "--data.tokenizer", "word", "--data.batch_size", "32", "--trainer.max_epochs", "1",
             "--trainer.limit_val_batches", "1", "--trainer.accelerator", "cpu", "--trainer.devices", "2",
             "--trainer.strategy", "ddp", "--trainer.default_root_dir", str(tmp_path / "run"),
-            "--data.cache_dir", str(tmp_path / "cache"), "--trainer.callbacks", "[]"]
+            "--data.cache_dir", str(tmp_path / "cache"), *ONE_PROBE]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_PORT": str(29500 + os.getpid() % 1000)}
     done = subprocess.run([sys.executable, str(script), str(tmp_path), *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -58,3 +60,5 @@ def test_two_processes_train_on_disjoint_texts_of_one_cache(tmp_path):
     assert len(first["texts"]) + len(second["texts"]) == 360  # and together every training text
     assert len(set(first["texts"])) == len(first["texts"])  # distinct texts encode to distinct ids
     assert len(list((tmp_path / "cache").glob("*.pt"))) == 1  # one cache, built once, read by both ranks
+    last = torch.load(tmp_path / "run" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == 6  # the steps of one rank: each took half the batches

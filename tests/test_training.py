@@ -14,10 +14,6 @@ from inference import TextClassifier
 from training.module import ClassifierModule
 
 
-def run_script(tmp_path, *args):
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, capture_output=True, text=True)
-
-
 @pytest.mark.slow
 def test_smoke_config_learns_the_marker_task(smoke_run):
     """Which marker comes first (or none): only attention between positions tells the first two classes apart."""
@@ -94,26 +90,6 @@ def test_bad_input_gives_one_line_error_and_nonzero_exit(tmp_path, args, message
 
 
 @pytest.mark.slow  # a fresh Python process
-def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
-    result = run_script(tmp_path, "fit", "--config", SMOKE, "--data.dataset", "sst3")
-    assert result.returncode != 0
-    assert result.stderr.strip().splitlines()[-1].startswith("error: unknown dataset 'sst3'")
-    assert "Traceback" not in result.stderr
-
-
-@pytest.mark.slow
-def test_ddp_on_two_cpu_processes(tmp_path):
-    result = run_script(
-        tmp_path, "fit", "--config", SMOKE, *QUIET, *ONE_PROBE, "--trainer.max_epochs", "2",
-        "--trainer.accelerator", "cpu", "--trainer.strategy", "ddp", "--trainer.devices", "2",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    checkpoint = torch.load(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
-    steps_per_epoch_one_process = -(-3600 // 64)  # 4000 synthetic texts, 10% held out, batch 64
-    assert checkpoint["global_step"] == 2 * (steps_per_epoch_one_process // 2)  # each rank took half the batches
-
-
-@pytest.mark.slow  # a fresh Python process
 def test_no_offline_copy_and_no_network_says_what_to_do(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "ATTENTION_DATA_ROOT"}
     env["HF_HUB_OFFLINE"] = "1"  # what an unreachable hub looks like, without waiting for network time-outs
@@ -121,8 +97,9 @@ def test_no_offline_copy_and_no_network_says_what_to_do(tmp_path):
         [sys.executable, str(ROOT / "train.py"), "fit", "--config", SMOKE, "--data.dataset", "ag_news"],
         cwd=tmp_path, capture_output=True, text=True, env=env,
     )
-    assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert "error: dataset 'ag_news': no local copy (data_dir, or ATTENTION_DATA_ROOT/ag_news)" in result.stderr
+    assert result.returncode != 0 and "Traceback" not in result.stderr  # a real process: one line, no traceback
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: dataset 'ag_news': no local copy (data_dir, or ATTENTION_DATA_ROOT/ag_news)")
 
 
 @pytest.mark.slow
