@@ -59,6 +59,24 @@ def blocks(module) -> list:
     return [block for network in networks(module) for block in network.blocks]
 
 
+def rewire_attention_sublayer(plant, sublayer):
+    """Every block's forward with its attention sublayer written as `sublayer(block, x, attended)` (the healthy one
+    is block.norm1(x + block.dropout(attended))); the feed-forward sublayer after it stays as it is."""
+
+    def edit(module):
+        for block in blocks(module):
+            def forward(x, key_padding_mask, need_weights=False, block=block):
+                attended, weights = block.attention.forward_packed(x, key_padding_mask, need_weights)
+                x = sublayer(block, x, attended)
+                if block.ffn is not None:
+                    x = block.norm2(x + block.dropout(block.ffn(x)))
+                return x, weights
+
+            block.forward = forward
+
+    plant.module(edit)
+
+
 # ---- the formula ------------------------------------------------------------------------------------------------
 
 
@@ -273,18 +291,7 @@ def residual_dropped(plant):
     connection and norm layers")
     """
 
-    def edit(module):
-        for block in blocks(module):
-            def forward(x, key_padding_mask, need_weights=False, block=block):
-                attended, weights = block.attention.forward_packed(x, key_padding_mask, need_weights)
-                x = block.norm1(block.dropout(attended))
-                if block.ffn is not None:
-                    x = block.norm2(x + block.dropout(block.ffn(x)))
-                return x, weights
-
-            block.forward = forward
-
-    plant.module(edit)
+    rewire_attention_sublayer(plant, lambda block, x, attended: block.norm1(block.dropout(attended)))
 
 
 @bug(group="heldout")
@@ -296,18 +303,7 @@ def norm_on_residual_only(plant):
     normed value), https://github.com/hkproj/pytorch-transformer/issues/14
     """
 
-    def edit(module):
-        for block in blocks(module):
-            def forward(x, key_padding_mask, need_weights=False, block=block):
-                attended, weights = block.attention.forward_packed(x, key_padding_mask, need_weights)
-                x = block.norm1(x) + block.dropout(attended)
-                if block.ffn is not None:
-                    x = block.norm2(x + block.dropout(block.ffn(x)))
-                return x, weights
-
-            block.forward = forward
-
-    plant.module(edit)
+    rewire_attention_sublayer(plant, lambda block, x, attended: block.norm1(x) + block.dropout(attended))
 
 
 @bug(group="heldout")
