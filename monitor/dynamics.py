@@ -7,8 +7,9 @@
     nonfinite_loss  1 when a training loss was NaN or infinite, else 0
     loss_drop       (mean loss of the first half of the batches − of the second half) / the first half: above a few
                     percent the model is still learning
-    train_loss      mean training loss since the last validation; prior_loss the entropy of the training labels
-                    seen so far (the loss of a model that guesses the class prior)
+    train_loss      mean training loss since the last validation; prior_loss the loss the same training loss gives
+                    a model that always answers the prior of the training labels seen so far (the labels' entropy
+                    without class weights; with them, or with several labels a text, that loss's own minimum)
     parameters      {name: why} for each parameter of the trained network that should learn and does not: no
                     gradient reached it at the steps looked at (GRADIENT_STEPS after each validation), the optimizer
                     does not hold it, it did not move since the last validation, requires_grad is off (frozen by
@@ -30,7 +31,8 @@ class TrainingDynamics:
     def __init__(self):
         self.parameters, self.before, self.last_step = [], None, None
         self.named, self.held, self.frozen, self.hidden, self.start = {}, set(), set(), [], None
-        self.label_counts = None
+        self.label_counts, self.labelled = None, 0  # over the whole run: the prior the loss is compared with
+        self.loss_weights, self.multi_label, self.distillation = None, False, 0.0
         self.reset()
 
     def reset(self) -> None:
@@ -54,6 +56,11 @@ class TrainingDynamics:
         self.frozen = {name for name, p in self.named.items() if not p.requires_grad and name not in fixed}
         self.named = {name: p for name, p in self.named.items() if p.requires_grad}
         self.hidden = unregistered(network)
+        # What the training loss is made of, so that guessing the prior is measured by the same loss.
+        hparams = getattr(pl_module, "hparams", {})
+        self.loss_weights = getattr(pl_module, "loss_weights", None)
+        self.multi_label = bool(hparams.get("multi_label", False))
+        self.distillation = float(hparams.get("distillation", 0.0) or 0.0)
         self.reset()
 
     @torch.no_grad()
@@ -73,6 +80,7 @@ class TrainingDynamics:
         else:
             counts = torch.bincount(labels.detach().flatten(), minlength=classes)
         self.label_counts = counts if self.label_counts is None else self.label_counts + counts
+        self.labelled += len(labels)
 
     @torch.no_grad()
     def update(self, outputs, step: int, texts: int = 0) -> None:
@@ -109,7 +117,7 @@ class TrainingDynamics:
             "nonfinite_loss": float(bool(self.nonfinite)),
             "loss_drop": (first - second) / first if half and first > 0 else math.nan,
             "train_loss": finite.mean().item() if len(finite) else math.nan,
-            "prior_loss": prior_entropy(self.label_counts),
+            "prior_loss": self.prior_loss(),
             "parameters": self.stuck(),
         }
         self.reset()
@@ -126,6 +134,38 @@ class TrainingDynamics:
             found |= {name: "the optimizer never moved it" for (name, p), before in zip(self.named.items(), self.start)
                       if name not in found and torch.equal(p.detach(), before)}
         return found
+
+
+    def prior_loss(self) -> float:
+        """The training loss of a model that always answers the class prior of the labels seen so far, by the loss
+        the module trains with: class weights and several labels a text included (with distillation, mixed with
+        the teacher's part the same way)."""
+        if self.label_counts is None or self.labelled == 0:
+            return math.nan
+        counts, weights = self.label_counts.double().cpu(), self.loss_weights
+        weights = None if weights is None else weights.double().cpu()
+        if self.multi_label:
+            return multi_label_prior_loss(counts, self.labelled, weights)
+        hard = weighted_prior_entropy(counts, weights)
+        return (1 - self.distillation) * hard + self.distillation * prior_entropy(counts)
+
+
+def weighted_prior_entropy(counts: torch.Tensor, weights: torch.Tensor | None) -> float:
+    """min over constant p of mean_i w_{y_i} · −log p_{y_i}: (Σ n w / N) · H(q), q ∝ n w (q: the shares when every
+    weight is 1)."""
+    if weights is None:
+        return prior_entropy(counts)
+    weighted = counts * weights
+    return float(weighted.sum() / counts.sum()) * prior_entropy(weighted)
+
+
+def multi_label_prior_loss(positives: torch.Tensor, texts: int, pos_weight: torch.Tensor | None) -> float:
+    """min over constant p of the binary cross-entropy averaged over the labels, each label's positives weighted by
+    pos_weight: label c with rate r has its best p = w r / (w r + 1 − r)."""
+    rate = (positives / texts).clamp(0.0, 1.0)
+    w = torch.ones_like(rate) if pos_weight is None else pos_weight
+    p = (w * rate / (w * rate + 1 - rate)).clamp(1e-12, 1 - 1e-12)
+    return float((-(w * rate * p.log() + (1 - rate) * (1 - p).log())).mean())
 
 
 def prior_entropy(counts: torch.Tensor | None) -> float:

@@ -167,6 +167,38 @@ def test_a_model_at_the_class_prior_after_its_first_epochs_is_not_learning():
     assert verdicts(2, 0.32, 0.92) == []  # the healthy synthetic run at epoch 2
 
 
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_the_prior_loss_is_the_training_losss_own_minimum_for_a_constant_answer(multi_label):
+    """With class weights (the no-config default on imbalanced data) a model that always answers the best constant
+    gets exactly prior_loss from the training loss: a healthy weighted run sits far below it, never at it."""
+    torch.manual_seed(0)
+    if multi_label:
+        labels = (torch.rand(400, 3) < torch.tensor([0.5, 0.1, 0.02])).float()
+        labels[0] = 1.0  # every label present
+        weights = (400 - labels.sum(0)) / labels.sum(0)  # pos_weight, as data/labels.balanced_weights
+    else:
+        labels = torch.cat([torch.zeros(380), torch.ones(20)]).long()  # 95% one class
+        weights = 400 / (2 * torch.bincount(labels).double())
+    dynamics = TrainingDynamics()
+    dynamics.count_labels(labels, 3 if multi_label else 2)
+    dynamics.loss_weights, dynamics.multi_label = weights, multi_label
+
+    def loss(constant):  # the training loss of one logit vector answered for every text
+        logits = constant.expand(len(labels), -1)
+        if multi_label:
+            return F.binary_cross_entropy_with_logits(logits, labels, pos_weight=weights, reduction="none").mean()
+        return F.cross_entropy(logits, labels, weight=weights.float(), reduction="none").mean()
+
+    constant = torch.zeros(1, 3 if multi_label else 2, requires_grad=True)
+    optimizer = torch.optim.LBFGS([constant], max_iter=200, line_search_fn="strong_wolfe")
+    optimizer.step(lambda: (optimizer.zero_grad(), loss(constant).backward())[0] or loss(constant))
+    assert dynamics.prior_loss() == pytest.approx(float(loss(constant).detach()), rel=1e-4)
+    unweighted = TrainingDynamics()
+    unweighted.count_labels(labels, 3 if multi_label else 2)
+    unweighted.multi_label = multi_label
+    assert dynamics.prior_loss() > 1.5 * unweighted.prior_loss()  # the weights matter: the old figure was too low
+
+
 def test_diagnose_judges_every_stored_validation():
     health = AttentionHealth()
     health.update([AttentionWeights(torch.full((1, 1, 2, 2), 0.5), torch.zeros(1, 1, 2, 2), None)])
