@@ -259,10 +259,11 @@ def reference_projections(layer, x: torch.Tensor):
 
 def dense_reference(layer, q, k, v, allowed: torch.Tensor, scale: float) -> Reference:
     """softmax(q kᵀ · scale) v over the allowed keys, written independently of attention(): the weights by
-    masked_fill(-inf) and softmax, the output by F.scaled_dot_product_attention, then W_O."""
+    masked_fill(-inf) and softmax, the output summed key by key (einsum), then W_O. Not through the fused kernel:
+    the monitor runs in default training, which never calls F.scaled_dot_product_attention (tests/test_formula.py)."""
     scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~allowed, -math.inf)
     weights = scores.softmax(dim=-1).nan_to_num(0.0)  # a row with no key: 0
-    heads = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale).nan_to_num(0.0)
+    heads = torch.einsum("bhlk,bhkd->bhld", weights, v)  # (B, H, L, d)
     heads = heads.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0).transpose(1, 2).flatten(2)  # (B, L, H·d)
     w_o = layer.w_o
     out = F.linear(heads, w_o.weight.double(), None if w_o.bias is None else w_o.bias.double())

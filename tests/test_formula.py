@@ -12,6 +12,7 @@ from conftest import refuses_causal
 from data.tokenizer import train_tokenizer
 from inference import TextClassifier
 from model.config import NetworkConfig
+from monitor.contract import contract_checks
 from monitor.health import AttentionHealth
 from training.module import ClassifierModule
 
@@ -91,6 +92,7 @@ def test_no_kind_calls_the_fused_kernel_by_default(registered_kind, causal, monk
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", refuse)
     module, classifier, batch = tiny_model(registered_kind, causal=causal, pooling="mean")
+    contract_checks(module.model, [batch])  # the monitor's recomputed reference runs in default training too
     module.train()
     module.training_step(batch, 0).backward()
     module.eval()
