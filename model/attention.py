@@ -258,13 +258,25 @@ def reference_projections(layer, x: torch.Tensor):
 
 
 def dense_reference(layer, q, k, v, allowed: torch.Tensor, scale: float) -> Reference:
-    """softmax(q kᵀ · scale) v over the allowed keys, written independently of attention(): the weights by
-    masked_fill(-inf) and softmax, the output summed key by key (einsum), then W_O. Not through the fused kernel:
-    the monitor runs in default training, which never calls F.scaled_dot_product_attention (tests/test_formula.py)."""
-    scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~allowed, -math.inf)
-    weights = scores.softmax(dim=-1).nan_to_num(0.0)  # a row with no key: 0
-    heads = torch.einsum("bhlk,bhkd->bhld", weights, v)  # (B, H, L, d)
-    heads = heads.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0).transpose(1, 2).flatten(2)  # (B, L, H·d)
+    """softmax(q kᵀ · scale) v over the allowed keys, by torch's own multi-head attention
+    (F.multi_head_attention_forward with its weights asked for: its explicit path, never the fused kernel, which
+    default training does not call) on the layer's projected q, k, v with identity projections, then the layer's
+    W_O. The formula itself stays written once, in attention(); this reference is torch's, independent of it."""
+    B, H, L, d = q.shape
+    eye = torch.eye(H * d, dtype=q.dtype, device=q.device)
+    query = (q * (scale * math.sqrt(d))).transpose(1, 2).reshape(B, L, H * d).transpose(0, 1)  # (L, B, H·d);
+    # torch scales by 1/√d itself, so the layer's own scale is folded into the queries
+    blocked = ~allowed.expand(B, H, L, k.shape[-2])
+    empty = blocked.all(dim=-1, keepdim=True)  # (B, H, L, 1): a query with no key (torch gives NaN there)
+    keys = query.new_zeros(k.shape[-2], B, H * d)  # stand-ins of the key length; static_k, static_v are the keys
+    heads, weights = F.multi_head_attention_forward(
+        query, keys, keys, H * d, H, None, None, None, None, False, 0.0, eye, torch.zeros(H * d, dtype=q.dtype,
+        device=q.device), training=False, need_weights=True, attn_mask=blocked.reshape(B * H, L, -1),
+        use_separate_proj_weight=True, q_proj_weight=eye, k_proj_weight=eye, v_proj_weight=eye,
+        static_k=k.reshape(B * H, -1, d), static_v=v.reshape(B * H, -1, d), average_attn_weights=False)
+    weights = weights.masked_fill(empty, 0.0)  # (B, H, L, K)
+    heads = heads.transpose(0, 1).reshape(B, L, H, d).masked_fill(empty.transpose(1, 2), 0.0).flatten(2)  # (B, L, H·d)
+    scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~allowed, -math.inf)  # the stage compared first
     w_o = layer.w_o
     out = F.linear(heads, w_o.weight.double(), None if w_o.bias is None else w_o.bias.double())
     return Reference(scores, weights, allowed, heads, out, q, k, v)
