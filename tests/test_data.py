@@ -103,12 +103,18 @@ def test_local_copy_of_a_registered_dataset(tmp_path, monkeypatch):
     assert splits.texts["validation"] == ["great", "awful"] and splits.labels["validation"] == [1, 0]
 
 
-def test_a_run_records_the_local_copy_it_read_so_later_commands_need_no_variable(tmp_path, monkeypatch):
+def local_sst2_copy(tmp_path, monkeypatch):
+    """A small SST-2 local copy under ATTENTION_DATA_ROOT (tmp_path/root); returns its folder."""
     folder = tmp_path / "root" / "sst2"
     folder.mkdir(parents=True)
     write(folder / "train.tsv", [(t, int(y == "pos")) for t, y in rows(20)], text="sentence")
     write(folder / "validation.tsv", [("great", 1), ("awful", 0)], text="sentence")
     monkeypatch.setenv("ATTENTION_DATA_ROOT", str(tmp_path / "root"))
+    return folder
+
+
+def test_a_run_records_the_local_copy_it_read_so_later_commands_need_no_variable(tmp_path, monkeypatch):
+    folder = local_sst2_copy(tmp_path, monkeypatch)
     data = TextDataModule(dataset="sst2", cache_dir=str(tmp_path / "cache"), vocab_size=40, max_length=8)
     assert data.label_names == ["negative", "positive"]
     assert data.hparams.data_dir == str(folder.resolve())  # what the checkpoint's data settings hold
@@ -123,11 +129,7 @@ def test_the_runs_config_yaml_records_the_local_copy_it_read(tmp_path, monkeypat
     import train
     from conftest import SMOKE
 
-    folder = tmp_path / "root" / "sst2"
-    folder.mkdir(parents=True)
-    write(folder / "train.tsv", [(t, int(y == "pos")) for t, y in rows(20)], text="sentence")
-    write(folder / "validation.tsv", [("great", 1), ("awful", 0)], text="sentence")
-    monkeypatch.setenv("ATTENTION_DATA_ROOT", str(tmp_path / "root"))
+    folder = local_sst2_copy(tmp_path, monkeypatch)
     cli = train.cli(["--config", SMOKE, "--data.dataset", "sst2", "--data.cache_dir", str(tmp_path / "cache")],
                     run=False)
     assert cli.config["data"]["data_dir"] == str(folder.resolve())  # what SaveConfigCallback writes
