@@ -169,7 +169,7 @@ class MultiHeadSelfAttention(nn.Module):
         # Real places as (row, position) index pairs, not a boolean mask: an exported graph (export.py) then copies
         # whole rows (ONNX ScatterND/GatherND over N pairs) instead of expanding the mask to every element.
         rows, positions = real.nonzero(as_tuple=True)  # (N,) each
-        grid = x.new_zeros(3, B, self.n_heads, L, self.d_head)
+        grid = qkv.new_zeros(3, B, self.n_heads, L, self.d_head)  # qkv's dtype: bfloat16 under autocast
         grid.permute(1, 3, 0, 2, 4)[rows, positions] = qkv
         q, k, v = grid  # each (B, H, L, d), zeros at padded places
         out, weights = self.attend(q, k, v, self.mask(key_padding_mask, L, x.device), need_weights)

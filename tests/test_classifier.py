@@ -171,3 +171,18 @@ def test_a_window_as_long_as_the_text_is_still_allowed():
     with pytest.raises(ConfigError, match="window"):  # the bound that the one above sits on
         NetworkConfig(attention="local", window=129, max_length=128)
     assert NetworkConfig(attention="full", window=64, max_length=8).window == 64  # full attention reads no window
+
+
+def test_bf16_autocast_runs_every_kind_close_to_float32(registered_kind):
+    """`--trainer.precision bf16-mixed` (GPU or CPU): under autocast the projections come out in bfloat16 while the
+    layer's input stays float32; the packed path must take the projections' dtype, forward and backward."""
+    torch.manual_seed(0)
+    model = classifier(vocab_size=20, num_classes=3, d_model=16, n_heads=2, n_layers=2, d_ff=32, dropout=0.0,
+                       embedding_dropout=0.0, attention=registered_kind, **SMALL)
+    token_ids, mask = tiny_batch()
+    exact = model(token_ids, mask).logits
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(token_ids, mask, need_weights=True).logits
+    logits.float().sum().backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+    torch.testing.assert_close(logits.float(), exact, atol=0.05, rtol=0.05)  # bfloat16 keeps ~3 significant digits
