@@ -332,6 +332,13 @@ def test_a_users_bug_that_cannot_load_or_raises_is_one_line_and_the_bench_goes_o
     assert "my bug is broken" in caplog.records[0].getMessage()
 
 
+def test_every_bug_and_each_group_includes_the_held_out_bugs():
+    every = [b.name for b in select_bugs(["all"])]
+    held_out = [b.name for b in select_bugs(["heldout"])]
+    assert "padding-ignored" in every and "residual-dropped" in every and "residual-dropped" in held_out
+    assert set(held_out) <= set(every) and "padding-ignored" not in held_out
+
+
 def test_the_bench_reads_verdicts_of_another_version_as_notes():
     from bench.diagnosis import check
 
