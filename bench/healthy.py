@@ -19,7 +19,8 @@ last line and the sweep goes on. Prints one row per run and the totals; --out FI
 validations and warnings. Exit status 0 when every run finished without a warning, 1 otherwise.
 
 The children see this process's environment (ATTENTION_DATA_ROOT for offline dataset copies) with
-OMP_NUM_THREADS set to --threads. This process imports only the standard library and, to read checkpoints, torch.
+OMP_NUM_THREADS set to --threads. This process imports only the standard library and, to read checkpoints, torch
+and the verdict table (monitor/doctor.py).
 """
 
 import argparse
@@ -33,6 +34,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from inference.limits import Parser  # one-line errors; imports nothing heavy
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -220,8 +223,8 @@ def totals(runs: list[Run]) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m bench.healthy", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m bench.healthy", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=["all"],
                         help="config files of configs/ by name (sst2.yaml, imdb_local.yaml: with its base), 'all' "
                              "(every shipped classifier config) or 'none'")
