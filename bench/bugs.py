@@ -29,7 +29,8 @@ Your own bug, in your own module:
 
 Groups: "catalogue" (the bug classes the doctor's checks were designed for), "field" (mask bugs seen in public
 code), "contract" (one bug for each contract check that no figure of attention shows: a weight that never learns, a
-setting that breaks the formula, padding that reaches a prediction outside attention), "outside" (bugs no check was
+setting that breaks the formula, padding that reaches a prediction outside attention, a block around attention
+written otherwise, a weight assigned twice, an optimizer other than the configured one), "outside" (bugs no check was
 designed for: any warning is right, silence is wrong). `expects` is the verdict (or verdicts) that name the cause;
 None means any warning. `kinds` says which attention kinds the bug means
 something for, as a rule on the kind's class (read from the registry when asked, so a kind registered later is
@@ -392,6 +393,61 @@ def pooling_over_padding(plant):
         for network in networks(module):
             pool = network.pool
             network.pool = lambda x, key_padding_mask, pool=pool: pool(x, torch.zeros_like(key_padding_mask))
+
+    plant.module(edit)
+
+
+@bug("block-broken", group="contract")
+def norm_before_attention(plant):
+    """The block's LayerNorm moved before attention (a pre-norm block written into the post-norm network):
+    x + attention(LayerNorm(x)) instead of LayerNorm(x + attention(x))."""
+
+    def edit(module):
+        for network in networks(module):
+            for block in network.blocks:
+                def forward(x, key_padding_mask, need_weights=False, block=block):
+                    attended, weights = block.attention.forward_packed(block.norm1(x), key_padding_mask, need_weights)
+                    x = x + block.dropout(attended)
+                    if block.ffn is not None:
+                        x = block.norm2(x + block.dropout(block.ffn(x)))
+                    return x, weights
+
+                block.forward = forward
+
+    plant.module(edit)
+
+
+@bug("shared-weight", group="contract")
+def values_projection_reused(plant):
+    """W_V assigned the layer's W_K module (self.w_v = self.w_k): one weight makes both the keys and the values."""
+    plant.layers(lambda layer: setattr(layer, "w_v", layer.w_k))
+
+
+@bug("optimizer-setting", group="contract")
+def head_learning_rate(plant):
+    """The classifier head's parameters put in a group of their own at 10× the configured learning rate, by a
+    configure_optimizers edited by hand, while the config gives one rate to all."""
+
+    def edit(module):
+        configure = module.configure_optimizers
+
+        def configure_optimizers():
+            result = configure()
+            scheduler = result["lr_scheduler"]["scheduler"]
+            head = {id(p) for p in module.online_model.head.parameters()}
+            groups = []
+            for group in scheduler.optimizer.param_groups:
+                settings = {key: value for key, value in group.items() if key not in ("params", "lr", "initial_lr")}
+                for scale, inside in ((10.0, True), (1.0, False)):
+                    params = [p for p in group["params"] if (id(p) in head) == inside]
+                    if params:
+                        groups.append({**settings, "params": params, "lr": group["initial_lr"] * scale})
+            optimizer = type(scheduler.optimizer)(groups)
+            result["optimizer"] = optimizer
+            result["lr_scheduler"]["scheduler"] = torch.optim.lr_scheduler.LambdaLR(optimizer, scheduler.lr_lambdas[0])
+            return result
+
+        module.configure_optimizers = configure_optimizers
 
     plant.module(edit)
 

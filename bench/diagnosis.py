@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 import train
-from bench.bugs import BUGS, GROUPS, Bug, Plant, every_bug, load_bug
+from bench.bugs import GROUPS, Bug, Plant, every_bug, load_bug
 from bench.common import CONFIGS, ROOT
 from bench.subsets import subset, write
 from data.files import WriteError, check_target, describe, make_folder, write_text
@@ -451,11 +451,11 @@ def main(argv=None):
 
 def select_bugs(names: list[str]) -> list[Bug]:
     """--bugs: names, module:function, groups, 'all' or 'none' → the bugs, in catalogue order, each once."""
-    chosen = {}
+    chosen, known = {}, every_bug()  # the held-out group too
     for name in names:
         if name == "none":
             continue
-        matched = list(BUGS.values()) if name == "all" else [b for b in BUGS.values() if b.group == name]
+        matched = list(known.values()) if name == "all" else [b for b in known.values() if b.group == name]
         try:
             matched = matched or [load_bug(name)]
         except ValueError as e:

@@ -14,6 +14,7 @@ and padded by their lengths, as in training. No Lightning.
 import base64
 import html
 import io
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,6 +151,7 @@ def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch
     step = max(1, len(batches) * batch_size // SAMPLE_TEXTS)
     checks = model_checks(model, batches[::step])
     checks |= contract_checks(model, batches) | formula_settings(config)
+    checks["optimizer"] = stored_optimizer_differences(checkpoint)
     findings = diagnose(figures, checks, None, config)
     picks = [order[round(q * (len(order) - 1))] for q in (0.5, 0.75)][:MAPS]
     maps = []
@@ -157,6 +159,33 @@ def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch
         output = model(torch.tensor([ids[i]], device=classifier.device), None, need_weights=True)
         maps.append((tokens[i], [layer for layer in output.attention]))
     return Diagnosis(path, settings, len(sample), figures, findings, history, maps)
+
+
+def stored_optimizer_differences(checkpoint: dict) -> list[dict]:
+    """The optimizer's stored parameter groups against the stored model.lr and model.weight_decay, in the form of
+    monitor.contract.optimizer_differences: a group whose initial learning rate is not model.lr, or whose weight
+    decay is neither model.weight_decay nor 0 (the no-decay group of biases, LayerNorm gains and embeddings). The
+    state names no parameter, so each is named by its group. Nothing when the checkpoint stores no optimizer."""
+    hparams = checkpoint.get("hyper_parameters") or {}
+    found = {}
+    try:
+        for state in checkpoint.get("optimizer_states") or []:
+            for g, group in enumerate(state["param_groups"]):
+                label = f"parameter group {g} ({len(group['params'])} parameters)"
+                lr, decay = group.get("initial_lr", group.get("lr")), group.get("weight_decay")
+                if "lr" in hparams and lr is not None and not close(lr, hparams["lr"]):
+                    found.setdefault(("lr", float(lr), float(hparams["lr"])), []).append(label)
+                wanted = hparams.get("weight_decay")
+                if wanted is not None and decay is not None and not (close(decay, wanted) or decay == 0):
+                    found.setdefault(("weight_decay", float(decay), float(wanted)), []).append(label)
+    except (KeyError, TypeError, ValueError, AttributeError):  # not Lightning's form: nothing to compare
+        return []
+    return [{"setting": setting, "value": value, "configured": wanted, "parameters": names}
+            for (setting, value, wanted), names in found.items()]
+
+
+def close(a, b) -> bool:
+    return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-12)
 
 
 def text_report(diagnosis: Diagnosis) -> str:

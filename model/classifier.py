@@ -8,6 +8,7 @@ import math
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from model.attention import AttentionWeights, MultiHeadSelfAttention, unpack
@@ -30,6 +31,26 @@ def attention_layer(config: NetworkConfig, n_heads: int | None = None) -> MultiH
         bias=config.bias, scale=config.scale, causal=config.causal, kernel=config.attention_kernel,
         **kind.settings(config),
     )
+
+
+class BlockReference(NamedTuple):
+    """A block's definition recomputed densely in float64 (Block.reference), for the doctor (monitor/contract.py)."""
+
+    after_attention: torch.Tensor  # (N, D) LayerNorm(x + attention's output)
+    output: torch.Tensor  # (N, D) the block's output: after_attention, or LayerNorm(h + FFN(h)) after it
+
+
+def layer_norm_reference(norm: nn.LayerNorm, t: torch.Tensor) -> torch.Tensor:
+    """norm's LayerNorm of t in float64, from its own gain, bias and eps."""
+    gain, bias = (None if w is None else w.double() for w in (norm.weight, norm.bias))
+    return F.layer_norm(t.double(), norm.normalized_shape, gain, bias, norm.eps)
+
+
+def feed_forward_reference(ffn: nn.Sequential, t: torch.Tensor) -> torch.Tensor:
+    """W_2 GELU(W_1 t + b_1) + b_2 in float64 from the feed-forward's two Linear layers (evaluation: no dropout)."""
+    first, last = ffn[0], ffn[-1]
+    hidden = F.gelu(F.linear(t.double(), first.weight.double(), None if first.bias is None else first.bias.double()))
+    return F.linear(hidden, last.weight.double(), None if last.bias is None else last.bias.double())
 
 
 class Block(nn.Module):
@@ -56,6 +77,17 @@ class Block(nn.Module):
         if self.ffn is not None:
             x = self.norm2(x + self.dropout(self.ffn(x)))
         return x, weights
+
+    def reference(self, x: torch.Tensor, attended: torch.Tensor, between: torch.Tensor | None = None) -> BlockReference:
+        """This block's definition recomputed the plainest way, in float64 and without dropout (evaluation), from its
+        own weights (the doctor's reference, monitor/contract.py): x (N, D) the block's input, attended (N, D) its
+        attention layer's output; between (N, D) what its feed-forward received (default: the reference's own), so
+        that each sublayer is judged on its own input."""
+        after = layer_norm_reference(self.norm1, x.double() + attended.double())
+        if self.ffn is None:
+            return BlockReference(after, after)
+        h = after if between is None else between.double()
+        return BlockReference(after, layer_norm_reference(self.norm2, h + feed_forward_reference(self.ffn, h)))
 
 
 class AttentionPooling(nn.Module):
@@ -136,6 +168,17 @@ class AttentionEncoder(nn.Module):
             x, weights = block(x, key_padding_mask, need_weights)
             attention.append(weights)
         return x, real, attention
+
+    def reference_embeddings(self, token_ids: torch.Tensor, key_padding_mask: torch.Tensor,
+                             positions: bool = True) -> torch.Tensor:
+        """(N, D) float64: the first block's input by definition, from the tables' own weights: token + position
+        vectors of the real tokens in row-major order, through embedding_norm when there is one (evaluation: no
+        dropout). positions=False leaves the position vectors out (what a network that drops them computes)."""
+        rows, places = (~key_padding_mask.bool()).nonzero(as_tuple=True)
+        x = self.token_embedding.weight.double()[token_ids[rows, places]]
+        if positions:
+            x = x + self.position_embedding.weight.double()[places]
+        return x if self.embedding_norm is None else layer_norm_reference(self.embedding_norm, x)
 
 
 class AttentionClassifier(AttentionEncoder):

@@ -32,7 +32,7 @@ from data.datamodule import collate
 from data.tokenizer import UNK_ID
 from model.config import ConfigError
 from monitor.checks import SAMPLE_TEXTS, forward_passes, model_checks
-from monitor.contract import contract_checks, formula_settings
+from monitor.contract import contract_checks, formula_settings, optimizer_differences
 from monitor.doctor import (SHOWN_FIGURES, Finding, diagnose, figure_table_markdown, head_titles,
                             verdict_table_markdown)
 from monitor.dynamics import TrainingDynamics
@@ -285,6 +285,10 @@ class AttentionMonitor(Callback):
         if classifier and self.check_batches:
             checks |= contract_checks(network, self.check_batches)
         checks |= formula_settings(getattr(network, "config", None))
+        configured = getattr(pl_module, "configured_optimizer", None)
+        if configured is not None and trainer.state.fn == "fit" and trainer.optimizers:
+            trained, settings = configured()
+            checks["optimizer"] = optimizer_differences(trained, trainer.optimizers, settings)
         self.check_batches = []
         dynamics = self.dynamics.summary()
         if dynamics and self.seen:

@@ -11,7 +11,16 @@ them into verdicts). Plain PyTorch, run once per validation on a small sample of
                  operand, a mask that differs
     invariances  the predictions (probabilities) must not move when the batch is padded further (padding),
                  when each text is run alone instead of with its batch neighbours (neighbours)
+    blocks       each block recomputed around its attention layer (Block.reference, model/classifier.py): its
+                 input (the embeddings of the texts' tokens and positions, or the block before's output), what its
+                 attention layer received, the residual + LayerNorm after attention, and after the feed-forward,
+                 each from the block's own recorded input, its attention's output and its own weights; the first
+                 step that differs is named, and how (the residual left out, the LayerNorm on the residual only, ...)
+    shared       no two parameters of the network are one tensor, share its memory, or hold exactly the same
+                 matrix (the network declares no tied weights): a weight assigned twice (self.w_k = self.w_q)
     setting      the config's scale against 1/√d_k (formula_settings)
+    optimizer    each parameter held by the optimizer with the configured learning rate and weight decay
+                 (optimizer_differences; the module says what it configured)
 
 Letters in the shape comments: B texts, L tokens, H heads, K keys of a row, D model width, N real tokens.
 """
@@ -23,6 +32,7 @@ import torch
 
 from data.tokenizer import pad
 from model.attention import unpack
+from model.classifier import feed_forward_reference, layer_norm_reference
 from monitor.views import token_window
 
 CONTRACT_TEXTS = 16  # texts of the validation sample the contract checks read (a spread of lengths)
@@ -57,8 +67,9 @@ def padded(texts: list[torch.Tensor], length: int | None = None):
 
 @torch.no_grad()
 def contract_checks(model, batches: list[dict]) -> dict:
-    """The formula and the invariances on a sample of the batches (eval mode; the model is left as found).
-    Returns {"formula": [per layer: {"stage", "difference", "how", "largest"}], "invariance": {name: max |Δp|}}."""
+    """The formula, the blocks, the shared weights and the invariances on a sample of the batches (eval mode; the
+    model is left as found). Returns {"formula": [per layer: {"stage", "difference", "how", "largest"}], "blocks":
+    [per block: the same], "shared": [[name, name, why], ...], "invariance": {name: max |Δp|}}."""
     config = model.config
     texts = contract_sample(batches, heads=max(block.attention.n_heads for block in model.blocks))
     if not texts:
@@ -72,7 +83,9 @@ def contract_checks(model, batches: list[dict]) -> dict:
                 logits = model(ids, padding, need_weights=True).logits
             formula = [compare(block.attention, record, padding, config)
                        for block, record in zip(model.blocks, records)]
-            return {"formula": formula, "invariance": invariances(model, texts, logits)}
+            blocks = compare_blocks(model, records, ids, padding)
+            return {"formula": formula, "blocks": blocks, "shared": shared_weights(model),
+                    "invariance": invariances(model, texts, logits)}
     finally:
         model.train(was_training)
 
@@ -80,10 +93,20 @@ def contract_checks(model, batches: list[dict]) -> dict:
 @contextmanager
 def captured(model):
     """Records, per layer, what its forward_packed received and returned (x, its padding mask, the output, the
-    weights it handed out) and the input of its W_O (the heads' output): one dict per layer."""
-    records, undo = [], []
+    weights it handed out), the input of its W_O (the heads' output), and per block what the block received and
+    returned (block_in, block_out) and what its feed-forward received (between): one dict per layer. The block's
+    are read by hooks on the call, so a block whose forward was replaced is recorded as it runs."""
+    records, undo, hooks = [], [], []
     for block in model.blocks:
         layer, record = block.attention, {}
+
+        def block_hook(module, args, kwargs, output, record=record):
+            record.update(block_in=args[0] if args else kwargs["x"], block_out=output[0])
+
+        hooks.append(block.register_forward_hook(block_hook, with_kwargs=True))
+        if block.ffn is not None:
+            hooks.append(block.ffn.register_forward_pre_hook(
+                lambda module, args, record=record: record.update(between=args[0])))
         own = layer.__dict__.get("forward_packed")  # an instance attribute (a planted bug) is put back as it was
 
         def forward_packed(x, key_padding_mask, need_weights=False, original=layer.forward_packed, record=record):
@@ -98,6 +121,8 @@ def captured(model):
     try:
         yield records
     finally:
+        for hook in hooks:
+            hook.remove()
         for layer, own, hook in undo:
             hook.remove()
             if own is None:
@@ -150,11 +175,116 @@ def compare(layer, record: dict, padding: torch.Tensor, config) -> dict:
         found.append(("output before W_O", *differ(heads[rows], ref.heads[rows], operands(ref, rows))))
     out = unpack(record["out"], ~received).double()
     found.append(("output", *differ(out[rows], ref.out[rows], {"W_O left out": ref.heads[rows]})))
+    return first_difference(found)
+
+
+def compare_blocks(model, records: list[dict], ids: torch.Tensor, padding: torch.Tensor) -> list[dict]:
+    """Each block's steps against its definition (Block.reference) from what it received; the first that differs,
+    how much, how. Block 0's input is compared with the embeddings recomputed from the token ids, each later block's
+    with the output of the block before it."""
+    results, before = [], None
+    for i, (block, record) in enumerate(zip(model.blocks, records)):
+        if "block_in" not in record or "out" not in record:
+            results.append({"stage": None, "difference": math.nan, "how": "", "largest": math.nan})
+            continue
+        x, attended, out = (record[key].double() for key in ("block_in", "out", "block_out"))
+        found = []  # (step, difference, how)
+        if i == 0 and hasattr(model, "reference_embeddings"):
+            embeddings = model.reference_embeddings(ids, padding)
+            if x.shape != embeddings.shape:  # padding embedded like words, or real tokens left out
+                results.append(first_difference([("input (the embeddings)", math.inf,
+                                                   f"{len(x)} token vectors for the texts' {len(embeddings)} real "
+                                                   "tokens")]))
+                continue
+            found.append(("input (the embeddings)", *differ(x, embeddings, {
+                "the token vectors without their position vectors": model.reference_embeddings(ids, padding, False)})))
+        elif before is not None and before.shape == x.shape:
+            found.append(("input (the block before's output)", *differ(x, before)))
+        found.append(("attention's input", *differ(record["x"].double(), x, {
+            "LayerNorm(x): the norm before attention (pre-norm), while the block is post-norm":
+                layer_norm_reference(block.norm1, x)})))
+        between = record.get("between")
+        ref = block.reference(x, attended, between)
+        after = out if block.ffn is None or between is None else between.double()
+        found.append(("residual + LayerNorm after attention", *differ(after, ref.after_attention,
+                                                                      sublayer_forms(block.norm1, x, attended))))
+        if block.ffn is not None and between is not None:
+            h = between.double()
+            found.append(("residual + LayerNorm after the feed-forward", *differ(out, ref.output, sublayer_forms(
+                block.norm2, h, feed_forward_reference(block.ffn, h)))))
+        results.append(first_difference(found))
+        before = out
+    return results
+
+
+def sublayer_forms(norm, x: torch.Tensor, f: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What a sublayer LayerNorm(x + f(x)) becomes when written wrongly, by name: the ways to name a difference."""
+    normed_x, normed_f = layer_norm_reference(norm, x), layer_norm_reference(norm, f)
+    return {"the residual left out: LayerNorm(f(x)) without x": normed_f,
+            "the LayerNorm on the residual only: LayerNorm(x) + f(x)": normed_x + f,
+            "the LayerNorm left out: x + f(x)": x + f,
+            "the LayerNorm on the sublayer only: x + LayerNorm(f(x))": x + normed_f,
+            "the sublayer's output left out: LayerNorm(x)": normed_x}
+
+
+def first_difference(found: list[tuple[str, float, str]]) -> dict:
+    """{"stage", "difference", "how", "largest"}: the first (stage, difference, how) at or above FORMULA_TOLERANCE."""
     first = next(((stage, value, how) for stage, value, how in found if value >= FORMULA_TOLERANCE), None)
     largest = max((value for _, value, _ in found), default=math.nan)
     if first is None:
         return {"stage": None, "difference": largest, "how": "", "largest": largest}
     return {"stage": first[0], "difference": first[1], "how": first[2], "largest": largest}
+
+
+def shared_weights(model) -> list[list[str]]:
+    """[[name, name, how], ...]: pairs of the network's parameters that are one tensor, overlap in memory, or (two
+    matrices that are not constant) hold exactly the same values. No network of this project ties weights, so any
+    such pair is one weight serving two roles; a checkpoint stores a shared weight twice, so after loading it
+    shows as equal values."""
+    named = list(model.named_parameters(remove_duplicate=False))
+    found = []
+    for i, (name, p) in enumerate(named):
+        for other, q in named[:i]:
+            if p is q:
+                how = "the same tensor"
+            elif overlap(p, q):
+                how = "the same memory"
+            elif p.ndim >= 2 and p.shape == q.shape and bool((p != p.flatten()[0]).any()) and torch.equal(p, q):
+                how = "exactly the same values"
+            else:
+                continue
+            found.append([other, name, how])
+    return found
+
+
+def overlap(p: torch.Tensor, q: torch.Tensor) -> bool:
+    """Whether two tensors' elements lie in overlapping bytes of one storage."""
+    if p.device != q.device or p.untyped_storage().data_ptr() != q.untyped_storage().data_ptr():
+        return False
+    start = lambda t: t.storage_offset() * t.element_size()  # noqa: E731
+    end = lambda t: start(t) + max(t.numel(), 1) * t.element_size()  # noqa: E731
+    return start(p) < end(q) and start(q) < end(p)
+
+
+def optimizer_differences(network, optimizers, configured: dict[str, dict]) -> list[dict]:
+    """Where the optimizers' parameter groups differ from what the run configured for each parameter of `network`
+    (configured: {name: {"lr", "weight_decay"}}, ClassifierModule.configured_optimizer): one entry per setting and
+    pair of values, {"setting", "value", "configured", "parameters": [names]}. A group's learning rate is its
+    initial one (the schedule's start, "initial_lr"), when it has one. Parameters no group holds are the
+    weight-not-learning check's."""
+    groups = {id(p): group for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]}
+    found = {}
+    for name, p in network.named_parameters():
+        group, wanted = groups.get(id(p)), configured.get(name)
+        if group is None or wanted is None:
+            continue
+        held = {"lr": group.get("initial_lr", group.get("lr")), "weight_decay": group.get("weight_decay", 0.0)}
+        for setting, value in wanted.items():
+            given = held.get(setting)
+            if given is not None and not math.isclose(float(given), float(value), rel_tol=1e-6, abs_tol=1e-12):
+                found.setdefault((setting, float(given), float(value)), []).append(name)
+    return [{"setting": setting, "value": value, "configured": wanted, "parameters": names}
+            for (setting, value, wanted), names in found.items()]
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:

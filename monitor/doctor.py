@@ -118,6 +118,23 @@ VERDICTS: dict[str, Verdict] = {
         "should see: the named stage is where the code departs from it",
         "read the line that makes the named stage (model/attention.py attention(), the kind's attend or mask) "
         "against the formula; tests/test_formula.py compares attention() with a reference"),
+    "block-broken": Verdict(
+        "warning", f"a step of a block differs from the block's definition recomputed from its own input, its "
+        f"attention layer's output and its own weights by ≥ {FORMULA_TOLERANCE:g} (relative): its input (the "
+        "embeddings of the tokens and positions, or the block before's output), its attention layer's input, the "
+        "residual + LayerNorm after attention, the residual + LayerNorm after the feed-forward; the first such step "
+        "is named, with how it differs",
+        "the network around attention computes something other than its definition, h = LayerNorm(x + "
+        "attention(x)), then LayerNorm(h + FFN(h)): a residual left out, a LayerNorm on the wrong tensor, the "
+        "embeddings changed on their way to the first block",
+        "read the named step in Block.forward or AttentionEncoder.encode (model/classifier.py) against the "
+        "definition"),
+    "shared-weight": Verdict(
+        "warning", "two parameters of the network are one tensor, share its memory, or hold exactly the same "
+        "(non-constant) matrix: no network of this project ties weights",
+        "one weight serves two roles (self.w_k = self.w_q: a copy-paste slip), so the layer computes another formula "
+        "with fewer weights than its definition, and both roles learn as one",
+        "give each projection its own nn.Linear; tie weights only on purpose"),
     "formula-setting": Verdict(
         "warning", f"the config's scale is ≥ {SCALE_FACTOR:g}× or ≤ 1/{SCALE_FACTOR:g} of 1/√d_k",
         "a network setting changes the formula: the scores are that many times too large (a saturated softmax) or "
@@ -130,6 +147,14 @@ VERDICTS: dict[str, Verdict] = {
         "off, or an optimizer built on other parameters",
         "follow the named parameter from the loss back to it: no .detach() on the way, nn.ModuleList for lists of "
         "modules, requires_grad on, the optimizer built on model.parameters()"),
+    "optimizer-setting": Verdict(
+        "warning", "the optimizer holds parameters with another learning rate (a group's initial one, before the "
+        "schedule) or weight decay than the run configured (model.lr; model.weight_decay on matrices, none on "
+        "biases, LayerNorm gains and embeddings by design)",
+        "the optimizer is not the configured one: a setting changed in the module after the run was configured, "
+        "parameter groups built by hand (layer-wise rates), or a run resumed with other settings",
+        "build the optimizer from the configured model.lr and model.weight_decay (training/module.py "
+        "adamw_with_warmup); change settings in the config, not in the running module"),
     "invariance-broken": Verdict(
         "warning", f"a prediction moves by ≥ {INVARIANCE:g} when its text's batch is padded further (padding) or "
         "when the text is run alone instead of with its batch (neighbours)",
@@ -253,8 +278,9 @@ def model_findings(checks: dict, dynamics: dict, config) -> list[Finding]:
 
 
 def contract_findings(checks: dict, dynamics: dict, config) -> list[Finding]:
-    """The contract (monitor/contract.py, monitor/dynamics.py): the formula per layer, the settings, every
-    parameter learning, the invariances, and a model that does not learn."""
+    """The contract (monitor/contract.py, monitor/dynamics.py): the formula per layer, each block around it, weights
+    that are their own, the settings, the optimizer, every parameter learning, the invariances, and a model that
+    does not learn."""
     found = []
     for layer, result in enumerate(checks.get("formula", [])):
         if result["stage"] is None:
@@ -262,6 +288,19 @@ def contract_findings(checks: dict, dynamics: dict, config) -> list[Finding]:
         else:
             found.append(Finding("formula-broken", layer, None, {"difference": result["difference"]},
                                  f"first differing stage: {result['stage']}, {result['how']}"))
+    for block, result in enumerate(checks.get("blocks", [])):
+        if result["stage"] is not None:
+            found.append(Finding("block-broken", block, None, {"difference": result["difference"]},
+                                 f"first differing step: {result['stage']}, {result['how']}"))
+    for first, second, how in checks.get("shared", []):
+        found.append(Finding("shared-weight", None, None, {}, f"{first} and {second} are {how}"))
+    for entry in checks.get("optimizer", []):
+        names = entry["parameters"]
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        found.append(Finding("optimizer-setting", None, None,
+                             {entry["setting"]: entry["value"], "configured": entry["configured"]},
+                             f"{entry['setting']} {entry['value']:g} in the optimizer, configured "
+                             f"model.{entry['setting']} {entry['configured']:g}, for {shown}"))
     factor = checks.get("scale_factor", math.nan)
     if factor >= SCALE_FACTOR or factor <= 1 / SCALE_FACTOR:
         found.append(Finding("formula-setting", None, None, {"scale_factor": factor, "scale": checks["scale"]},

@@ -60,6 +60,8 @@ def test_every_kind_computes_its_formula_to_rounding(registered_kind, causal):
     checks, findings = checked(kind=registered_kind, causal=causal, pooling="mean")
     assert [layer["stage"] for layer in checks["formula"]] == [None, None]
     assert max(layer["largest"] for layer in checks["formula"]) < 1e-5
+    assert [block["stage"] for block in checks["blocks"]] == [None, None] and checks["shared"] == []
+    assert max(block["largest"] for block in checks["blocks"]) < 1e-5
     assert all(delta < 1e-5 for delta in checks["invariance"].values()) and not math.isnan(checks["invariance"]["padding"])
     assert [f.verdict for f in findings if f.layer is not None] == ["computes-formula"] * 2
     assert warnings(findings) == []
@@ -207,3 +209,130 @@ def test_diagnose_judges_every_stored_validation():
                {"step": 50, "epoch": 0, "findings": [hidden]}, {"step": 100, "epoch": 1, "findings": []}]
     diagnosis = Diagnosis(None, {"dataset": "synthetic"}, 10, health.compute(), [], history)
     assert diagnosis.warnings == [hidden]
+
+
+# ---- the blocks around attention, weights that are their own, the configured optimizer ---------------------------
+
+
+def rewire_blocks(model, forward):
+    """Every block's forward written as forward(block, x, key_padding_mask, need_weights)."""
+    for block in model.blocks:
+        block.forward = lambda x, key_padding_mask, need_weights=False, block=block: forward(
+            block, x, key_padding_mask, need_weights)
+
+
+def ffn_residual_dropped(block, x, key_padding_mask, need_weights):
+    attended, weights = block.attention.forward_packed(x, key_padding_mask, need_weights)
+    x = block.norm1(x + block.dropout(attended))
+    return block.norm2(block.dropout(block.ffn(x))), weights
+
+
+def norm_left_out(block, x, key_padding_mask, need_weights):
+    attended, weights = block.attention.forward_packed(x, key_padding_mask, need_weights)
+    return x + attended, weights
+
+
+@pytest.mark.parametrize("kind", ["full", "linformer"])
+@pytest.mark.parametrize("d_ff", [0, 24])
+def test_a_block_written_otherwise_is_named_by_its_first_differing_step(kind, d_ff):
+    checks, findings = checked("norm-before-attention", kind, d_ff=d_ff)
+    # Block 0 gets raw embeddings, so its attention's input differs first; a block whose input is already
+    # normalised (after a feed-forward's LayerNorm) differs first after attention, where the stream is not normalised.
+    assert checks["blocks"][0]["stage"] == "attention's input" and "pre-norm" in checks["blocks"][0]["how"]
+    assert checks["blocks"][1]["stage"] in ("attention's input", "residual + LayerNorm after attention")
+    assert {f.verdict for f in warnings(findings)} == {"block-broken"}  # attention itself computes its formula
+    model = network(kind, d_ff=d_ff)
+    rewire_blocks(model, norm_left_out)
+    (first, *_) = contract_checks(model, batches())["blocks"]
+    assert first["stage"] == "residual + LayerNorm after attention" and "the LayerNorm left out" in first["how"]
+
+
+def test_a_feed_forward_without_its_residual_is_named():
+    model = network(d_ff=24)
+    rewire_blocks(model, ffn_residual_dropped)
+    (first, second) = contract_checks(model, batches())["blocks"]
+    assert first["stage"] == "residual + LayerNorm after the feed-forward" and "the residual left out" in first["how"]
+    assert second["stage"] == "residual + LayerNorm after the feed-forward"
+
+
+def test_embeddings_that_lose_their_positions_on_the_way_are_named():
+    model = network()
+    model.position_embedding.forward = lambda positions: torch.zeros(*positions.shape, 16)
+    (first, second) = contract_checks(model, batches())["blocks"]
+    assert first["stage"] == "input (the embeddings)" and "without their position vectors" in first["how"]
+    assert second["stage"] is None
+
+
+def test_a_weight_assigned_twice_is_named_with_both_parameters():
+    checks, findings = checked("values-projection-reused")
+    assert ["blocks.0.attention.w_k.weight", "blocks.0.attention.w_v.weight", "the same tensor"] in checks["shared"]
+    (line, *_) = [f.line() for f in warnings(findings) if f.verdict == "shared-weight"]
+    assert "blocks.0.attention.w_k.weight and blocks.0.attention.w_v.weight are the same tensor" in line
+    model = network()
+    model.blocks[1].attention.w_q = model.blocks[0].attention.w_q  # across layers
+    assert ["blocks.0.attention.w_q.bias", "blocks.1.attention.w_q.bias", "the same tensor"] in \
+        contract_checks(model, batches())["shared"]
+    model = network()
+    with torch.no_grad():  # a checkpoint stores a shared weight twice: loaded, it is two equal matrices
+        model.blocks[0].attention.w_v.weight.copy_(model.blocks[0].attention.w_q.weight)
+    assert contract_checks(model, batches())["shared"] == [
+        ["blocks.0.attention.w_q.weight", "blocks.0.attention.w_v.weight", "exactly the same values"]]
+
+
+def module_and_optimizer(plant_name=None, decay_everything=False):
+    """A tiny ClassifierModule (model.weight_decay 0.01) with the bug planted, and the optimizer it configures."""
+    from training.module import ClassifierModule
+
+    plant = Plant()
+    if plant_name:
+        BUGS[plant_name].plant(plant)
+    torch.manual_seed(0)
+    module = ClassifierModule(network=NetworkConfig(vocab_size=30, max_length=16, d_model=16, n_heads=2), lr=1e-3,
+                              weight_decay=0.01)
+    plant.edit(module)
+    module._trainer = SimpleNamespace(estimated_stepping_batches=20)
+    if decay_everything:  # AdamW on model.parameters() with one weight decay: biases and LayerNorm gains decay too
+        return module, torch.optim.AdamW(module.model.parameters(), lr=1e-3, weight_decay=0.01)
+    return module, module.configure_optimizers()["optimizer"]
+
+
+def optimizer_findings(module, optimizer):
+    from monitor.contract import optimizer_differences
+
+    network, configured = module.configured_optimizer()
+    found = optimizer_differences(network, [optimizer], configured)
+    return found, [f.line() for f in warnings(diagnose(None, {"optimizer": found}))]
+
+
+def test_the_configured_optimizer_is_found_as_configured():
+    module, optimizer = module_and_optimizer()
+    assert optimizer_findings(module, optimizer) == ([], [])
+
+
+@pytest.mark.parametrize("plant, said", [
+    ("learning-rate-30x", "lr 0.03 in the optimizer, configured model.lr 0.001, for token_embedding.weight, "),
+    ("head-learning-rate", "lr 0.01 in the optimizer, configured model.lr 0.001, for head.weight, head.bias"),
+    ("decay everything", "weight_decay 0.01 in the optimizer, configured model.weight_decay 0, for "),
+])
+def test_an_optimizer_other_than_the_configured_one_is_named_with_both_values(plant, said):
+    if plant == "decay everything":
+        module, optimizer = module_and_optimizer(decay_everything=True)
+    else:
+        module, optimizer = module_and_optimizer(plant)
+    found, lines = optimizer_findings(module, optimizer)
+    assert len(found) == 1 and any(said in line and "optimizer-setting" in line for line in lines), lines
+
+
+def test_diagnose_compares_the_stored_optimizer_with_the_stored_settings():
+    from inference.diagnosis import stored_optimizer_differences
+
+    groups = [{"params": [0, 1, 2], "lr": 2e-4, "initial_lr": 1e-3, "weight_decay": 0.01},
+              {"params": [3, 4], "lr": 2e-4, "initial_lr": 1e-3, "weight_decay": 0.0}]
+    stored = {"hyper_parameters": {"lr": 1e-3, "weight_decay": 0.01}, "optimizer_states": [{"param_groups": groups}]}
+    assert stored_optimizer_differences(stored) == []
+    groups[1]["initial_lr"] = 0.0
+    groups[0]["weight_decay"] = 1.0
+    assert stored_optimizer_differences(stored) == [
+        {"setting": "weight_decay", "value": 1.0, "configured": 0.01, "parameters": ["parameter group 0 (3 parameters)"]},
+        {"setting": "lr", "value": 0.0, "configured": 1e-3, "parameters": ["parameter group 1 (2 parameters)"]}]
+    assert stored_optimizer_differences({"hyper_parameters": {"lr": 1e-3}}) == []  # saved without the optimizer

@@ -252,6 +252,8 @@ def tiny_run(tiny_data, tmp_path, bug_name):
     ("values-detached", "weight-not-learning"),
     ("pooling-over-padding", "invariance-broken"),
     ("scale-setting", "formula-setting"),
+    ("norm-before-attention", "block-broken"),
+    ("head-learning-rate", "optimizer-setting"),
 ])
 def test_the_doctor_names_a_planted_bug(tiny_data, tmp_path, name, verdict):
     assert verdict in BUGS[name].expects or not BUGS[name].expects  # a bug outside the catalogue: any warning
@@ -330,6 +332,13 @@ def test_a_users_bug_that_cannot_load_or_raises_is_one_line_and_the_bench_goes_o
     assert "my bug is broken" in caplog.records[0].getMessage()
 
 
+def test_every_bug_and_each_group_includes_the_held_out_bugs():
+    every = [b.name for b in select_bugs(["all"])]
+    held_out = [b.name for b in select_bugs(["heldout"])]
+    assert "padding-ignored" in every and "residual-dropped" in every and "residual-dropped" in held_out
+    assert set(held_out) <= set(every) and "padding-ignored" not in held_out
+
+
 def test_the_bench_reads_verdicts_of_another_version_as_notes():
     from bench.diagnosis import check
 
@@ -365,12 +374,13 @@ def test_a_healthy_checkpoint_of_another_version_is_read_and_a_broken_one_left_o
 
 def one_validation(bug_name: str, kind: str) -> set[str]:
     """The warnings of one validation's checks (health figures, model checks, contract checks, the dynamics of a
-    few AdamW steps at the module's learning rate) on a tiny network with the bug planted."""
+    few steps of the module's own optimizer) on a tiny network with the bug planted."""
     from monitor.checks import model_checks
-    from monitor.contract import contract_checks, formula_settings
+    from monitor.contract import contract_checks, formula_settings, optimizer_differences
     from monitor.doctor import diagnose, warnings
     from monitor.dynamics import TrainingDynamics
     from monitor.health import AttentionHealth
+    from training.module import ClassifierModule
 
     plant = Plant()
     BUGS[bug_name].plant(plant)
@@ -378,18 +388,19 @@ def one_validation(bug_name: str, kind: str) -> set[str]:
                                 "window": 2, "projection_length": 4, "dropout": 0.0, "embedding_dropout": 0.0}
                                | plant.settings))
     torch.manual_seed(0)
-    network = AttentionClassifier(config)
-    module = SimpleNamespace(model=network, online_model=network, hparams=SimpleNamespace(lr=0.001))
+    module = ClassifierModule(network=config, lr=0.001)
+    network = module.model
     plant.edit(module)
     lengths = torch.tensor([12, 9, 7, 5, 3, 10, 8, 2])
     padding = torch.arange(12) >= lengths[:, None]
     ids = torch.randint(4, 30, (8, 12), generator=torch.Generator().manual_seed(1)).masked_fill(padding, 0)
     batch = {"input_ids": ids, "padding_mask": padding, "labels": torch.arange(8) % 2}
     with plant.applied():
-        optimizer = torch.optim.AdamW(network.parameters(), lr=module.hparams.lr)
+        module._trainer = SimpleNamespace(estimated_stepping_batches=20)  # configure_optimizers' schedule length
+        optimizer = module.configure_optimizers()["optimizer"]
+        module._trainer.optimizers = [optimizer]
         dynamics = TrainingDynamics()
-        dynamics.watch(SimpleNamespace(model=network, online_model=network,
-                                       _trainer=SimpleNamespace(optimizers=[optimizer])))
+        dynamics.watch(module)
         for step in range(3):
             loss = torch.nn.functional.cross_entropy(network(ids, padding).logits, batch["labels"])
             optimizer.zero_grad()
@@ -402,6 +413,8 @@ def one_validation(bug_name: str, kind: str) -> set[str]:
         with torch.no_grad():
             health.update(network(ids, padding, need_weights=True).attention, padding)
         checks = model_checks(network, [batch]) | contract_checks(network, [batch]) | formula_settings(config)
+        checks["optimizer"] = optimizer_differences(*module.configured_optimizer()[:1], [optimizer],
+                                                    module.configured_optimizer()[1])
         findings = diagnose(health.compute(), checks, dynamics.summary(), config)
     return {finding.verdict for finding in warnings(findings)}
 

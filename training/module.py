@@ -335,6 +335,11 @@ class ClassifierModule(L.LightningModule):
     def configure_optimizers(self):
         return adamw_with_warmup(self, self.online_model)
 
+    def configured_optimizer(self) -> tuple[torch.nn.Module, dict[str, dict]]:
+        """(the network the optimizer trains, {parameter name: {"lr", "weight_decay"}}) by the settings the run was
+        configured with (hparams_initial: a change made to hparams after that is not configuration)."""
+        return self.online_model, optimizer_settings(self.hparams_initial, self.online_model)
+
 
 def adamw_with_warmup(module: L.LightningModule, network: torch.nn.Module) -> dict:
     """AdamW on `network` with module.hparams' lr and weight_decay, a linear warm-up over warmup_fraction of the
@@ -342,8 +347,8 @@ def adamw_with_warmup(module: L.LightningModule, network: torch.nn.Module) -> di
     gains only hurts."""
     hparams = module.hparams
     parameters = list(network.named_parameters())
-    decay = [p for name, p in parameters if p.ndim >= 2 and "embedding" not in name]
-    no_decay = [p for name, p in parameters if not (p.ndim >= 2 and "embedding" not in name)]
+    decay = [p for name, p in parameters if decays(name, p)]
+    no_decay = [p for name, p in parameters if not decays(name, p)]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": hparams.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=hparams.lr,
@@ -358,3 +363,15 @@ def adamw_with_warmup(module: L.LightningModule, network: torch.nn.Module) -> di
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def decays(name: str, parameter: torch.Tensor) -> bool:
+    """Whether adamw_with_warmup applies weight decay to this parameter: matrices, not embeddings."""
+    return parameter.ndim >= 2 and "embedding" not in name
+
+
+def optimizer_settings(hparams, network: torch.nn.Module) -> dict[str, dict]:
+    """{parameter name: {"lr", "weight_decay"}}: what adamw_with_warmup gives each parameter of `network` by these
+    hparams, for the attention monitor to compare with the optimizer the run holds (monitor/contract.py)."""
+    return {name: {"lr": hparams["lr"], "weight_decay": hparams["weight_decay"] if decays(name, p) else 0.0}
+            for name, p in network.named_parameters()}

@@ -8,7 +8,7 @@ from torchmetrics import MeanMetric
 from data.tokenizer import FIRST_WORD_ID, MASK_ID
 from model.config import ConfigError, NetworkConfig
 from model.pretraining import OBJECTIVES, PretrainingNetwork, corrupt
-from training.module import NonFiniteLossError, adamw_with_warmup
+from training.module import NonFiniteLossError, adamw_with_warmup, optimizer_settings
 
 
 class PretrainModule(L.LightningModule):
@@ -75,3 +75,7 @@ class PretrainModule(L.LightningModule):
 
     def configure_optimizers(self):
         return adamw_with_warmup(self, self.model)
+
+    def configured_optimizer(self):
+        """As ClassifierModule.configured_optimizer, for the network pretraining trains."""
+        return self.model, optimizer_settings(self.hparams_initial, self.model)
