@@ -14,7 +14,7 @@ number, its words shuffled by a seeded generator from the second copy on, so no 
 are random. Then `train.py fit --data.train_file FILE` (the generic default, configs/default.yaml) runs TRAIN_STEPS
 optimizer steps, and the table gives the set-up seconds (process start to the first optimizer step), the peak
 resident memory of the process tree up to then and over the whole run, training texts/s after the first step, and
-the data cache's size on disk.
+on disk the encoded-data cache and datasets' Arrow copy of the file (kept in the scratch folder: HF_DATASETS_CACHE).
 
 `memory` runs `train.py fit ARGS` in a child process and reads the resident memory of its whole process tree (the
 child and any DataLoader workers, from /proc) every SAMPLE_SECONDS; the child logs the same figure at each epoch's
@@ -208,7 +208,8 @@ def sizes(args) -> dict:
                        "--trainer.callbacks+=" + json.dumps({"class_path": "bench.scale.MemoryLog",
                                                               "init_args": {"every": 10}}),
                        *args.fit_args]
-            result = run_and_watch(command)
+            # datasets' Arrow copy of the file in the scratch folder too: removed with it, and its size measured.
+            result = run_and_watch(command, env={**os.environ, "HF_DATASETS_CACHE": str(work / f"arrow-{n}")})
             steps = [(step, seconds) for moment, _, step, _, seconds in result["marks"] if moment == "train"]
             first, last = steps[0] if steps else (0, 0), steps[-1] if steps else (0, 0)
             rate = round((last[0] - first[0]) * args.batch_size / (last[1] - first[1])) if last[0] > first[0] else None
@@ -216,6 +217,7 @@ def sizes(args) -> dict:
                          "peak_rss_first_step_mib": round(result["first_step_peak_mib"]),
                          "peak_rss_mib": round(result["peak_rss_mib"]), "train_texts_per_second": rate,
                          "cache_mib": round(folder_size(work / f"cache-{n}") / 2**20),
+                         "arrow_mib": round(folder_size(work / f"arrow-{n}") / 2**20),
                          "returncode": result["returncode"], "load_average_1min": round(os.getloadavg()[0], 2)})
             log.info("%s", rows[-1])
             if result["returncode"]:
@@ -223,10 +225,11 @@ def sizes(args) -> dict:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    header = "| texts | set-up s | peak RSS to 1st step, MiB | peak RSS, MiB | train texts/s | cache MiB | load |"
-    table = [header, "|---:|---:|---:|---:|---:|---:|---:|"] + [
+    header = ("| texts | set-up s | peak RSS to 1st step, MiB | peak RSS, MiB | train texts/s | cache MiB | Arrow copy MiB "
+              "| load |")
+    table = [header, "|---:|---:|---:|---:|---:|---:|---:|---:|"] + [
         f"| {r['texts']:,} | {r['setup_seconds']} | {r['peak_rss_first_step_mib']} | {r['peak_rss_mib']} | "
-        f"{r['train_texts_per_second']} | {r['cache_mib']} | {r['load_average_1min']} |" for r in rows]
+        f"{r['train_texts_per_second']} | {r['cache_mib']} | {r['arrow_mib']} | {r['load_average_1min']} |" for r in rows]
     print("\n".join(table), file=sys.stderr)
     return {"target": "sizes", "rows": rows, "returncode": max((r["returncode"] for r in rows), default=0)}
 

@@ -9,12 +9,15 @@ import ctypes
 import hashlib
 import json
 import logging
+import mmap
 import os
 import math
 import random
+import tempfile
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
 from filelock import FileLock
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -25,7 +28,8 @@ from data.labels import class_counts, describe_counts, is_imbalanced, multi_hot
 from data.sources import DataError, Splits, load_splits, local_copy_dir
 from data.progress import progress_bar
 from data.teacher import out_of_fold_probabilities
-from data.tokenizer import FIRST_WORD_ID, KINDS, SPECIAL_TOKENS, UNK_ID, cut, load_tokenizer, pad, stored_form, train_tokenizer, word_counts
+from data.tokenizer import (FIRST_WORD_ID, KINDS, SPECIAL_TOKENS, UNK_ID, CutTexts, cut, load_tokenizer, pad, stored_form,
+                            train_tokenizer, word_counts)
 
 log = logging.getLogger(__name__)
 NO_TEST_SPLIT = ("no test split (SST-2's test labels are not public: its held-out figure is `validate`): give "
@@ -66,16 +70,17 @@ class EncodedSplit(Dataset):
         """Token ids of each text, truncated to max_length tokens; texts are first cut to
         max_length * CHARS_PER_TOKEN_BOUND characters (see there), so the tokenizer never sees a huge line whole.
         ENCODE_CHUNK texts at a time: the tokenizer's encodings (tokens, offsets, masks) of a whole split would take
-        many times the memory of its ids."""
-        pieces, lengths = [], [0]
-        with progress_bar(len(texts), f"encoding {name}") as progress:
+        many times the memory of its ids. The ids go to a scratch file as they come and are read from it
+        memory-mapped: a million long texts have a GB of them, never held in memory."""
+        lengths = [0]
+        with tempfile.TemporaryFile(prefix="encoded-") as scratch, progress_bar(len(texts), f"encoding {name}") as progress:
             for at in range(0, len(texts), ENCODE_CHUNK):
                 chunk = cut(texts[at : at + ENCODE_CHUNK], max_length)
                 encoded = [e.ids or [UNK_ID] for e in tokenizer.encode_batch(chunk)]  # only unknown symbols → [UNK]
                 lengths += [len(ids) for ids in encoded]
-                pieces.append(torch.tensor([i for ids in encoded for i in ids], dtype=torch.int32))
+                scratch.write(np.array([i for ids in encoded for i in ids], dtype=np.int32))
                 progress.update(len(chunk))
-        ids = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int32)
+            ids = mapped_ids(scratch)
         return cls(ids, torch.tensor(lengths).cumsum(0), torch.as_tensor(labels))
 
     def state(self) -> dict:
@@ -88,6 +93,16 @@ class EncodedSplit(Dataset):
     def __getitem__(self, i):
         ids = self.ids[self.offsets[i] : self.offsets[i + 1]]
         return (ids, self.labels[i]) if self.teacher_probs is None else (ids, self.labels[i], self.teacher_probs[i])
+
+
+def mapped_ids(file) -> torch.Tensor:
+    """The int32 ids written to `file`, memory-mapped (copy-on-write: the tensor may be changed, the file never is);
+    the mapping keeps the file's content after the file is closed."""
+    file.flush()
+    size = file.seek(0, os.SEEK_END)
+    if size == 0:  # mmap cannot map an empty file
+        return torch.zeros(0, dtype=torch.int32)
+    return torch.frombuffer(mmap.mmap(file.fileno(), size, access=mmap.ACCESS_COPY), dtype=torch.int32)
 
 
 def collate(items) -> dict[str, torch.Tensor]:
@@ -421,7 +436,7 @@ class TextDataModule(L.LightningDataModule):
     def _train_tokenizer(self, splits: Splits, vocab_size: int, max_length: int):
         hp = self.hparams
         return train_tokenizer(
-            cut(splits.texts["train"], max_length), vocab_size=vocab_size, max_length=max_length, kind=hp.tokenizer,
+            CutTexts(splits.texts["train"], max_length), vocab_size=vocab_size, max_length=max_length, kind=hp.tokenizer,
             split_cjk=hp.split_cjk, split_punctuation=hp.split_punctuation,
         )
 
@@ -437,7 +452,7 @@ class TextDataModule(L.LightningDataModule):
         return vocab_size, max_length, choices
 
     def _choose_vocab_size(self, splits: Splits) -> tuple[int, str]:
-        counts = word_counts(cut(splits.texts["train"], MAX_LENGTH_CAP), split_cjk=self.hparams.split_cjk,
+        counts = word_counts(CutTexts(splits.texts["train"], MAX_LENGTH_CAP), split_cjk=self.hparams.split_cjk,
                              split_punctuation=self.hparams.split_punctuation)
         if not counts:
             raise DataError(f"{splits.sources.get('train', 'train')}: every training text is empty after tokenization "

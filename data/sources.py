@@ -1,10 +1,12 @@
 """Where texts and labels come from: a registered dataset (hub or local copy), the user's own files, or `synthetic`.
 
-Every source ends as plain Python lists: {"train": (texts, labels), "validation": ..., "test": ...} with integer
-labels, plus the label names. Nothing here tokenizes.
+Every source is read by `datasets` into a memory-mapped Arrow table, and each split's texts stay there: a TextColumn
+(data/columns.py) of the table's text column and the split's row numbers, never a list of Python strings. The labels
+are Python lists of integer classes (or of sets of them), plus the label names. Nothing here tokenizes.
 """
 
 import codecs
+import json
 import logging
 import os
 import random
@@ -12,8 +14,12 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from data import labels
+
+if TYPE_CHECKING:  # pyarrow is imported where a file is read: the faces read has_text here before anything heavy
+    from data.columns import TextColumn
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +72,7 @@ NAMES = sorted(REGISTRY) + ["synthetic"]
 
 @dataclass
 class Splits:
-    texts: dict[str, list[str]]
+    texts: dict[str, "TextColumn"]  # or lists: any sequence of texts
     labels: dict[str, list[int]]
     label_names: list[str]
     sources: dict[str, str] = field(default_factory=dict)  # split → the file (or hub split) it came from
@@ -115,15 +121,17 @@ def check_utf8(path: Path) -> None:
         raise DataError(f"{path}: not valid UTF-8 (truncated character at the end); save it as UTF-8") from None
 
 
-def read_table(path: Path, text_column: str, label_column: str | list[str] | None) -> tuple[list[str], list | None]:
+def read_table(path: Path, text_column: str, label_column: str | list[str] | None) -> tuple["TextColumn", list | None]:
     """Texts and raw labels (None when label_column is None) of one CSV/TSV/JSON/JSONL/parquet file, read with
-    `datasets`. A list of label columns is one 0/1 column per label: each row's labels are the set of the columns
+    `datasets` into its memory-mapped Arrow cache. A list of label columns is one 0/1 column per label: each row's labels are the set of the columns
     holding 1 (data/labels.py).
 
     CSV/TSV cells of the two columns are read as the file's own text: pandas would otherwise read a column of
     numbers as numbers ("007" → 7, a text "42" → 42) and the labels "01", "10" as 1 and 10. JSON and parquet keep
     the types the file gives them."""
     import datasets
+
+    from data.columns import TextColumn
 
     if path.is_dir():
         raise DataError(f"{path}: is a directory, not a file")
@@ -145,6 +153,8 @@ def read_table(path: Path, text_column: str, label_column: str | list[str] | Non
     try:
         table = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
     except Exception as e:  # datasets wraps parser errors several layers deep; report the innermost
+        if builder == "json" and (line := first_bad_json_line(path)) is not None:
+            raise DataError(f"{path}: {line}") from None
         while e.__cause__ is not None or e.__context__ is not None:
             e = e.__cause__ or e.__context__
         raise DataError(f"{path}: could not be read as {path.suffix} ({type(e).__name__}: {str(e).splitlines()[0]})") from None
@@ -153,10 +163,12 @@ def read_table(path: Path, text_column: str, label_column: str | list[str] | Non
             raise DataError(f"{path}: no column {column!r}; columns found: {', '.join(table.column_names)}")
     if table.num_rows == 0:
         raise DataError(f"{path}: no rows")
+    texts = TextColumn(table.data.column(text_column))
     if isinstance(label_column, str) or not label_columns:
-        return table[text_column], table[label_column] if label_column else None
+        return texts, table.data.column(label_column).to_pylist() if label_column else None
     try:
-        return table[text_column], labels.from_indicator_columns({column: table[column] for column in label_columns})
+        columns = {column: table.data.column(column).to_pylist() for column in label_columns}
+        return texts, labels.from_indicator_columns(columns)
     except labels.LabelError as e:
         raise DataError(f"{path}: {e}") from None
 
@@ -174,7 +186,6 @@ def read_unlabeled(path, text_column: str = "text") -> list[str]:
             raise DataError(f"{path}: file not found")
         check_utf8(path)
         texts = path.read_text(encoding="utf-8").splitlines()
-    texts = [text if isinstance(text, str) or text is None else str(text) for text in texts]
     kept = [text for text in texts if has_text(text)]
     if not kept:
         where = f" in column {text_column!r}" if path.suffix.lower() in SUFFIXES else ""
@@ -182,6 +193,21 @@ def read_unlabeled(path, text_column: str = "text") -> list[str]:
     if len(kept) < len(texts):
         log.warning("%s: skipped %d empty or whitespace-only texts of %d", path, len(texts) - len(kept), len(texts))
     return kept
+
+
+def first_bad_json_line(path: Path) -> str | None:
+    """Which line of a JSON-lines file is not JSON, and why; None for a file of JSON lines (or one JSON document).
+    Arrow's reader counts rows within the block it was reading, so its row number misleads past the first block."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if number == 1 and line.lstrip().startswith("["):  # one JSON document, not one a line
+                return None
+            if line.strip():
+                try:
+                    json.loads(line.rstrip())
+                except json.JSONDecodeError as e:
+                    return f"line {number} is not valid JSON ({e.msg} at column {e.colno})"
+    return None
 
 
 def has_rows(path: Path, builder: str) -> bool:
@@ -202,13 +228,12 @@ def has_rows(path: Path, builder: str) -> bool:
     return "".join(rest.split()) not in ("", "[]")
 
 
-def drop_unusable(texts: list, labels: list, where: str) -> tuple[list[str], list]:
+def drop_unusable(texts: "TextColumn", labels: list, where: str) -> tuple["TextColumn", list]:
     """Rows without a text (empty, whitespace-only or missing) or without a label (an empty cell or a missing
     value) give nothing to learn from or score against: they are skipped, with a warning that counts each kind.
     Numbers in a text column (JSON, parquet) are texts too: 42 becomes "42". Text labels lose surrounding
     whitespace (strip_labels)."""
-    texts = [text if isinstance(text, str) or text is None else str(text) for text in texts]
-    readable = [has_text(text) for text in texts]
+    readable = [has_text(text) for text in texts]  # read a chunk at a time
     keep = [i for i, label in enumerate(labels) if readable[i] and not is_missing(label)]
     if not all(readable):
         log.warning("%s: skipped %d empty or whitespace-only texts of %d", where, readable.count(False), len(texts))
@@ -219,7 +244,7 @@ def drop_unusable(texts: list, labels: list, where: str) -> tuple[list[str], lis
         raise DataError(f"{where}: no non-empty texts")
     if not keep:
         raise DataError(f"{where}: no row has a label")
-    return [texts[i] for i in keep], strip_labels([labels[i] for i in keep], where)
+    return texts.take(keep), strip_labels([labels[i] for i in keep], where)
 
 
 def strip_labels(labels: list, where: str) -> list:
@@ -305,6 +330,8 @@ def stratified_split(labels: list[int], fraction: float, seed: int) -> tuple[lis
 def synthetic(n: int = 4000, seed: int = 0, vocab: int = 30, min_len: int = 6, max_len: int = 16) -> dict[str, tuple]:
     """Label = which marker comes first ("alpha" before "beta" → 1): only attention between positions solves it;
     a bag of words sees the same two markers either way."""
+    from data.columns import TextColumn
+
     rng = random.Random(seed)
     texts, labels = [], []
     for _ in range(n):
@@ -315,7 +342,7 @@ def synthetic(n: int = 4000, seed: int = 0, vocab: int = 30, min_len: int = 6, m
         words.insert(j, second)
         texts.append(" ".join(words))
         labels.append(int(first == "alpha"))
-    return {"all": (texts, labels)}
+    return {"all": (TextColumn(texts), labels)}
 
 
 def load_splits(
@@ -370,7 +397,7 @@ def load_splits(
                 if None in sets:
                     log.warning("%s: skipped %d text(s) with other than one label (training has one a text)",
                                 sources[split], sets.count(None))
-                    texts[split] = [t for t, s in zip(texts[split], sets) if s is not None]
+                    texts[split] = texts[split].take([i for i, s in enumerate(sets) if s is not None])
                     label_sets[split] = [s for s in sets if s is not None]
         return finish_splits(texts, label_sets, label_names, sources, test_fraction, val_fraction, seed, multi_label)
     encoded, label_names = encode_labels({s: pair[1] for s, pair in raw.items()}, sources, names)
@@ -393,7 +420,7 @@ def encode_label_sets(raw: dict, sources: dict[str, str], names: list[str] | Non
                                                         sources, names)
     except labels.LabelError as e:
         raise DataError(str(e)) from None
-    texts = {split: [raw[split][0][i] for i in keep[split]] for split in raw}
+    texts = {split: raw[split][0].take(keep[split]) for split in raw}
     return encoded, label_names, texts
 
 
@@ -410,8 +437,8 @@ def finish_splits(texts, labels, label_names, sources, test_fraction, val_fracti
         )
     if "test" not in texts and test_fraction:
         rest, test_idx = stratified_split(strata(labels["train"]), test_fraction, TEST_SPLIT_SEED)
-        texts["test"], labels["test"] = [texts["train"][i] for i in test_idx], [labels["train"][i] for i in test_idx]
-        texts["train"], labels["train"] = [texts["train"][i] for i in rest], [labels["train"][i] for i in rest]
+        texts["test"], labels["test"] = texts["train"].take(test_idx), [labels["train"][i] for i in test_idx]
+        texts["train"], labels["train"] = texts["train"].take(rest), [labels["train"][i] for i in rest]
         sources["test"] = f"{sources['train']} (held-out test split)"
     if "validation" not in texts:
         train_idx, val_idx = stratified_split(strata(labels["train"]), val_fraction, seed)
@@ -420,9 +447,9 @@ def finish_splits(texts, labels, label_names, sources, test_fraction, val_fracti
                 f"{sources['train']}: val_fraction {val_fraction} of {len(labels['train'])} rows leaves no validation "
                 f"rows (a class gives one only when it has two or more); give val_file, or more rows"
             )
-        texts["validation"] = [texts["train"][i] for i in val_idx]
+        texts["validation"] = texts["train"].take(val_idx)
         labels["validation"] = [labels["train"][i] for i in val_idx]
-        texts["train"] = [texts["train"][i] for i in train_idx]
+        texts["train"] = texts["train"].take(train_idx)
         labels["train"] = [labels["train"][i] for i in train_idx]
         sources["validation"] = f"{sources['train']} (held-out validation split)"
     n_classes = len(classes)
@@ -442,6 +469,8 @@ def load_from_hub(name: str, spec: RegisteredDataset, text_column: str, label_co
         )
     import datasets
 
+    from data.columns import TextColumn
+
     try:
         hub = datasets.load_dataset(spec.hub_id, spec.hub_config)
     except Exception as e:
@@ -455,6 +484,6 @@ def load_from_hub(name: str, spec: RegisteredDataset, text_column: str, label_co
         for column in (text_column, label_column):
             if column not in table.column_names:
                 raise DataError(f"{spec.hub_id}[{hub_split}]: no column {column!r}; columns found: {', '.join(table.column_names)}")
-        raw[split] = (table[text_column], table[label_column])
+        raw[split] = (TextColumn(table.data.column(text_column)), table.data.column(label_column).to_pylist())
         sources[split] = f"{spec.hub_id}[{hub_split}]"
     return raw, sources

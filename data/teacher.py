@@ -14,6 +14,7 @@ import time
 import numpy as np
 import torch
 
+from data.columns import TextColumn
 from data.progress import progress_bar
 from data.sources import DataError
 
@@ -54,8 +55,8 @@ def out_of_fold_probabilities(texts, labels: list[int], num_classes: int, folds:
                               C: float = 4.0, source: str = "train", sample: int = SAMPLE,
                               class_weight: str | None = None) -> torch.Tensor:
     """(N, num_classes) float32 probabilities of an n-gram teacher for each training text, each from a teacher
-    that did not see it (stratified folds, fixed by `seed`). `texts`: any sequence of strings (a list, or a column
-    read row by row). `source` names the texts' file in errors.
+    that did not see it (stratified folds, fixed by `seed`). `texts`: a TextColumn or a list of strings. `source`
+    names the texts' file in errors.
 
     At most `sample` texts (a seeded sample when there are more) are fitted on, in folds: the n-gram vocabulary and
     the fitted matrix grow with the texts, the rest does not. Texts outside the sample are scored by one of the fold
@@ -70,6 +71,7 @@ def out_of_fold_probabilities(texts, labels: list[int], num_classes: int, folds:
     if labels and isinstance(labels[0], list):  # several labels a text
         log.info("n-gram teacher: scoring %d training texts out of fold (%d folds)", len(texts), folds)
         return out_of_fold_label_probabilities(list(texts), labels, num_classes, folds, seed, C, source, start)
+    texts = texts if isinstance(texts, TextColumn) else TextColumn(list(texts))
     y, n = np.asarray(labels), len(labels)
     chosen = np.arange(n) if n <= sample else np.sort(np.random.default_rng(seed).choice(n, sample, replace=False))
     rest = np.setdiff1d(np.arange(n), chosen, assume_unique=True)
@@ -91,7 +93,7 @@ def out_of_fold_probabilities(texts, labels: list[int], num_classes: int, folds:
                 progress.update(len(scored))
                 continue
             try:
-                vectorizer, teacher = fit_ngram_teacher([texts[i] for i in fitted], y[fitted], C, class_weight)
+                vectorizer, teacher = fit_ngram_teacher(list(texts.take(fitted)), y[fitted], C, class_weight)
             except ValueError:  # sklearn: "empty vocabulary"
                 raise DataError(f"{source}: the n-gram teacher found no words in the training texts; check "
                                 "text_column or train without the teacher: --data.teacher null --model.distillation 0"
@@ -100,7 +102,7 @@ def out_of_fold_probabilities(texts, labels: list[int], num_classes: int, folds:
                 rows = scored[at : at + CHUNK]
                 # Columns in class-id order; a class absent from this fold's texts keeps probability 0.
                 probabilities[np.ix_(rows, teacher.classes_)] = teacher.predict_proba(
-                    vectorizer.transform([texts[i] for i in rows]))
+                    vectorizer.transform(list(texts.take(rows))))
                 progress.update(len(rows))
     agreement = float((probabilities.argmax(1) == y).mean())
     log.info("n-gram teacher: out-of-fold probabilities for %d training texts (%d folds, %.0f s); it agrees with "

@@ -34,7 +34,7 @@ PREFIX = "##"  # marks a word piece that continues a word
 
 
 def train_tokenizer(
-    texts: list[str],
+    texts,
     *,
     vocab_size: int,
     max_length: int,
@@ -45,7 +45,9 @@ def train_tokenizer(
     """split_cjk: every CJK character its own word (True), or runs of CJK characters left whole so that word
     pieces learn multi-character words such as 服务 or 房间 (False; Chinese has no spaces to split on).
     split_punctuation: split words at punctuation too (True), or at whitespace only (False, for text that is
-    already tokenized, where "n't" and "'s" are words of their own)."""
+    already tokenized, where "n't" and "'s" are words of their own).
+    texts: any sequence of texts (a list, a TextColumn, CutTexts): it is read from start to end, twice for
+    wordpiece, never held whole."""
     if kind == "wordpiece":
         tokenizer = Tokenizer(models.WordPiece(unk_token=UNK))
         tokenizer.decoder = decoders.WordPiece()
@@ -76,7 +78,7 @@ def set_word_splitting(tokenizer: Tokenizer, *, split_cjk: bool, split_punctuati
     return tokenizer
 
 
-def word_counts(texts: list[str], *, split_cjk: bool = True, split_punctuation: bool = True) -> Counter:
+def word_counts(texts, *, split_cjk: bool = True, split_punctuation: bool = True) -> Counter:
     """How often each word occurs, split as train_tokenizer splits text into words (before word pieces)."""
     splitter = set_word_splitting(Tokenizer(models.WordLevel(unk_token=UNK)), split_cjk=split_cjk,
                                   split_punctuation=split_punctuation)
@@ -189,6 +191,20 @@ CHARS_PER_TOKEN_BOUND = 50
 def cut(texts: list[str], max_length: int) -> list[str]:
     """Texts cut to max_length * CHARS_PER_TOKEN_BOUND characters, for tokenizer training and encoding alike."""
     return [text[: max_length * CHARS_PER_TOKEN_BOUND] for text in texts]
+
+
+class CutTexts:
+    """The texts as `cut` cuts them, cut one by one as they are read (each time they are iterated): a split is
+    counted and trained on without a second copy of it in memory."""
+
+    def __init__(self, texts, max_length: int):
+        self.texts, self.limit = texts, max_length * CHARS_PER_TOKEN_BOUND
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __iter__(self):
+        return (text[: self.limit] for text in self.texts)
 
 
 def padding_mask(lengths: "torch.Tensor", L: int | None = None) -> "torch.Tensor":

@@ -110,8 +110,8 @@ def test_a_single_file_registered_dataset_has_a_fixed_stratified_test_split(tmp_
 
     first, other_seed, other_fraction = splits(0), splits(1), splits(0, 0.2)
     assert sorted(first.labels["test"]) == [0] * 4 + [1] * 6  # 10% of each class
-    assert first.texts["test"] == other_seed.texts["test"] == other_fraction.texts["test"]  # fixed
-    assert first.texts["validation"] != other_seed.texts["validation"]  # validation follows data.seed
+    assert list(first.texts["test"]) == list(other_seed.texts["test"]) == list(other_fraction.texts["test"])  # fixed
+    assert list(first.texts["validation"]) != list(other_seed.texts["validation"])  # validation follows data.seed
     assert not set(first.texts["test"]) & (set(first.texts["train"]) | set(first.texts["validation"]))
     assert len(first.texts["train"]) + len(first.texts["validation"]) + len(first.texts["test"]) == 100
 

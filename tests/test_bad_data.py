@@ -43,7 +43,7 @@ def one_line(error) -> str:
 def test_rows_with_an_empty_label_are_skipped_with_a_count_not_a_class(tmp_path, caplog):
     splits = splits_of(csv_file(tmp_path, GOOD + "no label here,\nnor here,  \n"))
     assert splits.label_names == ["neg", "pos"]
-    assert "no label here" not in splits.texts["train"] + splits.texts["validation"]
+    assert "no label here" not in list(splits.texts["train"]) + list(splits.texts["validation"])
     assert "skipped 2 rows with an empty or missing label of 14" in caplog.text
 
 
@@ -61,7 +61,7 @@ def test_integer_labels_map_to_consecutive_classes_named_by_their_values(tmp_pat
 def test_texts_that_are_all_numbers_are_kept_as_text(tmp_path):
     body = "".join(f"{i}{i},pos\n{i}0{i},neg\n" for i in range(1, 7))
     splits = splits_of(csv_file(tmp_path, "007,pos\n" + body))
-    assert "007" in splits.texts["train"] + splits.texts["validation"]  # as written, not 7 and not dropped
+    assert "007" in list(splits.texts["train"]) + list(splits.texts["validation"])  # as written, not 7 and not dropped
 
 
 def test_json_numbers_as_texts_are_kept_and_null_labels_skipped(tmp_path, caplog):
@@ -69,7 +69,7 @@ def test_json_numbers_as_texts_are_kept_and_null_labels_skipped(tmp_path, caplog
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     splits = splits_of(path)
-    assert sorted(splits.texts["train"] + splits.texts["validation"]) == [str(1000 + i) for i in range(8)]
+    assert sorted(list(splits.texts["train"]) + list(splits.texts["validation"])) == [str(1000 + i) for i in range(8)]
     assert "skipped 1 rows with an empty or missing label of 9" in caplog.text
 
 

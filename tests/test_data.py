@@ -100,7 +100,7 @@ def test_local_copy_of_a_registered_dataset(tmp_path, monkeypatch):
     splits = load_splits(dataset="sst2", data_dir=None, train_file=None, val_file=None, test_file=None,
                          text_column=None, label_column=None, val_fraction=0.1, seed=0)
     assert splits.label_names == ["negative", "positive"]
-    assert splits.texts["validation"] == ["great", "awful"] and splits.labels["validation"] == [1, 0]
+    assert list(splits.texts["validation"]) == ["great", "awful"] and splits.labels["validation"] == [1, 0]
 
 
 def local_sst2_copy(tmp_path, monkeypatch):

@@ -55,7 +55,7 @@ def test_each_layout_gives_the_same_label_sets(tmp_path, layout):
         settings = {"label_column": names}
     splits = splits_of(path, **settings)
     assert splits.multi_label and splits.label_names == ["anger", "fear", "joy"]
-    texts = splits.texts["train"] + splits.texts["validation"]
+    texts = list(splits.texts["train"]) + list(splits.texts["validation"])
     sets = as_names(splits) + as_names(splits, "validation")
     assert sorted(zip(texts, map(tuple, sets))) == sorted((t, tuple(sorted(s))) for t, s in rows)
 
@@ -66,7 +66,7 @@ def test_a_label_never_seen_in_training_is_dropped_and_a_text_of_only_unknown_la
                                                       ("mad", ["anger"])])
     with caplog.at_level(logging.WARNING):
         splits = splits_of(train, validation)
-    assert splits.texts["validation"] == ["glad", "mad"]
+    assert list(splits.texts["validation"]) == ["glad", "mad"]
     assert as_names(splits, "validation") == [["joy"], ["anger"]]
     assert "surprise" in caplog.text and "1 text(s) left with no known label skipped" in caplog.text
 

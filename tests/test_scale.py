@@ -1,23 +1,86 @@
-"""Set-up in bounded memory: encoding in chunks, the teacher on a bounded sample, a bad row named in one line; the
-memory bench's figure."""
+"""Set-up in bounded memory: texts read from Arrow columns a chunk at a time (own files, hub-style local copies, the
+cache), encoding in chunks, the teacher on a bounded sample, a bad row named in one line; the memory bench's figure."""
 
 import os
 import subprocess
 import sys
 import time
 
+import pyarrow as pa
 import pytest
 import torch
+from conftest import rows, write
 
+import data.columns
 import data.datamodule
 import data.teacher
-from data.datamodule import EncodedSplit
-from data.sources import DataError, read_table
+from data.columns import TextColumn
+from data.datamodule import EncodedSplit, TextDataModule
+from data.sources import DataError, load_splits, read_table
 from data.tokenizer import train_tokenizer
 from data.teacher import out_of_fold_probabilities
 
 TEXTS = [f"{'good' if i % 2 else 'bad'} film number {i} " + "and more " * (i % 7) for i in range(60)]
 LABELS = [i % 2 for i in range(60)]
+
+
+def test_a_text_column_reads_as_the_list_of_its_texts_across_arrow_chunks(monkeypatch):
+    monkeypatch.setattr(data.columns, "CHUNK", 3)  # iteration reads 3 rows at a time
+    texts = [f"text {i}" for i in range(25)]
+    column = TextColumn(pa.chunked_array([pa.array(texts[at : at + 4]) for at in range(0, 25, 4)]))
+    assert len(column) == 25 and list(column) == texts and column[-1] == texts[-1] and column[9] == texts[9]
+    assert column[3:9] == texts[3:9] and column[::5] == texts[::5] and column[30:] == []
+    picked = column.take([20, 3, 4, 11])
+    assert list(picked) == [texts[i] for i in (20, 3, 4, 11)] and picked[1:3] == texts[3:5] and picked[-1] == texts[11]
+    assert list(picked.take([3, 0])) == [texts[11], texts[20]]
+    assert list(TextColumn(pa.array([42, None]))) == ["42", None]  # numbers are texts; missing is None
+    with pytest.raises(IndexError):
+        column[25]
+
+
+def test_an_own_file_is_read_and_encoded_a_chunk_at_a_time(tmp_path, monkeypatch):
+    path = write(tmp_path / "own.parquet", rows(6) + [("  ", "pos")])  # 72 texts and a blank one
+    read_sizes = []
+    as_texts = data.columns.as_texts
+    monkeypatch.setattr(data.columns, "as_texts", lambda values: read_sizes.append(len(values)) or as_texts(values))
+    monkeypatch.setattr(data.columns, "CHUNK", 5)
+    monkeypatch.setattr(data.datamodule, "ENCODE_CHUNK", 5)
+    built = TextDataModule(train_file=str(path), cache_dir=str(tmp_path / "cache"))  # sizes chosen: two more passes
+    assert len(built.split("train")) + len(built.split("validation")) == 72
+    assert read_sizes and max(read_sizes) <= 5  # every read of the texts (six passes) was one chunk of them
+    splits = load_splits(train_file=str(path), dataset="sst2", data_dir=None, val_file=None, test_file=None,
+                         text_column=None, label_column=None, val_fraction=0.1, seed=0)
+    assert all(isinstance(texts, TextColumn) for texts in splits.texts.values())
+    assert sorted(list(splits.texts["train"]) + list(splits.texts["validation"])) == sorted(t for t, _ in rows(6))
+    as_list = EncodedSplit.encode(built.tokenizer, list(splits.texts["train"]), splits.labels["train"], built.max_length)
+    assert torch.equal(built.split("train").ids, as_list.ids)
+
+
+def test_a_hub_style_local_copy_is_split_and_its_cache_read_again_without_the_files(tmp_path, monkeypatch):
+    folder = tmp_path / "root" / "imdb"  # the layout of the shipped copy: train.parquet and test.parquet
+    folder.mkdir(parents=True)
+    write(folder / "train.parquet", [(t, int(y == "pos")) for t, y in rows(5)])
+    write(folder / "test.parquet", [("a fine film", 1), ("", 0), ("a dull film", 0)])
+    monkeypatch.setenv("ATTENTION_DATA_ROOT", str(tmp_path / "root"))
+    settings = {"dataset": "imdb", "cache_dir": str(tmp_path / "cache"), "vocab_size": 60, "max_length": 8}
+    built = TextDataModule(**settings)
+    assert built.label_names == ["negative", "positive"]
+    assert [len(built.split(name)) for name in ("train", "validation", "test")] == [54, 6, 2]  # the empty text skipped
+    monkeypatch.setattr("datasets.load_dataset", lambda *_, **__: pytest.fail("the files were read again"))
+    again = TextDataModule(**settings)
+    for name in ("train", "validation", "test"):
+        assert torch.equal(again.split(name).ids, built.split(name).ids)
+        assert torch.equal(again.split(name).labels, built.split(name).labels)
+
+
+def test_a_bad_json_line_is_named_by_its_line_in_the_file(tmp_path):
+    path = write(tmp_path / "own.jsonl", rows())
+    lines = path.read_text().splitlines()
+    lines[5] = '{"text": "a film cut short", "label": '
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"own\.jsonl: line 6 is not valid JSON") as error:
+        read_table(path, "text", "label")
+    assert "\n" not in str(error.value)
 
 
 def test_encoding_in_chunks_gives_the_ids_of_one_piece(monkeypatch):
