@@ -229,7 +229,7 @@ def main(argv=None):
                         help="config files of configs/ by name (sst2.yaml, imdb_local.yaml: with its base), 'all' "
                              "(every shipped classifier config) or 'none'")
     parser.add_argument("--datasets", nargs="*", default=list(NO_CONFIG_DATASETS),
-                        help="datasets of the no-config runs (train.py fit --data.dataset D); none: no such runs")
+                        help="datasets of the no-config runs (train.py fit --data.dataset D); 'none' or nothing: no such runs")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--kinds", nargs="+", default=[CONFIGURED, *KINDS], choices=[CONFIGURED, *KINDS],
                         help=f"attention kinds each run is repeated with; '{CONFIGURED}': as its config says "
@@ -259,7 +259,8 @@ def main(argv=None):
         parser.error(str(e))
     if args.out is not None and (args.out.is_dir() or not args.out.parent.is_dir()):
         parser.error(f"--out {args.out}: " + ("is a directory" if args.out.is_dir() else "its folder does not exist"))
-    runs = plan(configs, args.datasets, args.seeds, args.kinds, trainer_flags(args), args.work.resolve(),
+    datasets = [] if args.datasets == ["none"] else args.datasets
+    runs = plan(configs, datasets, args.seeds, args.kinds, trainer_flags(args), args.work.resolve(),
                 args.window, args.projection_length, args.extra)
     if args.dry_run:
         for run in runs:
