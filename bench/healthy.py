@@ -88,26 +88,27 @@ def chooses_kind(files: list[Path]) -> bool:
 
 def plan(configs: list[list[Path]], datasets: list[str], seeds: list[int], kinds: list[str], trainer: list[str],
          work: Path, window: int, projection_length: int, extra: list[str] = ()) -> list[Run]:
-    """Every run: (each config, then no config × each dataset) × each kind × each seed."""
+    """Every run: each seed × (each config, then no config × each dataset) × each kind, seeds outermost, so that the
+    first runs of a sweep cover every data set-up (each builds its data cache once; runs that need it meanwhile wait
+    for it) and the later seeds find their caches built."""
     bases = [(" + ".join(p.name for p in files), [a for p in files for a in ("--config", str(p))],
               chooses_kind(files)) for files in configs]
     bases += [(f"no config {dataset}", ["--data.dataset", dataset], False) for dataset in datasets]
     runs = []
-    for label, flags, own_kind in bases:
+    for seed, (label, flags, own_kind) in ((seed, base) for seed in seeds for base in bases):
         chosen = [CONFIGURED] if own_kind else list(dict.fromkeys(kinds))
         for kind in chosen:
             kind_flags = [] if kind == CONFIGURED else ["--model.network.attention", kind]
             kind_flags += {"local": ["--model.network.window", str(window)],
                            "sparse": ["--model.network.window", str(window)],
                            "linformer": ["--model.network.projection_length", str(projection_length)]}.get(kind, [])
-            for seed in seeds:
-                name = f"{label} seed {seed}" + ("" if kind == CONFIGURED else f" {kind}")
-                folder = work / re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
-                command = [sys.executable, str(ROOT / "train.py"), "fit", *flags, *kind_flags,
-                           "--seed_everything", str(seed), "--trainer.default_root_dir", str(folder),
-                           "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-                           *trainer, *extra]
-                runs.append(Run(name, command, str(folder)))
+            name = f"{label} seed {seed}" + ("" if kind == CONFIGURED else f" {kind}")
+            folder = work / re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+            command = [sys.executable, str(ROOT / "train.py"), "fit", *flags, *kind_flags,
+                       "--seed_everything", str(seed), "--trainer.default_root_dir", str(folder),
+                       "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+                       *trainer, *extra]
+            runs.append(Run(name, command, str(folder)))
     return runs
 
 
