@@ -332,6 +332,8 @@ class AttentionMonitor(Callback):
             scalars[f"attention_doctor/{name}"] = float(checks.get(name, math.nan))
         for layer, result in enumerate(checks.get("formula", [])):  # the contract: 0 up to rounding
             scalars[f"attention_doctor/formula_difference/layer{layer}"] = float(result["largest"])
+        for block, result in enumerate(checks.get("blocks", [])):
+            scalars[f"attention_doctor/block_difference/layer{block}"] = float(result["largest"])
         for name, delta in checks.get("invariance", {}).items():
             scalars[f"attention_doctor/invariance_{name}"] = float(delta)
         scalars |= {f"attention_doctor/{name}": float(value) for name, value in dynamics.items()
