@@ -242,6 +242,7 @@ def shared_weights(model) -> list[list[str]]:
     such pair is one weight serving two roles; a checkpoint stores a shared weight twice, so after loading it
     shows as equal values."""
     named = list(model.named_parameters(remove_duplicate=False))
+    varied = {name: p.ndim >= 2 and bool((p != p.flatten()[0]).any()) for name, p in named}  # a matrix, not constant
     found = []
     for i, (name, p) in enumerate(named):
         for other, q in named[:i]:
@@ -249,7 +250,7 @@ def shared_weights(model) -> list[list[str]]:
                 how = "the same tensor"
             elif overlap(p, q):
                 how = "the same memory"
-            elif p.ndim >= 2 and p.shape == q.shape and bool((p != p.flatten()[0]).any()) and torch.equal(p, q):
+            elif varied[name] and p.shape == q.shape and torch.equal(p, q):
                 how = "exactly the same values"
             else:
                 continue
