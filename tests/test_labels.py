@@ -120,6 +120,14 @@ def test_temperature_scaling_recovers_the_temperature_that_made_the_labels():
     assert after < 0.03 < before
 
 
+def test_the_reliability_figure_takes_a_confidence_of_exactly_one():
+    # A model that has learned its task answers some texts with probability 1.0 in float32.
+    probabilities = torch.tensor([[0.0, 1.0], [0.4, 0.6], [0.5, 0.5], [0.01, 0.99]])
+    figure = calibration.reliability_figure(probabilities, torch.tensor([1, 1, 0, 1]), False, "t")
+    heights = [bar.get_height() for bar in figure.axes[0].patches]
+    assert len(heights) == calibration.ECE_BINS and heights[-1] == 1.0  # 0.99 and 1.0: the last bin, both right
+
+
 def test_thresholds_maximise_each_labels_f1():
     probabilities = torch.tensor([[0.30, 0.9], [0.25, 0.8], [0.10, 0.2], [0.05, 0.7]])
     truth = torch.tensor([[1, 1], [1, 1], [0, 0], [0, 0]])

@@ -158,7 +158,8 @@ def reliability_figure(probabilities: torch.Tensor, labels: torch.Tensor, multi_
         confidence, predicted = probabilities.max(-1)
         right = (predicted == labels.long()).float()
     edges = torch.linspace(0, 1, ECE_BINS + 1)
-    bins = torch.bucketize(confidence.clamp(1e-6, 1), edges, right=True) - 1
+    # Bins (lo, hi]: torch's right=False, so a confidence of exactly 1 falls in the last bin, not past it.
+    bins = torch.bucketize(confidence.clamp(1e-6, 1), edges, right=False) - 1
     counts = torch.bincount(bins, minlength=ECE_BINS).float()
     accuracy = torch.bincount(bins, weights=right, minlength=ECE_BINS) / counts.clamp(min=1)
     figure, axes = plt.subplots(figsize=(4, 4))
