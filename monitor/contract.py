@@ -77,7 +77,7 @@ def contract_checks(model, batches: list[dict]) -> dict:
     was_training = model.training
     model.eval()
     try:
-        with torch.autocast(texts[0].device.type, enabled=False):
+        with torch.autocast(texts[0].device.type, enabled=False), full_float32():
             ids, padding = padded(texts)
             with captured(model) as records:
                 logits = model(ids, padding, need_weights=True).logits
@@ -88,6 +88,19 @@ def contract_checks(model, batches: list[dict]) -> dict:
                     "invariance": invariances(model, texts, logits)}
     finally:
         model.train(was_training)
+
+
+@contextmanager
+def full_float32():
+    """float32 matrix products at full float32 precision inside: train.py allows TensorFloat-32 ("high"), whose
+    products on a GPU differ from float64 by about 1e-3 relative, as much as FORMULA_TOLERANCE; the checks judge the
+    formula, not that rounding."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 @contextmanager

@@ -336,3 +336,17 @@ def test_diagnose_compares_the_stored_optimizer_with_the_stored_settings():
         {"setting": "weight_decay", "value": 1.0, "configured": 0.01, "parameters": ["parameter group 0 (3 parameters)"]},
         {"setting": "lr", "value": 0.0, "configured": 1e-3, "parameters": ["parameter group 1 (2 parameters)"]}]
     assert stored_optimizer_differences({"hyper_parameters": {"lr": 1e-3}}) == []  # saved without the optimizer
+
+
+def test_the_checks_run_at_full_float32_precision_and_leave_the_setting_as_found():
+    # train.py allows TensorFloat-32 products, which on a GPU differ from the float64 reference by about 1e-3.
+    model, seen = network(), []
+    model.blocks[0].register_forward_hook(lambda *args: seen.append(torch.get_float32_matmul_precision()))
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        contract_checks(model, batches())
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert seen and set(seen) == {"highest"}
