@@ -33,7 +33,7 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor, steps: int = 100
         return loss
 
     optimizer.step(closure)
-    temperature = float(log_t.exp())
+    temperature = float(log_t.detach().exp())
     return temperature if 1e-2 <= temperature <= 1e2 else 1.0  # a degenerate fit (one class only): no scaling
 
 
