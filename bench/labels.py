@@ -218,7 +218,9 @@ def main(argv=None):
             if PEERS.get(name) in peers:  # beside its peers (python -m bench.labels peers)
                 results[f"{name}: peers"] = peers[PEERS[name]]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.what}.json").write_text(json.dumps(results, indent=2) + "\n")
+    path = args.out / f"{args.what}.json"
+    earlier = json.loads(path.read_text()) if args.what == "score" and path.exists() else {}
+    path.write_text(json.dumps(earlier | results, indent=2) + "\n")  # runs scored one at a time add up
     show(results)
 
 
