@@ -126,6 +126,9 @@ def out_of_fold_label_probabilities(texts, label_sets, num_classes, folds, seed,
         try:
             vectorizer = ngram_features(list(texts[fitted]))
             x = vectorizer.fit_transform(texts[fitted])
+            # Canonical (sorted, no duplicates): the label fits' processes get it read-only, and liblinear's input
+            # check would otherwise sort it in place.
+            x.sum_duplicates()
         except ValueError:
             raise DataError(f"{source}: the n-gram teacher found no words in the training texts; check text_column "
                             "or train without the teacher: --data.teacher null --model.distillation 0") from None
