@@ -1,24 +1,28 @@
 """Labels as users have them, measured: several labels a text (GoEmotions), a rare class (SST-2 with 95% of its
-positives dropped) and calibration (SST-2), this model beside TF-IDF + logistic regression, all scored here.
+positives dropped) and calibration (SST-2, IMDB), this model beside TF-IDF + logistic regression, all scored here.
 
-    python -m bench.labels files --out runs/labels              # writes the imbalanced SST-2 files
+    python -m bench.labels files --out runs/labels              # writes the imbalanced SST-2 file
     python -m bench.labels peers --out runs/labels              # the TF-IDF rows (a few minutes)
-    python -m bench.labels score --out runs/labels --run goemotions=RUN --run sst2_imbalanced=RUN --run sst2=RUN
+    python -m bench.labels teacher --out runs/labels            # the multi-label teacher's solvers (5 minutes)
+    python -m bench.labels score --out runs/labels --run goemotions=RUN --run sst2_imbalanced=RUN --run sst2=RUN \
+        --run imdb=RUN                                          # each run's row, its peers (peers.json) beneath
 
-The model's runs (train.py, no config; `make`-free commands in docs/LABELS.md):
+The model's runs (train.py, no config; RUN: the run's folder, e.g. lightning_logs/version_0):
     goemotions        python train.py fit --data.dataset goemotions
     sst2_imbalanced   python train.py fit --data.train_file runs/labels/sst2_imbalanced_train.tsv \
                           --data.val_file $ATTENTION_DATA_ROOT/sst2/validation.tsv --data.text_column sentence
-    sst2              python train.py fit --data.train_file $ATTENTION_DATA_ROOT/sst2/train.tsv \
-                          --data.val_file runs/labels/sst2_calibration.tsv \
-                          --data.test_file runs/labels/sst2_report.tsv --data.text_column sentence
-                      (calibrated on one half of SST-2's validation split, reported on the other: write_sst2_halves)
+    sst2              python train.py fit
+    imdb              python train.py fit --data.dataset imdb
 
 Splits: GoEmotions reports test, thresholds (this model's and the tuned peer's) chosen on validation only.
 Imbalanced SST-2 is trained on train less 95% of its positives (seed 0), validated and reported on the whole
 validation split (nothing is tuned on it beyond checkpoint selection, as for every SST-2 figure here).
-A run's figure is its best checkpoint (RUN: a run folder) read by the Python API (TextClassifier), so the stored
-thresholds and temperature are the ones applied.
+Calibration: the temperature a run stores is fitted on its validation split. IMDB reports ECE on its test split
+(25,000 reviews, never seen in training). SST-2 has no labelled test split, so its ECE is cross-fitted on its
+validation split (872 sentences): cut in two stratified halves (seed 0), each half's probabilities divided by the
+temperature fitted on the other half, the ECE taken over all 872 (no text is scored with a temperature fitted on it).
+A run's figure is its best checkpoint read by the Python API (TextClassifier), so the stored thresholds and
+temperature are the ones applied.
 """
 
 import argparse
@@ -34,8 +38,8 @@ from data.sources import load_splits, local_copy_dir
 DROPPED_SHARE, DROP_SEED = 0.95, 0
 
 
-def goemotions():
-    return load_splits(dataset="goemotions", data_dir=None, train_file=None, val_file=None, test_file=None,
+def registered(dataset: str):
+    return load_splits(dataset=dataset, data_dir=None, train_file=None, val_file=None, test_file=None,
                        text_column=None, label_column=None, val_fraction=0.1, seed=0)
 
 
@@ -50,21 +54,6 @@ def write_imbalanced_sst2(out: Path) -> Path:
     path = out / "sst2_imbalanced_train.tsv"
     path.write_text("\n".join([header, *kept]) + "\n", encoding="utf-8")
     return path
-
-
-def write_sst2_halves(out: Path) -> tuple[Path, Path]:
-    """SST-2's validation split cut in two halves, stratified (seed 0): calibration (the run's validation: early
-    stopping, checkpoint and temperature) and report (its test). Sentences like the report's: training phrases
-    are shorter and surer, so a temperature fitted on them would not carry over."""
-    from data.sources import stratified_split
-
-    lines = (local_copy_dir("sst2", None) / "validation.tsv").read_text(encoding="utf-8").splitlines()
-    header, rows = lines[0], lines[1:]
-    calibrate, report = stratified_split([row.rsplit("\t", 1)[1] for row in rows], 0.5, DROP_SEED)
-    paths = out / "sst2_calibration.tsv", out / "sst2_report.tsv"
-    for path, part in zip(paths, (calibrate, report)):
-        path.write_text("\n".join([header, *(rows[i] for i in part)]) + "\n", encoding="utf-8")
-    return paths
 
 
 def imbalanced_sst2(out: Path):
@@ -105,7 +94,7 @@ def goemotions_peers() -> dict:
 
     from data.teacher import ngram_features
 
-    splits = goemotions()
+    splits = registered("goemotions")
     n = len(splits.label_names)
     y = {split: multi_hot(sets, n) for split, sets in splits.labels.items()}
     vectorizer = ngram_features(splits.texts["train"])
@@ -121,6 +110,39 @@ def goemotions_peers() -> dict:
         rows[f"{name}, cuts 0.5"] = f1s((p["test"] >= 0.5).astype(int), y["test"])
         cuts = tuned_thresholds(p["validation"], y["validation"])
         rows[f"{name}, cuts tuned on validation"] = f1s((p["test"] >= cuts).astype(int), y["test"])
+    return rows
+
+
+def teacher_solvers() -> dict:
+    """The multi-label n-gram teacher's logistic regressions (data/teacher.py) fitted once on GoEmotions' training
+    split with each solver, scored on validation: fit time, macro-F1 at cuts 0.5 and at cuts tuned there, mean BCE."""
+    import time
+
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import log_loss
+    from sklearn.multiclass import OneVsRestClassifier
+
+    from data.teacher import ngram_features
+
+    splits = registered("goemotions")
+    n = len(splits.label_names)
+    y = {split: multi_hot(sets, n) for split, sets in splits.labels.items()}
+    vectorizer = ngram_features(splits.texts["train"])
+    x_train = vectorizer.fit_transform(splits.texts["train"])
+    x_val = vectorizer.transform(splits.texts["validation"])
+    rows = {}
+    for name, settings in {"lbfgs": {"max_iter": 2000}, "liblinear": {"solver": "liblinear"},
+                           "liblinear balanced": {"solver": "liblinear", "class_weight": "balanced"}}.items():
+        start = time.perf_counter()
+        model = OneVsRestClassifier(LogisticRegression(C=4.0, **settings)).fit(x_train, y["train"])
+        seconds = time.perf_counter() - start
+        p = model.predict_proba(x_val)
+        cuts = tuned_thresholds(p, y["validation"])
+        bce = [log_loss(y["validation"][:, j], p[:, j], labels=[0, 1]) for j in range(n)]
+        rows[name] = {"fit_s": seconds,
+                      "macro_f1 cuts 0.5": f1s((p >= 0.5).astype(int), y["validation"])["macro_f1"],
+                      "macro_f1 cuts tuned": f1s((p >= cuts).astype(int), y["validation"])["macro_f1"],
+                      "mean_bce": float(np.mean(bce))}
     return rows
 
 
@@ -144,6 +166,10 @@ def imbalanced_peers(out: Path) -> dict:
     return rows
 
 
+SCORED = {"goemotions": "test", "sst2_imbalanced": "validation", "sst2": "validation", "imdb": "test"}
+PEERS = {"goemotions": "goemotions (test)", "sst2_imbalanced": "sst2_imbalanced (validation)"}
+
+
 def score_run(name: str, run: str, out: Path) -> dict:
     """The best checkpoint of `run`, through TextClassifier (stored thresholds and temperature applied)."""
     import torch
@@ -151,17 +177,11 @@ def score_run(name: str, run: str, out: Path) -> dict:
     from inference import TextClassifier
     from training.calibration import expected_calibration_error
 
+    if name not in SCORED:
+        raise SystemExit(f"--run {name}=...: the name must be one of {', '.join(SCORED)}")
     checkpoint = best_checkpoint(run)
-    classifier = TextClassifier.from_checkpoint(checkpoint, device="cpu")
-    if name == "goemotions":
-        splits, split = goemotions(), "test"
-    elif name == "sst2_imbalanced":
-        splits, split = imbalanced_sst2(out), "validation"
-    else:
-        splits = load_splits(dataset="sst2", data_dir=None, train_file=str(out / "sst2_calibration.tsv"),
-                             val_file=str(out / "sst2_report.tsv"), test_file=None, text_column="sentence",
-                             label_column="label", val_fraction=0.1, seed=0)
-        split = "validation"  # the report half
+    classifier = TextClassifier.from_checkpoint(checkpoint, device="cuda" if torch.cuda.is_available() else "cpu")
+    splits, split = imbalanced_sst2(out) if name == "sst2_imbalanced" else registered(name), SCORED[name]
     predictions = classifier.predict(splits.texts[split])
     probabilities = torch.tensor([list(p.probabilities.values()) for p in predictions])
     names = classifier.label_names
@@ -178,25 +198,48 @@ def score_run(name: str, run: str, out: Path) -> dict:
         row = {"macro_f1": float(f1_score(truth, predicted, average="macro")),
                "accuracy": float(np.mean([a == b for a, b in zip(truth, predicted)]))}
         index = torch.tensor([names.index(label) for label in truth])
-        row["ece"] = expected_calibration_error(probabilities, index, False)
-        uncalibrated = (probabilities.log() * classifier.temperature).softmax(-1)  # the logits' own softmax
-        row["ece_before_temperature"] = expected_calibration_error(uncalibrated, index, False)
+        logits = probabilities.double().clamp(min=1e-300).log() * classifier.temperature  # up to a constant a row
+        held_out = split == "test"  # else the split the stored temperature was fitted on
+        row["ece" if held_out else "ece_on_the_split_fitted"] = expected_calibration_error(probabilities, index, False)
+        row["ece_before_temperature"] = expected_calibration_error(logits.softmax(-1), index, False)
         row["temperature"] = classifier.temperature
+        if name == "sst2":
+            row["ece_cross_fitted"], temperatures = cross_fitted_ece(logits, index)
+            row["temperatures_of_the_halves"] = " / ".join(f"{t:.3f}" for t in temperatures)
     row["checkpoint"] = str(checkpoint)
     return row
+
+
+def cross_fitted_ece(logits, labels, seed: int = DROP_SEED) -> tuple[float, list[float]]:
+    """ECE of all these texts, each half's (stratified, seed) probabilities calibrated by the temperature fitted on
+    the other half; and the two temperatures."""
+    import torch
+
+    from data.sources import stratified_split
+    from training.calibration import expected_calibration_error, fit_temperature
+
+    halves = stratified_split(labels.tolist(), 0.5, seed)
+    calibrated, temperatures = torch.empty_like(logits), []
+    for fitted, applied in (halves, halves[::-1]):
+        temperature = fit_temperature(logits[fitted], labels[fitted])
+        calibrated[applied] = (logits[applied] / temperature).softmax(-1)
+        temperatures.append(temperature)
+    return expected_calibration_error(calibrated.float(), labels, False), temperatures
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.labels", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["files", "peers", "score"])
+    parser.add_argument("what", choices=["files", "peers", "score", "teacher"])
     parser.add_argument("--out", default="runs/labels", type=Path)
     parser.add_argument("--run", action="append", default=[], metavar="NAME=RUN_FOLDER")
     args = parser.parse_args(argv)
     if args.what == "files":
-        print(write_imbalanced_sst2(args.out), *write_sst2_halves(args.out))
+        print(write_imbalanced_sst2(args.out))
         return
-    if args.what == "peers":
+    if args.what == "teacher":
+        results = {"goemotions teacher, validation": teacher_solvers()}
+    elif args.what == "peers":
         if not (args.out / "sst2_imbalanced_train.tsv").exists():
             write_imbalanced_sst2(args.out)
         results = {"sst2_imbalanced (validation)": imbalanced_peers(args.out)}
@@ -204,11 +247,16 @@ def main(argv=None):
         results["goemotions (test)"] = goemotions_peers()
     else:
         results = {}
+        peers = json.loads((args.out / "peers.json").read_text()) if (args.out / "peers.json").exists() else {}
         for item in args.run:
             name, run = item.split("=", 1)
             results[f"{name}: this model, no config"] = score_run(name, run, args.out)
+            if PEERS.get(name) in peers:  # beside its peers (python -m bench.labels peers)
+                results[f"{name}: peers"] = peers[PEERS[name]]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.what}.json").write_text(json.dumps(results, indent=2) + "\n")
+    path = args.out / f"{args.what}.json"
+    earlier = json.loads(path.read_text()) if args.what == "score" and path.exists() else {}
+    path.write_text(json.dumps(earlier | results, indent=2) + "\n")  # runs scored one at a time add up
     show(results)
 
 

@@ -128,10 +128,17 @@ def out_of_fold_label_probabilities(texts, label_sets, num_classes, folds, seed,
         try:
             vectorizer = ngram_features(list(texts[fitted]))
             x = vectorizer.fit_transform(texts[fitted])
+            # Canonical (sorted, no duplicates): the label fits' processes get it read-only, and liblinear's input
+            # check would otherwise sort it in place.
+            x.sum_duplicates()
         except ValueError:
             raise DataError(f"{source}: the n-gram teacher found no words in the training texts; check text_column "
                             "or train without the teacher: --data.teacher null --model.distillation 0") from None
-        teacher = OneVsRestClassifier(LogisticRegression(C=C, max_iter=2000)).fit(x, y[fitted][:, present])
+        # liblinear: one yes/no fit per label is what it is made for; on GoEmotions (28 labels, 35k texts a fold)
+        # it fits in a fifth of lbfgs' time, its validation macro-F1 no lower (docs/LABELS.md "The n-gram teacher").
+        # The labels' fits are independent: one process each, as many at once as torch may use threads.
+        teacher = OneVsRestClassifier(LogisticRegression(C=C, solver="liblinear"), n_jobs=torch.get_num_threads())
+        teacher.fit(x, y[fitted][:, present])
         probabilities[np.ix_(scored, present)] = teacher.predict_proba(vectorizer.transform(texts[scored]))
     log.info("n-gram teacher: out-of-fold label probabilities for %d training texts (%d folds, %.0f s)", len(texts),
              folds, time.perf_counter() - start)

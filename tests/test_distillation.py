@@ -49,6 +49,30 @@ def test_teacher_probabilities_are_out_of_fold():
     assert in_sample > 0.95  # the same teacher scoring its own training texts
 
 
+@pytest.mark.slow
+def test_the_several_labels_teacher_learns_each_labels_word_out_of_fold():
+    # Each label has its word; a text carries 0-2 labels. Enough texts that the parallel label fits get the n-gram
+    # matrix memory-mapped, read-only (joblib does so above 1 MB).
+    rng = random.Random(0)
+    texts, sets = [], []
+    for _ in range(3000):
+        labels = sorted(rng.sample(range(3), rng.randrange(3)))
+        filler = " ".join(f"w{rng.randrange(2000)}" for _ in range(30))
+        texts.append(f"{filler} {' '.join(['red', 'green', 'blue'][c] for c in labels)}")
+        sets.append(labels)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # two label fits at a time
+    try:
+        probabilities = out_of_fold_probabilities(texts, sets, num_classes=3)
+    finally:
+        torch.set_num_threads(threads)
+    truth = torch.zeros(3000, 3)
+    for row, labels in enumerate(sets):
+        truth[row, labels] = 1
+    assert probabilities.shape == (3000, 3)
+    assert ((probabilities >= 0.5) == truth.bool()).float().mean() > 0.95  # each column its label's probability
+
+
 def test_a_class_with_one_text_still_gets_a_teacher():
     texts = ["good film", "great film", "fine film", "bad film", "lovely film", "nice film"]
     probabilities = out_of_fold_probabilities(texts, [1, 1, 1, 0, 1, 1], num_classes=2)

@@ -137,6 +137,16 @@ def test_thresholds_maximise_each_labels_f1():
     assert figures["f1"] == 1.0 and figures["acc"] == 1.0
 
 
+def test_a_threshold_is_the_middle_of_the_tied_best_cuts():
+    # Every cut from 0.21 to 0.80 separates these texts (F1 1); the middle stays clear of both sides, where the
+    # lowest would answer yes to a new text at 0.22, a hair surer than the negative at 0.20.
+    probabilities = torch.tensor([[0.90, 0.6], [0.80, 0.2], [0.20, 0.9], [0.10, 0.1]])
+    truth = torch.tensor([[1, 0], [1, 0], [0, 1], [0, 0]])
+    cuts = calibration.fit_thresholds(probabilities, truth)
+    assert cuts[0] == pytest.approx((0.21 + 0.80) / 2, abs=0.006)
+    assert cuts[1] == pytest.approx((0.61 + 0.90) / 2, abs=0.006)  # above the negative at 0.6, up to the positive
+
+
 def calibrated_checkpoint(tmp_path, multi_label: bool):
     classifier = tiny_classifier()
     path = save_checkpoint(classifier, tmp_path / "c.ckpt")

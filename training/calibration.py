@@ -4,8 +4,8 @@ precision/recall/F1 and the confusion matrix, and their two figures.
 
 Temperature scaling (Guo et al. 2017): one number T divides the logits, fitted to minimise the negative
 log-likelihood on validation; argmax and accuracy are unchanged, only how sure the probabilities are.
-Thresholds (several labels a text): each label's cut on its sigmoid probability, the one of THRESHOLD_GRID with the
-best F1 on validation: a rare label's best cut is far below 0.5.
+Thresholds (several labels a text): each label's cut on its sigmoid probability, one with the best F1 on validation
+(the middle of the best cuts of THRESHOLD_GRID): a rare label's best cut is far below 0.5.
 """
 
 import torch
@@ -33,13 +33,19 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor, steps: int = 100
         return loss
 
     optimizer.step(closure)
-    temperature = float(log_t.exp())
+    temperature = float(log_t.detach().exp())
     return temperature if 1e-2 <= temperature <= 1e2 else 1.0  # a degenerate fit (one class only): no scaling
 
 
 def fit_thresholds(probabilities: torch.Tensor, labels: torch.Tensor) -> list[float]:
-    """Per label, the cut of THRESHOLD_GRID with the best F1 on these (N, C) probabilities; 0.5 for a label
-    without a positive here (its F1 is 0 whatever the cut)."""
+    """Per label, a cut with the best F1 on these (N, C) probabilities; 0.5 for a label without a positive here (its
+    F1 is 0 whatever the cut).
+
+    Many cuts of THRESHOLD_GRID often tie: every cut between the same two validation probabilities makes the same
+    answers. The cut chosen is the middle of the widest run of neighbouring best cuts (the lowest such run if two
+    are as wide), as far as the grid allows from the validation texts on either side, so a new text a little less
+    or a little more sure than those is answered as they were. The lowest best cut would sit just above a negative
+    text and take in any new text barely surer than it."""
     grid = THRESHOLD_GRID.to(probabilities)
     predicted = probabilities.unsqueeze(-1) >= grid  # (N, C, T)
     truth = labels.bool().unsqueeze(-1)
@@ -47,8 +53,22 @@ def fit_thresholds(probabilities: torch.Tensor, labels: torch.Tensor) -> list[fl
     fp = (predicted & ~truth).sum(0).float()
     fn = (~predicted & truth).sum(0).float()
     f1 = 2 * tp / (2 * tp + fp + fn).clamp(min=1)
-    best = grid[f1.argmax(-1)]
-    return torch.where(labels.sum(0) > 0, best, torch.full_like(best, 0.5)).tolist()
+    best = f1 >= f1.max(-1, keepdim=True).values - 1e-6  # (C, T): the cuts tied at the best F1
+    cuts = []
+    for row, has_positive in zip(best.tolist(), (labels.sum(0) > 0).tolist()):
+        if not has_positive:
+            cuts.append(0.5)
+            continue
+        runs, start = [], None  # (length, first, last) of each run of neighbouring best cuts
+        for i, tied in enumerate(row + [False]):
+            if tied and start is None:
+                start = i
+            elif not tied and start is not None:
+                runs.append((i - start, -start, i - 1))
+                start = None
+        _, first, last = max(runs)
+        cuts.append(round(float(grid[-first] + grid[last]) / 2, 4))
+    return cuts
 
 
 def label_sets(probabilities: torch.Tensor, thresholds) -> torch.Tensor:
