@@ -225,11 +225,12 @@ def sizes(args) -> dict:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    header = ("| texts | set-up s | peak RSS to 1st step, MiB | peak RSS, MiB | train texts/s | cache MiB | Arrow copy MiB "
-              "| load |")
+    header = ("| texts | set-up s | peak RSS to 1st step, MiB | peak RSS, MiB | train texts/s | cache MiB "
+              "| Arrow copy MiB | load |")
     table = [header, "|---:|---:|---:|---:|---:|---:|---:|---:|"] + [
         f"| {r['texts']:,} | {r['setup_seconds']} | {r['peak_rss_first_step_mib']} | {r['peak_rss_mib']} | "
-        f"{r['train_texts_per_second']} | {r['cache_mib']} | {r['arrow_mib']} | {r['load_average_1min']} |" for r in rows]
+        f"{r['train_texts_per_second']} | {r['cache_mib']} | {r['arrow_mib']} | {r['load_average_1min']} |"
+        for r in rows]
     print("\n".join(table), file=sys.stderr)
     return {"target": "sizes", "rows": rows, "returncode": max((r["returncode"] for r in rows), default=0)}
 

@@ -28,8 +28,8 @@ from data.labels import class_counts, describe_counts, is_imbalanced, multi_hot
 from data.sources import DataError, Splits, load_splits, local_copy_dir
 from data.progress import progress_bar
 from data.teacher import out_of_fold_probabilities
-from data.tokenizer import (FIRST_WORD_ID, KINDS, SPECIAL_TOKENS, UNK_ID, CutTexts, cut, load_tokenizer, pad, stored_form,
-                            train_tokenizer, word_counts)
+from data.tokenizer import (FIRST_WORD_ID, KINDS, SPECIAL_TOKENS, UNK_ID, CutTexts, cut, load_tokenizer, pad,
+                            stored_form, train_tokenizer, word_counts)
 
 log = logging.getLogger(__name__)
 NO_TEST_SPLIT = ("no test split (SST-2's test labels are not public: its held-out figure is `validate`): give "
@@ -73,7 +73,8 @@ class EncodedSplit(Dataset):
         many times the memory of its ids. The ids go to a scratch file as they come and are read from it
         memory-mapped: a million long texts have a GB of them, never held in memory."""
         lengths = [0]
-        with tempfile.TemporaryFile(prefix="encoded-") as scratch, progress_bar(len(texts), f"encoding {name}") as progress:
+        progress = progress_bar(len(texts), f"encoding {name}")
+        with tempfile.TemporaryFile(prefix="encoded-") as scratch, progress:
             for at in range(0, len(texts), ENCODE_CHUNK):
                 chunk = cut(texts[at : at + ENCODE_CHUNK], max_length)
                 encoded = [e.ids or [UNK_ID] for e in tokenizer.encode_batch(chunk)]  # only unknown symbols → [UNK]
@@ -436,8 +437,8 @@ class TextDataModule(L.LightningDataModule):
     def _train_tokenizer(self, splits: Splits, vocab_size: int, max_length: int):
         hp = self.hparams
         return train_tokenizer(
-            CutTexts(splits.texts["train"], max_length), vocab_size=vocab_size, max_length=max_length, kind=hp.tokenizer,
-            split_cjk=hp.split_cjk, split_punctuation=hp.split_punctuation,
+            CutTexts(splits.texts["train"], max_length), vocab_size=vocab_size, max_length=max_length,
+            kind=hp.tokenizer, split_cjk=hp.split_cjk, split_punctuation=hp.split_punctuation,
         )
 
     def _sizes(self, splits: Splits) -> tuple[int, int, list[str]]:

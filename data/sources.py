@@ -123,8 +123,8 @@ def check_utf8(path: Path) -> None:
 
 def read_table(path: Path, text_column: str, label_column: str | list[str] | None) -> tuple["TextColumn", list | None]:
     """Texts and raw labels (None when label_column is None) of one CSV/TSV/JSON/JSONL/parquet file, read with
-    `datasets` into its memory-mapped Arrow cache. A list of label columns is one 0/1 column per label: each row's labels are the set of the columns
-    holding 1 (data/labels.py).
+    `datasets` into its memory-mapped Arrow cache. A list of label columns is one 0/1 column per label: each row's
+    labels are the set of the columns holding 1 (data/labels.py).
 
     CSV/TSV cells of the two columns are read as the file's own text: pandas would otherwise read a column of
     numbers as numbers ("007" → 7, a text "42" → 42) and the labels "01", "10" as 1 and 10. JSON and parquet keep

@@ -52,7 +52,8 @@ def test_an_own_file_is_read_and_encoded_a_chunk_at_a_time(tmp_path, monkeypatch
                          text_column=None, label_column=None, val_fraction=0.1, seed=0)
     assert all(isinstance(texts, TextColumn) for texts in splits.texts.values())
     assert sorted(list(splits.texts["train"]) + list(splits.texts["validation"])) == sorted(t for t, _ in rows(6))
-    as_list = EncodedSplit.encode(built.tokenizer, list(splits.texts["train"]), splits.labels["train"], built.max_length)
+    train = list(splits.texts["train"])
+    as_list = EncodedSplit.encode(built.tokenizer, train, splits.labels["train"], built.max_length)
     assert torch.equal(built.split("train").ids, as_list.ids)
 
 
