@@ -267,3 +267,11 @@ def test_without_a_recorded_score_last_ckpt_else_a_one_line_error(tmp_path):
 
 def test_best_checkpoint_of_a_real_run_is_the_one_train_py_named_best(smoke_run):
     assert best_checkpoint(smoke_run.run) == smoke_run.best
+
+
+def test_ddp_bench_refuses_a_batch_two_ranks_cannot_halve(capsys):
+    from bench import ddp
+
+    with pytest.raises(SystemExit):
+        ddp.main(["--batch-size", "33", "--seeds", "0"])
+    assert "must be even" in capsys.readouterr().err
