@@ -206,8 +206,22 @@ def score_run(name: str, run: str, out: Path) -> dict:
         if name == "sst2":
             row["ece_cross_fitted"], temperatures = cross_fitted_ece(logits, index)
             row["temperatures_of_the_halves"] = " / ".join(f"{t:.3f}" for t in temperatures)
+        row["ece_if_calibrated"] = ece_of_a_calibrated_model(probabilities)
     row["checkpoint"] = str(checkpoint)
     return row
+
+
+def ece_of_a_calibrated_model(probabilities, draws: int = 200, seed: int = 0) -> float:
+    """The ECE a perfectly calibrated model with these probabilities would show on this many texts: the mean over
+    `draws` label sets drawn from the probabilities themselves. On a few hundred texts it is far from 0 (each bin's
+    share right is itself a noisy estimate), which says how small a measured ECE can be told apart from none."""
+    import torch
+
+    from training.calibration import expected_calibration_error
+
+    generator = torch.Generator().manual_seed(seed)
+    return float(sum(expected_calibration_error(probabilities, torch.multinomial(probabilities, 1, generator=generator)
+                                                .squeeze(-1), False) for _ in range(draws)) / draws)
 
 
 def cross_fitted_ece(logits, labels, seed: int = DROP_SEED) -> tuple[float, list[float]]:
