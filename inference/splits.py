@@ -20,4 +20,4 @@ def checkpoint_split(path, split: str, checkpoint: dict | None = None) -> tuple[
     splits = load_splits(**{key: settings.get(key) for key in SPLIT_KEYS})
     if split not in splits.texts:
         raise ValueError(f"split {split!r} not found; the data has {', '.join(splits.texts)}")
-    return splits.texts[split], splits.labels[split], splits.label_names
+    return list(splits.texts[split]), splits.labels[split], splits.label_names
