@@ -34,7 +34,9 @@ from data.tokenizer import (FIRST_WORD_ID, KINDS, SPECIAL_TOKENS, UNK_ID, CutTex
 log = logging.getLogger(__name__)
 NO_TEST_SPLIT = ("no test split (SST-2's test labels are not public: its held-out figure is `validate`): give "
                  "data.test_file, or use a dataset with a labelled test split")
-CACHE_VERSION = 5  # part of the cache key: bump it when tokenization or the splits change
+CACHE_VERSION = 6  # part of the cache key: bump it when tokenization, the splits or the teacher's output change
+# 6: the multi-label teacher's fits changed (liblinear, one process a label) without a bump; the teacher hashes its
+#    n-grams on samples over data.teacher.EXACT_CHARS characters (none of the shipped datasets).
 
 # Adaptive sizes (data.max_length / data.vocab_size left unset), chosen from the training split alone:
 LENGTH_PERCENTILE = 100  # max_length covers the longest training text (batches are padded only to their longest

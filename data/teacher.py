@@ -23,6 +23,11 @@ log = logging.getLogger(__name__)
 FOLDS = 5
 SAMPLE = 100_000  # most texts fitted on: SST-2's 67k phrases and IMDB's 22.5k reviews whole
 CHUNK = 10_000  # texts turned into n-grams and scored at a time
+# Most characters of fitted texts for the exact TF-IDF vocabulary (a Python dict of every n-gram seen, and a
+# fitted matrix as wide): every dataset shipped here is below it (IMDB's 25,000 training reviews: 33M characters,
+# SST-2 3.6M, ChnSentiCorp 1.0M). Above it the n-grams are hashed into HASH_FEATURES columns (HashedNgrams).
+EXACT_CHARS = 40_000_000
+HASH_FEATURES = 2**20
 
 
 def is_cjk(texts: list[str], sample: int = 200) -> bool:
@@ -31,29 +36,68 @@ def is_cjk(texts: list[str], sample: int = 200) -> bool:
     return sum("\u3040" <= c <= "\u9fff" or "\uac00" <= c <= "\ud7af" for c in joined) > 0.3 * max(1, len(joined))
 
 
+def ngram_settings(texts) -> dict:
+    """Character 1-3-grams for CJK text, else word 1-2-grams."""
+    if is_cjk(texts):
+        return {"analyzer": "char", "ngram_range": (1, 3)}
+    return {"analyzer": "word", "ngram_range": (1, 2), "token_pattern": r"(?u)\b\w+\b"}
+
+
 def ngram_features(texts: list[str]):
-    """A TF-IDF vectorizer for these texts: character 1-3-grams for CJK text, else word 1-2-grams."""
+    """A TF-IDF vectorizer for these texts (ngram_settings)."""
     from sklearn.feature_extraction.text import TfidfVectorizer
 
-    if is_cjk(texts):
-        return TfidfVectorizer(analyzer="char", ngram_range=(1, 3), sublinear_tf=True)
-    return TfidfVectorizer(analyzer="word", ngram_range=(1, 2), sublinear_tf=True, token_pattern=r"(?u)\b\w+\b")
+    return TfidfVectorizer(**ngram_settings(texts), sublinear_tf=True)
 
 
-def fit_ngram_teacher(texts, labels, C: float = 4.0, class_weight: str | None = None):
+class HashedNgrams:
+    """TF-IDF of the same n-grams (ngram_settings), each counted in one of HASH_FEATURES columns chosen by its hash:
+    no vocabulary is kept, so memory grows with the texts of a chunk, not with the n-grams seen; texts are counted
+    CHUNK at a time. Weighted as TfidfVectorizer weighs them (sublinear tf, smoothed idf from the fitted texts, rows
+    of unit length); float32."""
+
+    def __init__(self, texts):
+        from sklearn.feature_extraction.text import HashingVectorizer, TfidfTransformer
+
+        self.hasher = HashingVectorizer(**ngram_settings(texts), n_features=HASH_FEATURES, alternate_sign=False,
+                                        norm=None, dtype=np.float32)
+        self.tfidf = TfidfTransformer(sublinear_tf=True)
+
+    def counts(self, texts):
+        import scipy.sparse
+
+        return scipy.sparse.vstack([self.hasher.transform(texts[at : at + CHUNK])
+                                    for at in range(0, len(texts), CHUNK)], format="csr")
+
+    def fit_transform(self, texts):
+        counts = self.counts(texts)
+        if not counts.nnz:
+            raise ValueError("empty vocabulary")  # as TfidfVectorizer says it
+        self.tfidf.fit(counts)
+        # Columns no fitted text has: weight 0, so that n-grams unseen in fitting count for nothing, as with the exact
+        # vocabulary (which drops them), instead of diluting each text's unit length with their large idf.
+        self.tfidf.idf_ = np.where(np.bincount(counts.indices, minlength=counts.shape[1]) > 0, self.tfidf.idf_, 0)
+        return self.tfidf.transform(counts, copy=False)
+
+    def transform(self, texts):
+        return self.tfidf.transform(self.counts(texts), copy=False)
+
+
+def fit_ngram_teacher(texts, labels, C: float = 4.0, class_weight: str | None = None, hashed: bool = False):
     """The recipe, written once (the teacher here, the TF-IDF peer of bench/accuracy.py): TF-IDF n-grams
-    (ngram_features) + logistic regression fitted on these texts (class_weight: sklearn's, "balanced" for
-    imbalanced classes). Returns (vectorizer, classifier); sklearn's ValueError when the texts hold no n-gram."""
+    (ngram_features; hashed: HashedNgrams) + logistic regression fitted on these texts (class_weight: sklearn's,
+    "balanced" for imbalanced classes). Returns (vectorizer, classifier); sklearn's ValueError when the texts hold no
+    n-gram."""
     from sklearn.linear_model import LogisticRegression
 
-    vectorizer = ngram_features(list(texts))
+    vectorizer = HashedNgrams(texts) if hashed else ngram_features(list(texts))
     x = vectorizer.fit_transform(texts)
     return vectorizer, LogisticRegression(C=C, max_iter=2000, class_weight=class_weight).fit(x, labels)
 
 
 def out_of_fold_probabilities(texts, labels: list[int], num_classes: int, folds: int = FOLDS, seed: int = 0,
                               C: float = 4.0, source: str = "train", sample: int = SAMPLE,
-                              class_weight: str | None = None) -> torch.Tensor:
+                              class_weight: str | None = None, exact_chars: int = EXACT_CHARS) -> torch.Tensor:
     """(N, num_classes) float32 probabilities of an n-gram teacher for each training text, each from a teacher
     that did not see it (stratified folds, fixed by `seed`). `texts`: a TextColumn or a list of strings. `source`
     names the texts' file in errors.
@@ -61,6 +105,9 @@ def out_of_fold_probabilities(texts, labels: list[int], num_classes: int, folds:
     At most `sample` texts (a seeded sample when there are more) are fitted on, in folds: the n-gram vocabulary and
     the fitted matrix grow with the texts, the rest does not. Texts outside the sample are scored by one of the fold
     teachers each, CHUNK texts at a time, so memory stays bounded and time grows linearly beyond the sample.
+    The rule for the n-grams: a sample of at most `exact_chars` characters (EXACT_CHARS, above every dataset shipped
+    here) gets the exact TF-IDF vocabulary, as the published accuracies were trained with; a larger one hashed n-grams
+    (HashedNgrams), whose memory does not grow with the vocabulary, so a fold's fit stays under about 1 GB.
     class_weight "balanced": the teacher weighs each class the same, as the student's loss does on imbalanced
     classes (model.class_weights), so its soft targets do not pull the student back to the commonest class."""
     try:
@@ -75,9 +122,11 @@ def out_of_fold_probabilities(texts, labels: list[int], num_classes: int, folds:
     y, n = np.asarray(labels), len(labels)
     chosen = np.arange(n) if n <= sample else np.sort(np.random.default_rng(seed).choice(n, sample, replace=False))
     rest = np.setdiff1d(np.arange(n), chosen, assume_unique=True)
-    log.info("n-gram teacher: scoring %d training texts out of fold (%d folds%s)", n, folds,
+    hashed = sum(len(text or "") for text in texts.take(chosen)) > exact_chars
+    log.info("n-gram teacher: scoring %d training texts out of fold (%d folds%s%s)", n, folds,
              f", fitted on a seeded sample of {len(chosen)}; each other text scored by one fold's teacher"
-             if len(rest) else "")
+             if len(rest) else "", f"; n-grams hashed into {HASH_FEATURES} columns: over {exact_chars:,} characters"
+             if hashed else "")
     # Fewer folds when a class is rarer than the folds (StratifiedKFold needs a member of each class per fold).
     y_chosen = y[chosen]
     folds = max(2, min(folds, int(np.bincount(y_chosen, minlength=num_classes)[np.unique(y_chosen)].min())))
@@ -92,12 +141,16 @@ def out_of_fold_probabilities(texts, labels: list[int], num_classes: int, folds:
                 probabilities[np.ix_(scored, classes)] = 1.0
                 progress.update(len(scored))
                 continue
+            fit_start = time.perf_counter()
             try:
-                vectorizer, teacher = fit_ngram_teacher(list(texts.take(fitted)), y[fitted], C, class_weight)
+                fitted_texts = texts.take(fitted) if hashed else list(texts.take(fitted))  # hashed: read by chunks
+                vectorizer, teacher = fit_ngram_teacher(fitted_texts, y[fitted], C, class_weight, hashed)
             except ValueError:  # sklearn: "empty vocabulary"
                 raise DataError(f"{source}: the n-gram teacher found no words in the training texts; check "
                                 "text_column or train without the teacher: --data.teacher null --model.distillation 0"
                                 ) from None
+            log.info("n-gram teacher: fold %d of %d fitted on %d texts (%.0f s)", fold + 1, folds, len(fitted),
+                     time.perf_counter() - fit_start)
             for at in range(0, len(scored), CHUNK):
                 rows = scored[at : at + CHUNK]
                 # Columns in class-id order; a class absent from this fold's texts keeps probability 0.

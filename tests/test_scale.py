@@ -2,6 +2,7 @@
 cache), encoding in chunks, the teacher on a bounded sample, a bad row named in one line; the memory bench's figure."""
 
 import os
+import random
 import subprocess
 import sys
 import time
@@ -112,6 +113,46 @@ def test_the_teacher_fits_on_a_bounded_sample_and_scores_every_text(monkeypatch)
     assert torch.equal(out_of_fold_probabilities(TEXTS, LABELS, 2, folds=3, sample=60),
                        out_of_fold_probabilities(TEXTS, LABELS, 2, folds=3))  # all fit in the sample: no sampling
     assert fitted_sizes == [40] * 6
+
+
+def test_above_the_size_rule_the_teacher_hashes_its_n_grams_and_stays_out_of_fold(monkeypatch):
+    # As in test_distillation: each text one word of its own, its label a coin flip, so only a teacher that had seen
+    # a text could agree with its label much more often than half the time.
+    hashed_fits = []
+    fit = data.teacher.fit_ngram_teacher
+
+    def recording(texts, labels, C, class_weight, hashed):
+        hashed_fits.append(hashed)
+        return fit(texts, labels, C, class_weight, hashed)
+
+    monkeypatch.setattr(data.teacher, "fit_ngram_teacher", recording)
+    monkeypatch.setattr(data.teacher, "HASH_FEATURES", 2**14)  # fewer columns: a quicker fit, same path
+    rng = random.Random(1)
+    texts = [f"word{i} word{i}x" for i in range(300)]
+    labels = [rng.randrange(2) for _ in texts]
+    chars = sum(map(len, texts))
+    probabilities = out_of_fold_probabilities(texts, labels, 2, folds=3, exact_chars=chars - 1)
+    assert hashed_fits == [True] * 3
+    assert probabilities.shape == (300, 2) and torch.allclose(probabilities.sum(1), torch.ones(300))
+    assert 0.35 < (probabilities.argmax(1) == torch.tensor(labels)).float().mean().item() < 0.65
+    hashed_fits.clear()
+    out_of_fold_probabilities(texts, labels, 2, folds=3, exact_chars=chars)  # at the rule: the exact vocabulary
+    assert hashed_fits == [False] * 3
+
+
+def test_hashed_n_grams_are_the_exact_tf_idf_when_nothing_collides():
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    texts, unseen = ["a good film", "a bad film and a bad end", "good good"], ["a good end", "new words only"]
+    exact, hashed = data.teacher.ngram_features(texts), data.teacher.HashedNgrams(texts)
+    assert isinstance(exact, TfidfVectorizer)
+    for x, y in ((exact.fit_transform(texts), hashed.fit_transform(texts)), (exact.transform(unseen),
+                                                                             hashed.transform(unseen))):
+        # The same weights in other columns (no two n-grams share one here): each row's sorted nonzero values.
+        # An n-gram no fitted text has ("good end", "new words") weighs 0 in both.
+        for row in range(x.shape[0]):
+            weights = [torch.tensor(sorted(v for v in m[row].data if v), dtype=torch.float64) for m in (x, y)]
+            assert torch.allclose(*weights, atol=1e-6)
 
 
 def test_a_row_with_too_many_fields_is_named_in_one_line(tmp_path):
