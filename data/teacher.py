@@ -107,7 +107,8 @@ def out_of_fold_probabilities(texts, labels: list[int], num_classes: int, folds:
     teachers each, CHUNK texts at a time, so memory stays bounded and time grows linearly beyond the sample.
     The rule for the n-grams: a sample of at most `exact_chars` characters (EXACT_CHARS, above every dataset shipped
     here) gets the exact TF-IDF vocabulary, as the published accuracies were trained with; a larger one hashed n-grams
-    (HashedNgrams), whose memory does not grow with the vocabulary, so a fold's fit stays under about 1 GB.
+    (HashedNgrams), whose memory does not grow with the vocabulary (no config on 100k IMDB-length texts: 1.6 GB peak to
+    the first optimizer step, 3.6 GB with the exact vocabulary; docs/RESULTS.md "Memory and data size").
     class_weight "balanced": the teacher weighs each class the same, as the student's loss does on imbalanced
     classes (model.class_weights), so its soft targets do not pull the student back to the commonest class."""
     try:
