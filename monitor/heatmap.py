@@ -182,10 +182,17 @@ def attention_figure(
                 ax.set_title(panel_title(layer, head, verdicts), fontsize=8, **PLAIN_TEXT)
                 # Token labels on the outer edge of the grid only: every heatmap has the same tokens in the same
                 # places, and drawing hundreds of labels is most of the cost of an image.
+                # An inner panel gets no ticks at all: each tick is an object to lay out, even unlabelled.
                 columns = range(0, n_keys, key_step)
-                ax.set_xticks(columns, [key_labels[c] for c in columns] if layer == n_layers - 1 else [], rotation=90,
-                              fontsize=LABEL_FONT_SIZE, **PLAIN_TEXT)
-                ax.set_yticks(range(shown), labels if head == 0 else [], fontsize=LABEL_FONT_SIZE, **PLAIN_TEXT)
+                if layer == n_layers - 1:
+                    ax.set_xticks(columns, [key_labels[c] for c in columns], rotation=90, fontsize=LABEL_FONT_SIZE,
+                                  **PLAIN_TEXT)
+                else:
+                    ax.set_xticks([])
+                if head == 0:
+                    ax.set_yticks(range(shown), labels, fontsize=LABEL_FONT_SIZE, **PLAIN_TEXT)
+                else:
+                    ax.set_yticks([])
                 ax.tick_params(length=0, pad=1)
         axes[-1, 0].set_xlabel("key", fontsize=8)
         axes[-1, 0].set_ylabel("query", fontsize=8)
@@ -206,6 +213,31 @@ def figure_to_array(fig: Figure) -> np.ndarray:
     """(H, W, 3) uint8 RGB, e.g. for `SummaryWriter.add_image(tag, array, step, dataformats="HWC")`."""
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
     canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def freeze(fig: Figure, changing: list) -> object:
+    """Lays the figure out for good and draws its still parts once (tick labels, colour bar: most of the cost of a
+    drawing), everything but the `changing` artists; returns those pixels, the background `redraw` pastes."""
+    for artist in changing:
+        artist.set_animated(True)  # a full drawing leaves animated artists out
+    try:
+        fig.canvas.draw()
+    finally:
+        for artist in changing:
+            artist.set_animated(False)
+    fig.set_layout_engine("none")  # the background holds this layout: it must not move
+    return fig.canvas.copy_from_bbox(fig.bbox)
+
+
+def redraw(fig: Figure, background, changing: list) -> np.ndarray:
+    """The figure as figure_to_array gives it, drawing only the `changing` artists (in their order) over the
+    background `freeze` kept of the rest."""
+    canvas = fig.canvas
+    canvas.restore_region(background)
+    renderer = canvas.get_renderer()
+    for artist in changing:
+        artist.draw(renderer)
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 

@@ -10,7 +10,7 @@ import train
 from conftest import ONE_PROBE, PROBE_TEXT, QUIET, SMOKE, SMOKE_EPOCHS
 from monitor.callback import AttentionMonitor, pick_probes
 from monitor.health import AttentionHealth
-from monitor.heatmap import figure_to_array
+from monitor.heatmap import figure_to_array, redraw
 
 FIGURES = ("entropy", "max_weight", "score_std", "gradient_pass", "pad_weight", "row_sum_error")
 
@@ -153,6 +153,17 @@ def test_a_reused_probe_figure_shows_the_new_weights_of_real_tokens_only():
     for image, expected in zip(images, second[:, :, :5, :5].flatten(0, 1)):
         assert torch.allclose(torch.as_tensor(image.data), expected)
     assert figure.get_suptitle() == "epoch 1 (first 5 of 6 tokens)"
+
+
+def test_a_redrawn_probe_has_the_pixels_of_a_full_drawing():
+    """log_probes draws only the weights, frames and titles over the background kept of the first drawing."""
+    monitor = AttentionMonitor(max_tokens=6)
+    tokens, padding = [f"t{i}" for i in range(8)], torch.arange(8) >= 7
+    monitor.probe_figure(0, torch.rand(2, 3, 8, 8).softmax(-1), tokens, "epoch 0", padding)
+    figure = monitor.probe_figure(0, torch.rand(2, 3, 8, 8).softmax(-1), tokens, "epoch 1, a longer heading",
+                                  padding, None, None, [["averaging", "ok", "ok"], ["ok", "unused", "ok"]])
+    redrawn = redraw(figure, *monitor.still_parts[0])
+    assert (redrawn == figure_to_array(figure)).all()
 
 
 def test_a_reused_probe_figure_keeps_its_heading_where_the_layout_put_it():
