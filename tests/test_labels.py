@@ -316,3 +316,12 @@ def test_the_balanced_teachers_out_of_fold_probabilities_are_shifted_to_even_rec
         assert torch.allclose(shifted.sum(1), torch.ones(1000))
     before = float((logits.softmax(-1).argmax(1) == 1)[classes == 1].float().mean())
     assert before == pytest.approx(recalls[1], abs=0.06)  # unbiased already: next to nothing moves
+
+
+def test_the_balanced_sampler_is_refused_for_several_labels_a_text(tmp_path):
+    from data import TextDataModule
+
+    data = TextDataModule(train_file=str(write_lists(tmp_path / "train.jsonl", ROWS * 3)), text_column="text",
+                          label_column="labels", balanced_sampler=True, cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(DataError, match="balanced_sampler needs one label a text"):
+        data.train_dataloader()
