@@ -36,7 +36,8 @@ NO_TEST_SPLIT = ("no test split (SST-2's test labels are not public: its held-ou
                  "data.test_file, or use a dataset with a labelled test split")
 CACHE_VERSION = 6  # part of the cache key: bump it when tokenization, the splits or the teacher's output change
 # 6: the multi-label teacher's fits changed (liblinear, one process a label) without a bump; the teacher hashes its
-#    n-grams on samples over data.teacher.EXACT_CHARS characters (none of the shipped datasets).
+#    n-grams on samples over data.teacher.EXACT_CHARS characters (none of the shipped datasets); on imbalanced
+#    classes its out-of-fold probabilities get class-balanced offsets (data.teacher.balanced_out_of_fold).
 
 # Adaptive sizes (data.max_length / data.vocab_size left unset), chosen from the training split alone:
 LENGTH_PERCENTILE = 100  # max_length covers the longest training text (batches are padded only to their longest
@@ -108,6 +109,13 @@ def mapped_ids(file) -> torch.Tensor:
     return torch.frombuffer(mmap.mmap(file.fileno(), size, access=mmap.ACCESS_COPY), dtype=torch.int32)
 
 
+def balanced_draws(labels: torch.Tensor, num_classes: int) -> list[float]:
+    """Each text's weight in BucketBatchSampler's draws, 1 / (texts of its class): every class is drawn as often,
+    the texts of a class equally often (the balanced sampler, data.balanced_sampler)."""
+    counts = class_counts(labels, num_classes)
+    return (1.0 / counts[labels.long()]).tolist()
+
+
 def collate(items) -> dict[str, torch.Tensor]:
     """(ids, label[, teacher_probs]) items → a batch padded to its longest text; padding_mask from the lengths
     (data.tokenizer.pad), as prediction builds it."""
@@ -120,17 +128,22 @@ def collate(items) -> dict[str, torch.Tensor]:
 
 class BucketBatchSampler(Sampler[list[int]]):
     """Batches of similar length, so little compute goes to padding: shuffle, sort within pools of 50 batches,
-    cut into batches, shuffle the batches. With several processes, each takes every world_size-th batch."""
+    cut into batches, shuffle the batches. With several processes, each takes every world_size-th batch.
+    With `weights` (one per text, shuffle only), an epoch is as many texts drawn with replacement in proportion to
+    them instead of each text once: balanced_draws gives every class the same share of the batches."""
 
-    def __init__(self, lengths, batch_size, shuffle, seed=0, rank=0, world_size=1, pool_batches=50):
+    def __init__(self, lengths, batch_size, shuffle, seed=0, rank=0, world_size=1, pool_batches=50, weights=None):
         self.lengths, self.batch_size, self.shuffle, self.seed = lengths, batch_size, shuffle, seed
         self.rank, self.world_size, self.pool = rank, world_size, pool_batches * batch_size
+        self.weights = weights if shuffle else None
         self.epoch = 0
 
     def batches(self) -> list[list[int]]:
         rng = random.Random(self.seed + self.epoch)
         order = list(range(len(self.lengths)))
-        if self.shuffle:
+        if self.weights is not None:
+            order = rng.choices(order, weights=self.weights, k=len(order))
+        elif self.shuffle:
             rng.shuffle(order)
         batches = []
         for start in range(0, len(order), self.pool):
@@ -169,6 +182,7 @@ class TextDataModule(L.LightningDataModule):
         split_cjk: bool = True,
         split_punctuation: bool = True,
         bucket_pool: int | None = 50,
+        balanced_sampler: bool = False,
         num_workers: int = 0,
         seed: int = 0,
         cache_dir: str = ".cache",
@@ -206,6 +220,11 @@ class TextDataModule(L.LightningDataModule):
             bucket_pool: training texts are sorted by length within pools of this many batches, so a batch holds
                 texts of similar length (little padding); 1 = plain random batches. Unset (null): 1 when
                 max_length is at most 256 tokens, 50 beyond (written into the run's config.yaml).
+            balanced_sampler: draw the training batches so that every class fills the same share of them (each
+                epoch as many texts as the training split, drawn with replacement, a rare class's texts several
+                times); one label a text only. The classes are then balanced already, so model.class_weights auto
+                leaves the loss unweighted. Off by default: on imbalanced SST-2 balanced class weights did better
+                (docs/LABELS.md).
             num_workers: DataLoader worker processes.
             seed: seeds the validation split and the batch order.
             cache_dir: where encoded splits are cached, so a second run starts fast.
@@ -262,6 +281,14 @@ class TextDataModule(L.LightningDataModule):
         return is_imbalanced(class_counts(train, len(self.label_names)), self.multi_label)
 
     @property
+    def balanced_sampler(self) -> bool:
+        """data.balanced_sampler, checked against the labels."""
+        if self.hparams.balanced_sampler and self.multi_label:
+            raise DataError("data.balanced_sampler needs one label a text (several labels a text: thresholds fitted on "
+                            "validation and model.class_weights instead)")
+        return self.hparams.balanced_sampler
+
+    @property
     def max_length(self) -> int:
         """data.max_length, or the one chosen from the training texts when it was left unset."""
         return self.hparams.max_length or self.state["max_length"]
@@ -309,8 +336,8 @@ class TextDataModule(L.LightningDataModule):
 
     def cache_path(self) -> Path:
         hp = dict(self.hparams)
-        for key in ("batch_size", "num_workers", "cache_dir", "bucket_pool"):  # do not change what is encoded
-            hp.pop(key)
+        for key in ("batch_size", "num_workers", "cache_dir", "bucket_pool", "balanced_sampler"):
+            hp.pop(key)  # they do not change what is encoded
         if hp.get("max_length") is not None:
             hp.pop("max_length_caps", None)  # they only decide an unset max_length
         files = [hp[k] for k in ("train_file", "val_file", "test_file") if hp[k]]
@@ -506,8 +533,9 @@ class TextDataModule(L.LightningDataModule):
         data = self.split(split)
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        weights = balanced_draws(data.labels, len(self.label_names)) if shuffle and self.balanced_sampler else None
         sampler = BucketBatchSampler(
-            data.lengths, self.hparams.batch_size, shuffle, self.hparams.seed, rank, world, self.bucket_pool
+            data.lengths, self.hparams.batch_size, shuffle, self.hparams.seed, rank, world, self.bucket_pool, weights
         )
         return DataLoader(
             data, batch_sampler=sampler, collate_fn=collate, num_workers=self.hparams.num_workers,
@@ -515,6 +543,10 @@ class TextDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self):
+        if self.balanced_sampler:
+            counts = class_counts(self.split("train").labels, len(self.label_names))
+            log.info("balanced sampler (data.balanced_sampler): each class %.0f%% of the training batches; %s",
+                     100 / len(self.label_names), describe_counts(counts, self.label_names))
         return self._loader("train", shuffle=True)
 
     def val_dataloader(self):

@@ -158,10 +158,43 @@ def out_of_fold_probabilities(texts, labels: list[int], num_classes: int, folds:
                 probabilities[np.ix_(rows, teacher.classes_)] = teacher.predict_proba(
                     vectorizer.transform(list(texts.take(rows))))
                 progress.update(len(rows))
-    agreement = float((probabilities.argmax(1) == y).mean())
+    probabilities = torch.from_numpy(probabilities)
+    if class_weight == "balanced":
+        probabilities = balanced_out_of_fold(probabilities, torch.from_numpy(y))
+    agreement = float((probabilities.argmax(1).numpy() == y).mean())
     log.info("n-gram teacher: out-of-fold probabilities for %d training texts (%d folds, %.0f s); it agrees with "
              "%.1f%% of their labels", n, folds, time.perf_counter() - start, 100 * agreement)
-    return torch.from_numpy(probabilities)
+    return probabilities
+
+
+def balanced_out_of_fold(probabilities: torch.Tensor, labels: torch.Tensor, steps: int = 100) -> torch.Tensor:
+    """The balanced teacher's out-of-fold probabilities shifted by one log-offset per class, fitted on them to
+    minimise the class-balanced cross-entropy (scikit-learn's balanced weights, as the student's loss weighs the
+    labels). Balanced weights make a fitted model's classes even on the texts it was fitted on; a rare class's
+    few texts are the ones it fits closest, so on texts it did not see it calls many of that class the common one
+    (SST-2 less 95% of its positives: out of fold, 51% of the positives and 98% of the negatives right at the
+    argmax). The offsets are fitted on training texts only, each scored by a teacher that did not see it."""
+    import torch.nn.functional as F
+
+    from data.labels import balanced_weights, class_counts
+
+    counts = class_counts(labels, probabilities.shape[1])
+    weights = balanced_weights(counts, len(labels), multi_label=False).double()
+    log_p = probabilities.double().clamp(min=1e-12).log()
+    offsets = torch.zeros(probabilities.shape[1], dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([offsets], lr=0.1, max_iter=steps, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        loss = F.cross_entropy(log_p + offsets, labels.long(), weight=weights)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    offsets = (offsets - offsets.mean()).detach()
+    log.info("n-gram teacher: class-balanced offsets of its out-of-fold log-probabilities: %s",
+             ", ".join(f"{c} {v:+.2f}" for c, v in enumerate(offsets.tolist())))
+    return (log_p + offsets).softmax(-1).float()
 
 
 def out_of_fold_label_probabilities(texts, label_sets, num_classes, folds, seed, C, source, start) -> torch.Tensor:

@@ -236,3 +236,92 @@ def test_multi_label_trains_and_its_thresholds_are_stored_and_reloaded(tmp_path)
     assert classifier.multi_label and classifier.thresholds == thresholds
     explanation, = classifier.explain(["happy angry w1"], ig_steps=4)
     assert explanation.per_label and explanation.label == next(iter(explanation.per_label))
+
+
+def test_the_balanced_sampler_fills_the_batches_with_each_class_about_equally():
+    from data.datamodule import BucketBatchSampler, balanced_draws
+
+    classes = torch.tensor([0] * 900 + [1] * 100)
+    lengths = [1 + i % 7 for i in range(len(classes))]
+
+    def rare_share(sampler):
+        drawn = [i for batch in sampler.batches() for i in batch]
+        assert len(drawn) == len(classes)  # an epoch is as many texts as the split, whichever the draws
+        return float(classes[drawn].float().mean())
+
+    plain = BucketBatchSampler(lengths, 32, shuffle=True, seed=0, pool_batches=1)
+    balanced = BucketBatchSampler(lengths, 32, shuffle=True, seed=0, pool_batches=1,
+                                  weights=balanced_draws(classes, 2))
+    assert rare_share(plain) == pytest.approx(0.1)
+    assert rare_share(balanced) == pytest.approx(0.5, abs=0.05)
+    first = balanced.batches()
+    balanced.epoch += 1
+    assert balanced.batches() != first  # fresh draws each epoch
+    unshuffled = BucketBatchSampler(lengths, 32, shuffle=False, weights=balanced_draws(classes, 2))
+    assert sorted(i for batch in unshuffled.batches() for i in batch) == list(range(1000))  # validation: each once
+
+
+def balanced_or_not(tmp_path, negatives, **settings):
+    from data import TextDataModule
+
+    rows = [("bad film", 0)] * negatives + [("good film", 1)] * 10
+    train = tmp_path / f"train{negatives}.csv"
+    train.write_text("text,label\n" + "".join(f"{t},{c}\n" for t, c in rows))
+    return TextDataModule(train_file=str(train), val_file=str(train), tokenizer="word",
+                          cache_dir=str(tmp_path / "cache"), **settings)
+
+
+@pytest.mark.parametrize("negatives, shifted", [(30, True), (29, False), (10, False)])
+def test_the_teacher_is_balanced_and_shifted_only_when_the_commonest_class_is_3_times_the_rarest(
+        tmp_path, caplog, negatives, shifted):
+    caplog.set_level(logging.INFO, logger="data.teacher")
+    data = balanced_or_not(tmp_path, negatives, teacher="ngram")
+    assert data.split("train").teacher_probs.shape == (negatives + 10, 2)
+    assert ("class-balanced offsets" in caplog.text) is shifted
+    assert data.balanced_sampler is False  # off unless asked for
+
+
+def loss_weights_under(data, class_weights):
+    from types import SimpleNamespace
+
+    from training.module import ClassifierModule
+
+    module = ClassifierModule(class_weights=class_weights, label_names=["0", "1"])
+    module._trainer = SimpleNamespace(datamodule=data)  # choose_loss_weights reads the training labels there
+    module.choose_loss_weights()
+    return module.loss_weights
+
+
+def test_the_balanced_sampler_and_class_weights_never_both_balance_the_classes(tmp_path):
+    from model.config import ConfigError
+
+    sampled, unsampled = balanced_or_not(tmp_path, 90, balanced_sampler=True), balanced_or_not(tmp_path, 90)
+    assert loss_weights_under(sampled, "auto") is None  # the draws balance the classes: the loss stays unweighted
+    assert loss_weights_under(unsampled, "auto").tolist() == pytest.approx([100 / 180, 100 / 20])
+    with pytest.raises(ConfigError, match="both balance the classes"):
+        loss_weights_under(sampled, "balanced")
+
+
+def test_the_balanced_teachers_out_of_fold_probabilities_are_shifted_to_even_recalls():
+    from data.teacher import balanced_out_of_fold
+
+    torch.manual_seed(0)
+    classes = torch.tensor([0] * 900 + [1] * 100)
+    score = torch.randn(1000) + (2 * classes - 1)  # each class ±1 away from 0, so the balanced cut is 0
+    for shift in (-2.0, 0.0):  # a teacher too sure of the commonest class (as out of fold on a rare one), or not
+        logits = torch.stack([torch.zeros(1000), 2 * score + shift], 1)
+        shifted = balanced_out_of_fold(logits.softmax(-1), classes)
+        recalls = [float((shifted.argmax(1) == c)[classes == c].float().mean()) for c in (0, 1)]
+        assert recalls == pytest.approx([0.84, 0.84], abs=0.06)  # Φ(1) each, whatever the shift
+        assert torch.allclose(shifted.sum(1), torch.ones(1000))
+    before = float((logits.softmax(-1).argmax(1) == 1)[classes == 1].float().mean())
+    assert before == pytest.approx(recalls[1], abs=0.06)  # unbiased already: next to nothing moves
+
+
+def test_the_balanced_sampler_is_refused_for_several_labels_a_text(tmp_path):
+    from data import TextDataModule
+
+    data = TextDataModule(train_file=str(write_lists(tmp_path / "train.jsonl", ROWS * 3)), text_column="text",
+                          label_column="labels", balanced_sampler=True, cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(DataError, match="balanced_sampler needs one label a text"):
+        data.train_dataloader()

@@ -73,7 +73,8 @@ class ClassifierModule(L.LightningModule):
             class_weights: weights of the classes in the training loss: "balanced" (each class weighs the same:
                 scikit-learn's rule; several labels a text: each label's positives as much as its negatives), a
                 list (one per class), null (none), or "auto": balanced when one label a text and the commonest
-                class is 3 times the rarest or more, else none (several labels a text: thresholds instead).
+                class is 3 times the rarest or more, else none (several labels a text: thresholds instead); none
+                when data.balanced_sampler already draws the classes evenly.
             calibration: after each validation pass of a fit, fit on validation a temperature (one label a text)
                 or per-label thresholds (several), stored in the checkpoint and applied by predict, serve and the
                 ONNX export. false: temperature 1, thresholds 0.5.
@@ -310,6 +311,14 @@ class ClassifierModule(L.LightningModule):
             return
         labels = data.split("train").labels
         counts = class_counts(labels, len(self.label_names))
+        sampled = getattr(data, "balanced_sampler", False)
+        if sampled and setting == "balanced":  # each would even the classes out: together, a rare class counts twice
+            raise ConfigError("model.class_weights balanced and data.balanced_sampler both balance the classes: "
+                              "give one (model.class_weights auto leaves the loss unweighted under the sampler)")
+        if setting == "auto" and sampled:
+            log.info("class weights: none (model.class_weights auto: data.balanced_sampler draws the classes evenly; "
+                     "%s)", describe_counts(counts, self.label_names))
+            return
         if setting == "auto" and (multi or not is_imbalanced(counts, multi)):
             log.info("class weights: none (model.class_weights auto: %s; %s)", "several labels a text, thresholds "
                      "fitted instead" if multi else "classes not imbalanced", describe_counts(counts, self.label_names))
