@@ -300,7 +300,8 @@ class AttentionMonitor(Callback):
         self.check_batches = []
         dynamics = self.dynamics.summary()
         if dynamics and self.seen:
-            dynamics |= {"epoch": trainer.current_epoch, "val_accuracy": self.correct / self.seen,
+            dynamics |= {"epoch": trainer.current_epoch, "step": trainer.global_step,
+                         "val_accuracy": self.correct / self.seen,
                          "majority_rate": float(self.val_labels.max()) / self.seen}
         self.findings = diagnose(figures, checks, dynamics, getattr(network, "config", None))
         step = trainer.global_step
@@ -345,7 +346,7 @@ class AttentionMonitor(Callback):
         for name, delta in checks.get("invariance", {}).items():
             scalars[f"attention_doctor/invariance_{name}"] = float(delta)
         scalars |= {f"attention_doctor/{name}": float(value) for name, value in dynamics.items()
-                    if isinstance(value, (int, float))}
+                    if isinstance(value, (int, float)) and name != "step"}  # the step is the x axis already
         scalars = {name: value for name, value in scalars.items() if not math.isnan(value)}  # figures a kind has not
         for logger in trainer.loggers:
             logger.log_metrics(scalars, trainer.global_step)

@@ -17,7 +17,7 @@ from model.attention import AttentionWeights
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
 from monitor.contract import contract_checks, formula_settings
-from monitor.doctor import Finding, diagnose, warnings
+from monitor.doctor import NOT_LEARNING_STEPS, Finding, diagnose, warnings
 from monitor.dynamics import TrainingDynamics
 from monitor.health import AttentionHealth
 
@@ -158,15 +158,21 @@ def test_a_weight_that_does_not_learn_is_named(plant, name, why):
 
 
 def test_a_model_at_the_class_prior_after_its_first_epochs_is_not_learning():
-    def verdicts(epoch, loss, accuracy):
-        dynamics = {"epoch": epoch, "train_loss": loss, "prior_loss": math.log(2), "val_accuracy": accuracy,
-                    "majority_rate": 0.505}
+    def verdicts(epoch, loss, accuracy, step=300, majority=0.505):
+        dynamics = {"epoch": epoch, "step": step, "train_loss": loss, "prior_loss": math.log(2),
+                    "val_accuracy": accuracy, "majority_rate": majority}
         return [f.verdict for f in warnings(diagnose(None, None, dynamics))]
 
     assert verdicts(2, 0.69, 0.60) == ["not-learning"]  # the loss of guessing the prior
     assert verdicts(3, 0.50, 0.51) == ["not-learning"]  # the majority class's accuracy
     assert verdicts(1, 0.69, 0.50) == []  # a slow start: the healthy synthetic run is at 0.695 after epoch 0
     assert verdicts(2, 0.32, 0.92) == []  # the healthy synthetic run at epoch 2
+    # Epochs cut short (limit_train_batches): epoch 2 at step 120 is still the start of the run.
+    assert verdicts(2, 0.69, 0.50, step=120) == []
+    assert verdicts(2, 0.69, 0.50, step=NOT_LEARNING_STEPS) == ["not-learning"]
+    # Validation texts of one class only (a pass cut short on a file sorted by label): accuracy says nothing.
+    assert verdicts(2, 0.40, 0.65, majority=1.0) == []
+    assert verdicts(2, 0.69, 0.65, majority=1.0) == ["not-learning"]  # the loss still does
 
 
 @pytest.mark.parametrize("multi_label", [False, True])
