@@ -262,3 +262,15 @@ def test_the_size_bench_makes_distinct_texts_from_the_shipped_ones(tmp_path, mon
     assert len(texts) == 100 and texts[:20] == [f"a film of {i} minutes and more words" for i in range(20)]
     assert len(set(texts)) > 90  # copies have their words shuffled
     assert set(table.column("label").to_pylist()) == {0, 1}
+
+
+def test_freed_memory_is_returned_every_n_batches(monkeypatch):
+    import training.memory
+
+    trims = []
+    monkeypatch.setattr(training.memory, "return_freed_memory", lambda: trims.append(1))
+    callback = training.memory.ReturnFreedMemory(every=3)
+    for batch_idx in range(7):
+        callback.on_train_batch_end(None, None, None, None, batch_idx)
+        callback.on_validation_batch_end(None, None, None, None, batch_idx)
+    assert len(trims) == 6  # batches 0, 3 and 6 of each
