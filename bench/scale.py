@@ -99,15 +99,20 @@ class MemoryLog(Callback):
 
 def run_and_watch(command: list[str], env=None) -> dict:
     """Run `command`, sampling its process tree's resident memory; its stderr lines go to ours. Returns the peak,
-    the seconds, the exit status and the MemoryLog lines as (moment, epoch, step, MiB)."""
+    the seconds, the exit status, the MemoryLog lines as (moment, epoch, step, MiB, seconds), and the peak before the
+    first MemoryLog line (set-up) and from it on (training), each with its second."""
     start, started = time.perf_counter(), time.time()
     child = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     peak, marks, first_step_peak = 0, [], None
+    phases = {"setup": (0, 0.0), "training": (0, 0.0)}  # phase: (peak bytes, seconds from the start)
 
     def sample():
         nonlocal peak
         while child.poll() is None:
-            peak = max(peak, tree_rss(child.pid))
+            rss, phase = tree_rss(child.pid), "training" if marks else "setup"
+            peak = max(peak, rss)
+            if rss > phases[phase][0]:
+                phases[phase] = (rss, time.perf_counter() - start)
             time.sleep(SAMPLE_SECONDS)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -123,7 +128,8 @@ def run_and_watch(command: list[str], env=None) -> dict:
     child.wait()
     sampler.join()
     return {"seconds": time.perf_counter() - start, "peak_rss_mib": peak / 2**20, "returncode": child.returncode,
-            "marks": marks, "first_step_peak_mib": (first_step_peak or peak) / 2**20}
+            "marks": marks, "first_step_peak_mib": (first_step_peak or peak) / 2**20,
+            "phase_peaks": {phase: (rss / 2**20, seconds) for phase, (rss, seconds) in phases.items()}}
 
 
 def memory(args) -> dict:
@@ -138,8 +144,11 @@ def memory(args) -> dict:
     print(f"peak {result['peak_rss_mib']:.0f} MiB (process tree); after the first validation "
           f"{validations[0] if validations else '-'} MiB, after the last {validations[-1] if validations else '-'} "
           f"MiB; {result['seconds']:.0f} s, load {os.getloadavg()[0]:.1f}", file=sys.stderr)
+    print("; ".join(f"{phase} peak {mib:.0f} MiB at {seconds:.0f} s" for phase, (mib, seconds)
+                    in result["phase_peaks"].items()), file=sys.stderr)
     return {"target": "memory", "peak_rss_mib": round(result["peak_rss_mib"]), "validation_rss_mib": validations,
-            "growth_mib": growth, "seconds": round(result["seconds"]), "returncode": result["returncode"],
+            "growth_mib": growth, "setup_peak_mib": round(result["phase_peaks"]["setup"][0]),
+            "training_peak_mib": round(result["phase_peaks"]["training"][0]), "seconds": round(result["seconds"]), "returncode": result["returncode"],
             "load_average_1min": round(os.getloadavg()[0], 2), "fit_args": args.fit_args}
 
 

@@ -83,16 +83,49 @@ class HashedNgrams:
         return self.tfidf.transform(self.counts(texts), copy=False)
 
 
+def fit_ngrams(texts, hashed: bool):
+    """A vectorizer fitted on these texts (hashed: HashedNgrams, which reads them CHUNK at a time; else the exact
+    vocabulary, ngram_features) and their TF-IDF matrix. sklearn's ValueError when the texts hold no n-gram."""
+    texts = texts if hashed else list(texts)
+    vectorizer = HashedNgrams(texts) if hashed else ngram_features(texts)
+    return vectorizer, vectorizer.fit_transform(texts)
+
+
 def fit_ngram_teacher(texts, labels, C: float = 4.0, class_weight: str | None = None, hashed: bool = False):
     """The recipe, written once (the teacher here, the TF-IDF peer of bench/accuracy.py): TF-IDF n-grams
-    (ngram_features; hashed: HashedNgrams) + logistic regression fitted on these texts (class_weight: sklearn's,
-    "balanced" for imbalanced classes). Returns (vectorizer, classifier); sklearn's ValueError when the texts hold no
-    n-gram."""
+    (fit_ngrams) + logistic regression fitted on these texts (class_weight: sklearn's, "balanced" for imbalanced
+    classes). Returns (vectorizer, classifier); sklearn's ValueError when the texts hold no n-gram."""
     from sklearn.linear_model import LogisticRegression
 
-    vectorizer = HashedNgrams(texts) if hashed else ngram_features(list(texts))
-    x = vectorizer.fit_transform(texts)
+    vectorizer, x = fit_ngrams(texts, hashed)
     return vectorizer, LogisticRegression(C=C, max_iter=2000, class_weight=class_weight).fit(x, labels)
+
+
+def fitted_sample(texts: TextColumn, folds: int, sample: int, seed: int, exact_chars: int):
+    """The size rule, for both teachers (out_of_fold_probabilities): (chosen, rest, hashed). chosen: the positions
+    of the texts fitted on, all or a seeded sample of `sample` (in order); rest: the others, each scored by one fold's
+    teacher; hashed: whether the chosen texts hold over `exact_chars` characters (HashedNgrams)."""
+    n = len(texts)
+    chosen = np.arange(n) if n <= sample else np.sort(np.random.default_rng(seed).choice(n, sample, replace=False))
+    rest = np.setdiff1d(np.arange(n), chosen, assume_unique=True)
+    hashed = sum(len(text or "") for text in texts.take(chosen)) > exact_chars
+    log.info("n-gram teacher: scoring %d training texts out of fold (%d folds%s%s)", n, folds,
+             f", fitted on a seeded sample of {len(chosen)}; each other text scored by one fold's teacher"
+             if len(rest) else "", f"; n-grams hashed into {HASH_FEATURES} columns: over {exact_chars:,} characters"
+             if hashed else "")
+    return chosen, rest, hashed
+
+
+def in_chunks(texts: TextColumn, rows: np.ndarray, vectorizer):
+    """(rows, their TF-IDF matrix) for these positions of the texts, CHUNK at a time."""
+    for at in range(0, len(rows), CHUNK):
+        chunk = rows[at : at + CHUNK]
+        yield chunk, vectorizer.transform(list(texts.take(chunk)))
+
+
+def no_words(source: str) -> DataError:
+    return DataError(f"{source}: the n-gram teacher found no words in the training texts; check text_column or "
+                     "train without the teacher: --data.teacher null --model.distillation 0")
 
 
 def out_of_fold_probabilities(texts, labels: list[int], num_classes: int, folds: int = FOLDS, seed: int = 0,
@@ -102,7 +135,8 @@ def out_of_fold_probabilities(texts, labels: list[int], num_classes: int, folds:
     that did not see it (stratified folds, fixed by `seed`). `texts`: a TextColumn or a list of strings. `source`
     names the texts' file in errors.
 
-    At most `sample` texts (a seeded sample when there are more) are fitted on, in folds: the n-gram vocabulary and
+    The size rule (fitted_sample), the same for one label a text and several (out_of_fold_label_probabilities):
+    at most `sample` texts (a seeded sample when there are more) are fitted on, in folds: the n-gram vocabulary and
     the fitted matrix grow with the texts, the rest does not. Texts outside the sample are scored by one of the fold
     teachers each, CHUNK texts at a time, so memory stays bounded and time grows linearly beyond the sample.
     The rule for the n-grams: a sample of at most `exact_chars` characters (EXACT_CHARS, above every dataset shipped
@@ -116,18 +150,12 @@ def out_of_fold_probabilities(texts, labels: list[int], num_classes: int, folds:
     except ImportError:
         raise DataError("data.teacher ngram needs scikit-learn: pip install scikit-learn") from None
     start = time.perf_counter()
-    if labels and isinstance(labels[0], list):  # several labels a text
-        log.info("n-gram teacher: scoring %d training texts out of fold (%d folds)", len(texts), folds)
-        return out_of_fold_label_probabilities(list(texts), labels, num_classes, folds, seed, C, source, start)
     texts = texts if isinstance(texts, TextColumn) else TextColumn(list(texts))
+    chosen, rest, hashed = fitted_sample(texts, folds, sample, seed, exact_chars)
+    if labels and isinstance(labels[0], list):  # several labels a text
+        return out_of_fold_label_probabilities(texts, labels, num_classes, folds, seed, C, source, chosen, rest,
+                                               hashed, start)
     y, n = np.asarray(labels), len(labels)
-    chosen = np.arange(n) if n <= sample else np.sort(np.random.default_rng(seed).choice(n, sample, replace=False))
-    rest = np.setdiff1d(np.arange(n), chosen, assume_unique=True)
-    hashed = sum(len(text or "") for text in texts.take(chosen)) > exact_chars
-    log.info("n-gram teacher: scoring %d training texts out of fold (%d folds%s%s)", n, folds,
-             f", fitted on a seeded sample of {len(chosen)}; each other text scored by one fold's teacher"
-             if len(rest) else "", f"; n-grams hashed into {HASH_FEATURES} columns: over {exact_chars:,} characters"
-             if hashed else "")
     # Fewer folds when a class is rarer than the folds (StratifiedKFold needs a member of each class per fold).
     y_chosen = y[chosen]
     folds = max(2, min(folds, int(np.bincount(y_chosen, minlength=num_classes)[np.unique(y_chosen)].min())))
@@ -144,19 +172,14 @@ def out_of_fold_probabilities(texts, labels: list[int], num_classes: int, folds:
                 continue
             fit_start = time.perf_counter()
             try:
-                fitted_texts = texts.take(fitted) if hashed else list(texts.take(fitted))  # hashed: read by chunks
-                vectorizer, teacher = fit_ngram_teacher(fitted_texts, y[fitted], C, class_weight, hashed)
+                vectorizer, teacher = fit_ngram_teacher(texts.take(fitted), y[fitted], C, class_weight, hashed)
             except ValueError:  # sklearn: "empty vocabulary"
-                raise DataError(f"{source}: the n-gram teacher found no words in the training texts; check "
-                                "text_column or train without the teacher: --data.teacher null --model.distillation 0"
-                                ) from None
+                raise no_words(source) from None
             log.info("n-gram teacher: fold %d of %d fitted on %d texts (%.0f s)", fold + 1, folds, len(fitted),
                      time.perf_counter() - fit_start)
-            for at in range(0, len(scored), CHUNK):
-                rows = scored[at : at + CHUNK]
+            for rows, x in in_chunks(texts, scored, vectorizer):
                 # Columns in class-id order; a class absent from this fold's texts keeps probability 0.
-                probabilities[np.ix_(rows, teacher.classes_)] = teacher.predict_proba(
-                    vectorizer.transform(list(texts.take(rows))))
+                probabilities[np.ix_(rows, teacher.classes_)] = teacher.predict_proba(x)
                 progress.update(len(rows))
     probabilities = torch.from_numpy(probabilities)
     if class_weight == "balanced":
@@ -197,36 +220,41 @@ def balanced_out_of_fold(probabilities: torch.Tensor, labels: torch.Tensor, step
     return (log_p + offsets).softmax(-1).float()
 
 
-def out_of_fold_label_probabilities(texts, label_sets, num_classes, folds, seed, C, source, start) -> torch.Tensor:
+def out_of_fold_label_probabilities(texts: TextColumn, label_sets, num_classes, folds, seed, C, source, chosen, rest,
+                                    hashed, start) -> torch.Tensor:
     """Several labels a text: (N, num_classes) probabilities that each label applies, one logistic regression per
     label (one-vs-rest) on the same TF-IDF n-grams, out of fold (plain folds: a text has no single class to
-    stratify on). A label absent from a fold's texts gets probability 0 there."""
+    stratify on). A label absent from a fold's texts gets probability 0 there. The size rule is the single-label
+    teacher's (fitted_sample): `chosen` texts fitted on in folds, each of the `rest` scored by one fold's teacher,
+    n-grams `hashed` or exact."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import KFold
     from sklearn.multiclass import OneVsRestClassifier
 
-    y = np.zeros((len(texts), num_classes), dtype=np.int64)
+    y = np.zeros((len(texts), num_classes), dtype=np.int8)  # a byte a label: 28 labels of 10M texts take 280 MB
     for row, indices in enumerate(label_sets):
         y[row, indices] = 1
     probabilities = np.zeros((len(texts), num_classes), dtype=np.float32)
-    texts = np.asarray(texts, dtype=object)
-    for fitted, scored in KFold(folds, shuffle=True, random_state=seed).split(texts):
-        present = np.flatnonzero((y[fitted].sum(0) > 0) & (y[fitted].sum(0) < len(fitted)))
+    unseen = np.array_split(rest, folds)  # the texts outside the sample, a share for each fold's teacher
+    for fold, (fitted, scored) in enumerate(KFold(folds, shuffle=True, random_state=seed).split(chosen)):
+        fitted, scored = chosen[fitted], np.concatenate([chosen[scored], unseen[fold]])
+        labels = y[fitted].astype(np.int64)
+        present = np.flatnonzero((labels.sum(0) > 0) & (labels.sum(0) < len(fitted)))
         try:
-            vectorizer = ngram_features(list(texts[fitted]))
-            x = vectorizer.fit_transform(texts[fitted])
+            vectorizer, x = fit_ngrams(texts.take(fitted), hashed)
             # Canonical (sorted, no duplicates): the label fits' processes get it read-only, and liblinear's input
             # check would otherwise sort it in place.
             x.sum_duplicates()
-        except ValueError:
-            raise DataError(f"{source}: the n-gram teacher found no words in the training texts; check text_column "
-                            "or train without the teacher: --data.teacher null --model.distillation 0") from None
+        except ValueError:  # sklearn: "empty vocabulary"
+            raise no_words(source) from None
         # liblinear: one yes/no fit per label is what it is made for; on GoEmotions (28 labels, 35k texts a fold)
         # it fits in a fifth of lbfgs' time, its validation macro-F1 no lower (docs/LABELS.md "The n-gram teacher").
         # The labels' fits are independent: one process each, as many at once as torch may use threads.
         teacher = OneVsRestClassifier(LogisticRegression(C=C, solver="liblinear"), n_jobs=torch.get_num_threads())
-        teacher.fit(x, y[fitted][:, present])
-        probabilities[np.ix_(scored, present)] = teacher.predict_proba(vectorizer.transform(texts[scored]))
+        teacher.fit(x, labels[:, present])
+        del x
+        for rows, x in in_chunks(texts, scored, vectorizer):
+            probabilities[np.ix_(rows, present)] = teacher.predict_proba(x)
     log.info("n-gram teacher: out-of-fold label probabilities for %d training texts (%d folds, %.0f s)", len(texts),
              folds, time.perf_counter() - start)
     return torch.from_numpy(probabilities)

@@ -140,6 +140,70 @@ def test_above_the_size_rule_the_teacher_hashes_its_n_grams_and_stays_out_of_fol
     assert hashed_fits == [False] * 3
 
 
+def label_sets(count: int, seed: int) -> list[list[int]]:
+    """Three labels, each a coin flip for each text."""
+    rng = random.Random(seed)
+    return [[c for c in range(3) if rng.random() < 0.5] for _ in range(count)]
+
+
+def exact_label_probabilities(texts, sets, num_classes, folds, seed=0, C=4.0):
+    """The several-labels teacher before its size rule (main acba157): the exact vocabulary on every text, each fold
+    scored at once; the reference the small path must still equal."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import KFold
+    from sklearn.multiclass import OneVsRestClassifier
+
+    y = np.zeros((len(texts), num_classes), dtype=np.int64)
+    for row, indices in enumerate(sets):
+        y[row, indices] = 1
+    probabilities = np.zeros((len(texts), num_classes), dtype=np.float32)
+    texts = np.asarray(texts, dtype=object)
+    for fitted, scored in KFold(folds, shuffle=True, random_state=seed).split(texts):
+        present = np.flatnonzero((y[fitted].sum(0) > 0) & (y[fitted].sum(0) < len(fitted)))
+        vectorizer = data.teacher.ngram_features(list(texts[fitted]))
+        x = vectorizer.fit_transform(texts[fitted])
+        x.sum_duplicates()
+        teacher = OneVsRestClassifier(LogisticRegression(C=C, solver="liblinear"), n_jobs=1)
+        teacher.fit(x, y[fitted][:, present])
+        probabilities[np.ix_(scored, present)] = teacher.predict_proba(vectorizer.transform(texts[scored]))
+    return torch.from_numpy(probabilities)
+
+
+def test_below_the_size_rule_the_several_labels_teacher_is_unchanged(monkeypatch):
+    monkeypatch.setattr(data.teacher, "CHUNK", 7)  # each fold scored 7 texts at a time
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # the label fits in this process
+    sets = label_sets(60, seed=2)
+    assert torch.equal(out_of_fold_probabilities(TEXTS, sets, 3, folds=3),
+                       exact_label_probabilities(TEXTS, sets, 3, folds=3))
+
+
+def test_the_several_labels_teacher_fits_a_bounded_sample_of_hashed_n_grams_out_of_fold(monkeypatch):
+    # Each text one word of its own, each label a coin flip: only a teacher that had seen a text could agree with its
+    # labels much more often than half the time.
+    fits = []
+    fit_ngrams = data.teacher.fit_ngrams
+
+    def recording(texts, hashed):
+        fits.append((len(texts), hashed))
+        return fit_ngrams(texts, hashed)
+
+    monkeypatch.setattr(data.teacher, "fit_ngrams", recording)
+    monkeypatch.setattr(data.teacher, "HASH_FEATURES", 2**14)  # fewer columns: a quicker fit, same path
+    monkeypatch.setattr(data.teacher, "CHUNK", 40)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    texts = [f"word{i} word{i}x" for i in range(300)]
+    sets = label_sets(300, seed=1)
+    probabilities = out_of_fold_probabilities(texts, sets, 3, folds=3, sample=150, exact_chars=100)
+    assert fits == [(100, True)] * 3  # two thirds of the 150-text sample, hashed: over 100 characters
+    assert probabilities.shape == (300, 3) and probabilities.min() >= 0 and probabilities.max() <= 1
+    truth = torch.zeros(300, 3, dtype=torch.bool)
+    for row, labels in enumerate(sets):
+        truth[row, labels] = True
+    assert (probabilities > 0).all()  # every text scored, the 150 outside the sample too
+    assert 0.35 < ((probabilities >= 0.5) == truth).float().mean().item() < 0.65
+
+
 def test_hashed_n_grams_are_the_exact_tf_idf_when_nothing_collides():
     from sklearn.feature_extraction.text import TfidfVectorizer
 
@@ -198,3 +262,15 @@ def test_the_size_bench_makes_distinct_texts_from_the_shipped_ones(tmp_path, mon
     assert len(texts) == 100 and texts[:20] == [f"a film of {i} minutes and more words" for i in range(20)]
     assert len(set(texts)) > 90  # copies have their words shuffled
     assert set(table.column("label").to_pylist()) == {0, 1}
+
+
+def test_freed_memory_is_returned_every_n_batches(monkeypatch):
+    import training.memory
+
+    trims = []
+    monkeypatch.setattr(training.memory, "return_freed_memory", lambda: trims.append(1))
+    callback = training.memory.ReturnFreedMemory(every=3)
+    for batch_idx in range(7):
+        callback.on_train_batch_end(None, None, None, None, batch_idx)
+        callback.on_validation_batch_end(None, None, None, None, batch_idx)
+    assert len(trims) == 6  # batches 0, 3 and 6 of each
