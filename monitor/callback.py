@@ -249,7 +249,7 @@ class AttentionMonitor(Callback):
         self.health.reset()
         self.check_batches = []
         self.correct = self.seen = 0
-        self.val_labels = None
+        self.val_labels = self.val_hits = None  # texts and right answers of each class (one label a text)
         # The checks cost forward_passes() forward passes over their texts: at most CHECK_SHARE of the training
         # work (a forward and a backward pass, about 3 forward passes, per text) since the last validation. (The
         # contract checks read a fixed CONTRACT_TEXTS texts on top: bench/monitor_cost.py measures both.)
@@ -269,10 +269,13 @@ class AttentionMonitor(Callback):
         # for not-learning: accuracy against the majority class (one label a text; not defined for label sets)
         if logits is not None and "labels" in batch and batch["labels"].ndim == 1:
             labels = batch["labels"]
-            self.correct += int((logits.argmax(-1) == labels).sum())
+            right = logits.argmax(-1) == labels
+            self.correct += int(right.sum())
             self.seen += len(labels)
             counts = torch.bincount(labels, minlength=logits.shape[-1])
+            hits = torch.bincount(labels[right], minlength=logits.shape[-1])
             self.val_labels = counts if self.val_labels is None else self.val_labels + counts
+            self.val_hits = hits if self.val_hits is None else self.val_hits + hits
         if self.health_batches is not None and batch_idx >= self.health_batches:
             return
         attention = outputs.get("attention") if isinstance(outputs, dict) else None
@@ -302,7 +305,9 @@ class AttentionMonitor(Callback):
         if dynamics and self.seen:
             dynamics |= {"epoch": trainer.current_epoch, "step": trainer.global_step,
                          "val_accuracy": self.correct / self.seen,
-                         "majority_rate": float(self.val_labels.max()) / self.seen}
+                         "majority_rate": float(self.val_labels.max()) / self.seen,
+                         "balanced_accuracy": (self.val_hits / self.val_labels)[self.val_labels > 0].mean().item(),
+                         "classes_seen": int((self.val_labels > 0).sum())}
         self.findings = diagnose(figures, checks, dynamics, getattr(network, "config", None))
         step = trainer.global_step
         self.history.append({"step": step, "epoch": trainer.current_epoch, "findings": self.findings})

@@ -51,7 +51,8 @@ SCALE_FACTOR = 4.0  # a configured scale this many times 1/√d_k, or 1/this, br
 # is 4×; 0.001 with heads of 16 is 0.004×)
 INVARIANCE = 1e-4  # max |Δp| when a text is padded further or run alone: float rounding gives ≤ 1e-6
 PRIOR_LOSS = 0.95  # the training loss at least this share of the class prior's entropy (guessing the prior) ...
-MAJORITY_MARGIN = 0.01  # ... or validation accuracy within this of the majority-class rate ...
+CHANCE_MARGIN = 0.01  # ... or validation balanced accuracy (mean recall of the classes seen) within this of a
+# constant answer's, 1 / classes: whatever the classes' shares in the texts validated, a constant answer gets exactly that
 NOT_LEARNING_EPOCH = 2  # ... at a validation of this epoch (from 0) or later: a healthy slow start is past by then
 NOT_LEARNING_STEPS = 200  # ... and of this optimizer step or later: epochs cut short (limit_train_batches) reach
 # epoch 2 within a few dozen steps; healthy no-config IMDB runs of 40-batch epochs were at 0.55-0.65 at step 120
@@ -165,8 +166,8 @@ VERDICTS: dict[str, Verdict] = {
         "apply the padding mask from the lengths in every step that mixes tokens; nothing may mix texts"),
     "not-learning": Verdict(
         "warning", f"from epoch {NOT_LEARNING_EPOCH} and step {NOT_LEARNING_STEPS}: the training loss ≥ {PRIOR_LOSS:g} × "
-        f"the entropy of the class prior (guessing the prior), or validation accuracy within {MAJORITY_MARGIN:g} of the "
-        "majority-class rate (judged when the validation texts hold more than one class)",
+        f"the entropy of the class prior (guessing the prior), or validation balanced accuracy within {CHANCE_MARGIN:g} of "
+        "a constant answer's (1 / classes seen; judged when the validation texts hold more than one class)",
         "the model does not learn: see the other warnings (formula-broken, weight-not-learning) for the cause; "
         "without them, the learning rate or the data",
         "read the contract warnings first; then check the labels and the learning rate"),
@@ -318,12 +319,14 @@ def contract_findings(checks: dict, dynamics: dict, config) -> list[Finding]:
                                                                                                               name)))
     if dynamics.get("epoch", -1) >= NOT_LEARNING_EPOCH and dynamics.get("step", math.inf) >= NOT_LEARNING_STEPS:
         loss, prior = dynamics.get("train_loss", math.nan), dynamics.get("prior_loss", math.nan)
-        accuracy, majority = dynamics.get("val_accuracy", math.nan), dynamics.get("majority_rate", math.nan)
-        # Texts of one class only (a validation pass cut short on a file sorted by label) make every answer but the
-        # constant one look worse than guessing: the accuracy says nothing about learning then.
-        if loss >= PRIOR_LOSS * prior or (accuracy <= majority + MAJORITY_MARGIN and majority < 1):
+        balanced, classes = dynamics.get("balanced_accuracy", math.nan), dynamics.get("classes_seen", 0)
+        # Balanced, not plain accuracy: a validation sample that is mostly one class (a pass cut short on a file
+        # sorted by label, or imbalanced data) puts a learning model's accuracy near the majority rate. Texts of one
+        # class only say nothing about telling classes apart.
+        if loss >= PRIOR_LOSS * prior or (classes >= 2 and balanced <= 1 / classes + CHANCE_MARGIN):
             found.append(Finding("not-learning", None, None, {"train_loss": loss, "prior_loss": prior,
-                                                               "val_accuracy": accuracy, "majority_rate": majority}))
+                                                               "balanced_accuracy": balanced,
+                                                               "classes_seen": classes}))
     return found
 
 

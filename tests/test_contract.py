@@ -158,21 +158,45 @@ def test_a_weight_that_does_not_learn_is_named(plant, name, why):
 
 
 def test_a_model_at_the_class_prior_after_its_first_epochs_is_not_learning():
-    def verdicts(epoch, loss, accuracy, step=300, majority=0.505):
+    def verdicts(epoch, loss, balanced, step=300, classes=2):
         dynamics = {"epoch": epoch, "step": step, "train_loss": loss, "prior_loss": math.log(2),
-                    "val_accuracy": accuracy, "majority_rate": majority}
+                    "balanced_accuracy": balanced, "classes_seen": classes}
         return [f.verdict for f in warnings(diagnose(None, None, dynamics))]
 
     assert verdicts(2, 0.69, 0.60) == ["not-learning"]  # the loss of guessing the prior
-    assert verdicts(3, 0.50, 0.51) == ["not-learning"]  # the majority class's accuracy
+    assert verdicts(3, 0.50, 0.51) == ["not-learning"]  # a constant answer's balanced accuracy
+    assert verdicts(3, 0.50, 0.34, classes=3) == ["not-learning"]  # 1/3 with three classes
     assert verdicts(1, 0.69, 0.50) == []  # a slow start: the healthy synthetic run is at 0.695 after epoch 0
     assert verdicts(2, 0.32, 0.92) == []  # the healthy synthetic run at epoch 2
     # Epochs cut short (limit_train_batches): epoch 2 at step 120 is still the start of the run.
     assert verdicts(2, 0.69, 0.50, step=120) == []
     assert verdicts(2, 0.69, 0.50, step=NOT_LEARNING_STEPS) == ["not-learning"]
-    # Validation texts of one class only (a pass cut short on a file sorted by label): accuracy says nothing.
-    assert verdicts(2, 0.40, 0.65, majority=1.0) == []
-    assert verdicts(2, 0.69, 0.65, majority=1.0) == ["not-learning"]  # the loss still does
+    # Validation texts of one class only (a pass cut short on a file sorted by label): nothing to tell apart.
+    assert verdicts(2, 0.40, 1.0, classes=1) == []
+    assert verdicts(2, 0.69, 1.0, classes=1) == ["not-learning"]  # the loss still does
+
+
+def test_not_learning_reads_balanced_accuracy_so_a_skewed_validation_sample_is_not_guessing():
+    """97% of the validation texts in one class (ChnSentiCorp's label-sorted file, validation cut to 10 batches): a
+    model right on 97.5% of them is at the majority rate, yet tells the classes apart."""
+    from monitor.callback import AttentionMonitor
+
+    monitor = AttentionMonitor.__new__(AttentionMonitor)
+    monitor.correct = monitor.seen = 0
+    monitor.val_labels = monitor.val_hits = None
+    monitor.check_batches, monitor.check_limit, monitor.health_batches = [], 0, 0
+    labels = torch.tensor([0] * 970 + [1] * 30)
+    logits = torch.zeros(1000, 2)
+    logits[torch.arange(1000), labels] = 1.0  # right on every text ...
+    logits[:25, :] = torch.tensor([0.0, 1.0])  # ... but 25 of the common class
+    trainer = type("Trainer", (), {"sanity_checking": False, "is_global_zero": True})()
+    monitor.on_validation_batch_end(trainer, None, {"logits": logits}, {"labels": labels}, 0)
+    assert monitor.correct / monitor.seen == pytest.approx(0.975)  # below the majority rate 0.97 + 0.01
+    balanced = (monitor.val_hits / monitor.val_labels).mean().item()
+    assert balanced == pytest.approx((945 / 970 + 1.0) / 2)
+    dynamics = {"epoch": 3, "step": 500, "train_loss": 0.2, "prior_loss": math.log(2), "balanced_accuracy": balanced,
+                "classes_seen": 2}
+    assert not warnings(diagnose(None, None, dynamics))
 
 
 @pytest.mark.parametrize("multi_label", [False, True])
