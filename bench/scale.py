@@ -148,7 +148,8 @@ def memory(args) -> dict:
                     in result["phase_peaks"].items()), file=sys.stderr)
     return {"target": "memory", "peak_rss_mib": round(result["peak_rss_mib"]), "validation_rss_mib": validations,
             "growth_mib": growth, "setup_peak_mib": round(result["phase_peaks"]["setup"][0]),
-            "training_peak_mib": round(result["phase_peaks"]["training"][0]), "seconds": round(result["seconds"]), "returncode": result["returncode"],
+            "training_peak_mib": round(result["phase_peaks"]["training"][0]), "seconds": round(result["seconds"]),
+            "returncode": result["returncode"],
             "load_average_1min": round(os.getloadavg()[0], 2), "fit_args": args.fit_args}
 
 

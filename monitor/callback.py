@@ -266,7 +266,7 @@ class AttentionMonitor(Callback):
             self.check_batches.append({key: batch[key][: self.check_limit - held]
                                        for key in ("input_ids", "padding_mask", "labels")})
         logits = outputs.get("logits") if isinstance(outputs, dict) else None
-        # for not-learning: accuracy against the majority class (one label a text; not defined for label sets)
+        # for not-learning: each class's texts and right answers, for balanced accuracy (one label a text only)
         if logits is not None and "labels" in batch and batch["labels"].ndim == 1:
             labels = batch["labels"]
             right = logits.argmax(-1) == labels
