@@ -130,13 +130,16 @@ class BucketBatchSampler(Sampler[list[int]]):
     """Batches of similar length, so little compute goes to padding: shuffle, sort within pools of 50 batches,
     cut into batches, shuffle the batches. With several processes, each takes every world_size-th batch.
     With `weights` (one per text, shuffle only), an epoch is as many texts drawn with replacement in proportion to
-    them instead of each text once: balanced_draws gives every class the same share of the batches."""
+    them instead of each text once: balanced_draws gives every class the same share of the batches.
+    Each epoch's order is drawn from seed + epoch: the trainer's epoch when `epoch_of` is given (a resumed run, and
+    every process, draw the same), else a count of the passes begun."""
 
-    def __init__(self, lengths, batch_size, shuffle, seed=0, rank=0, world_size=1, pool_batches=50, weights=None):
+    def __init__(self, lengths, batch_size, shuffle, seed=0, rank=0, world_size=1, pool_batches=50, weights=None,
+                 epoch_of=None):
         self.lengths, self.batch_size, self.shuffle, self.seed = lengths, batch_size, shuffle, seed
         self.rank, self.world_size, self.pool = rank, world_size, pool_batches * batch_size
         self.weights = weights if shuffle else None
-        self.epoch = 0
+        self.epoch, self.epoch_of = 0, epoch_of
 
     def batches(self) -> list[list[int]]:
         rng = random.Random(self.seed + self.epoch)
@@ -155,8 +158,13 @@ class BucketBatchSampler(Sampler[list[int]]):
         return batches[self.rank :: self.world_size]
 
     def __iter__(self):
-        yield from self.batches()
+        # Counted when a pass begins: Lightning stops reading after len(self) batches, so code after the last
+        # yield would never run (every epoch would repeat the first one's order).
+        if self.epoch_of is not None:
+            self.epoch = self.epoch_of()
+        batches = self.batches()
         self.epoch += 1
+        yield from batches
 
     def __len__(self):
         n = -(-len(self.lengths) // self.batch_size)
@@ -534,8 +542,10 @@ class TextDataModule(L.LightningDataModule):
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         weights = balanced_draws(data.labels, len(self.label_names)) if shuffle and self.balanced_sampler else None
+        epoch_of = (lambda: trainer.current_epoch) if trainer is not None else None
         sampler = BucketBatchSampler(
-            data.lengths, self.hparams.batch_size, shuffle, self.hparams.seed, rank, world, self.bucket_pool, weights
+            data.lengths, self.hparams.batch_size, shuffle, self.hparams.seed, rank, world, self.bucket_pool, weights,
+            epoch_of,
         )
         return DataLoader(
             data, batch_sampler=sampler, collate_fn=collate, num_workers=self.hparams.num_workers,
