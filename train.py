@@ -67,6 +67,9 @@ ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"  # what `fit` reads first when no --config is given
 PRETRAIN_CONFIG = ROOT / "configs" / "pretrain.yaml"  # and `pretrain`
 AUTO_MONITOR = "auto"  # early_stopping.monitor's default: chosen from the data (CLI.choose_monitor)
+# The callbacks of a run whose config lists none: the attention monitor, and memory kept flat when batches come in
+# many lengths (training/memory.py: large blocks mapped on their own, the heap's free pages handed back).
+DEFAULT_CALLBACKS = [{"class_path": "monitor.AttentionMonitor"}, {"class_path": "training.memory.ReturnFreedMemory"}]
 BEST_NAME = "best-epoch{epoch}-step{step}-acc{val/acc:.4f}"
 
 
@@ -106,8 +109,8 @@ class CLI(LightningCLI):
         # strict=False: a run without validation (--trainer.limit_val_batches 0) trains on instead of failing.
         parser.set_defaults({"early_stopping.monitor": AUTO_MONITOR, "early_stopping.mode": "max",
                              "early_stopping.patience": 5, "early_stopping.strict": False})
-        # On unless a config lists its own callbacks (the shipped ones list it too).
-        parser.set_defaults({"trainer.callbacks": [{"class_path": "monitor.AttentionMonitor"}]})
+        # On unless a config lists its own callbacks (the shipped ones list the monitor too, the IMDB ones both).
+        parser.set_defaults({"trainer.callbacks": DEFAULT_CALLBACKS})
 
     def parse_arguments(self, parser, args):
         super().parse_arguments(parser, args)
@@ -267,7 +270,7 @@ class PretrainCLI(CLI):
         parser.link_arguments("data.max_length", "model.network.max_length", apply_on="instantiate")
         parser.link_arguments("data.vocab_size", "model.network.vocab_size", apply_on="instantiate")
         parser.link_arguments("model.network.attention", "data.max_length_caps", compute_fn=max_length_caps)
-        parser.set_defaults({"trainer.callbacks": [{"class_path": "monitor.AttentionMonitor"}]})
+        parser.set_defaults({"trainer.callbacks": DEFAULT_CALLBACKS})
 
     def parse_arguments(self, parser, args):
         LightningCLI.parse_arguments(self, parser, args)

@@ -10,7 +10,7 @@ import time
 import pyarrow as pa
 import pytest
 import torch
-from conftest import rows, write
+from conftest import ROOT, rows, write
 
 import data.columns
 import data.datamodule
@@ -264,13 +264,85 @@ def test_the_size_bench_makes_distinct_texts_from_the_shipped_ones(tmp_path, mon
     assert set(table.column("label").to_pylist()) == {0, 1}
 
 
-def test_freed_memory_is_returned_every_n_batches(monkeypatch):
+def test_freed_memory_is_returned_every_n_batches_and_before_a_larger_batch(monkeypatch):
+    import torch
+
     import training.memory
 
     trims = []
     monkeypatch.setattr(training.memory, "return_freed_memory", lambda: trims.append(1))
     callback = training.memory.ReturnFreedMemory(every=3)
-    for batch_idx in range(7):
-        callback.on_train_batch_end(None, None, None, None, batch_idx)
-        callback.on_validation_batch_end(None, None, None, None, batch_idx)
-    assert len(trims) == 6  # batches 0, 3 and 6 of each
+
+    def batches(lengths):  # trims before each batch, one per length (texts × padded length = 2 × length)
+        counts = []
+        for length in lengths:
+            before = len(trims)
+            callback.on_train_batch_start(None, None, {"input_ids": torch.zeros(2, length)}, 0)
+            counts.append(len(trims) - before)
+        return counts
+
+    callback.on_train_epoch_start(None, None)
+    assert trims == [1]
+    # every 3rd batch, and before a batch larger than all since the last trim (not one as large or smaller)
+    assert batches([10, 10, 5, 4, 4, 4, 4]) == [0, 0, 0, 1, 0, 0, 1]
+    assert batches([4, 9, 9, 8]) == [0, 1, 0, 0]
+    callback.on_validation_epoch_start(None, None)
+    assert len(trims) == 5
+    callback.on_validation_batch_start(None, None, {"input_ids": torch.zeros(2, 3)}, 0)
+    callback.on_validation_batch_start(None, None, {"input_ids": torch.zeros(2, 30)}, 1)
+    assert len(trims) == 6
+    callback.on_validation_end(None, None)  # what validation and the monitor's figures left
+    assert len(trims) == 7
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_large_blocks_are_mapped_on_their_own_after_map_large_blocks():
+    """A 6 MiB block the heap cannot serve: with glibc's moving threshold (grown to 16 MiB by a freed 16 MiB block)
+    the heap grows for it; after map_large_blocks(1 MiB) it is mapped on its own (mallinfo2's mapped bytes hold it),
+    so freeing it hands it straight back. Each case in a fresh process."""
+    script = """
+import ctypes, sys
+from training.memory import map_large_blocks
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc = ctypes.CDLL("libc.so.6")
+if not hasattr(libc, "mallinfo2"):
+    print("skip"); sys.exit()
+libc.mallinfo2.restype = Info
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.free(libc.malloc(16 << 20))  # freeing a mapped 16 MiB block raises glibc's threshold to 16 MiB
+if sys.argv[1] == "mapped":
+    assert map_large_blocks(1 << 20)
+before = libc.mallinfo2().hblkhd
+block = libc.malloc(6 << 20)
+print(libc.mallinfo2().hblkhd - before >= 6 << 20)
+"""
+    answers = []
+    for case in ("heap", "mapped"):
+        result = subprocess.run([sys.executable, "-c", script, case], capture_output=True, text=True, cwd=ROOT,
+                                timeout=120)
+        assert result.returncode == 0, result.stderr
+        if result.stdout.strip() == "skip":
+            pytest.skip("not glibc 2.33 or later")
+        answers.append(result.stdout.strip())
+    assert answers == ["False", "True"]
+
+
+def test_memory_callback_is_on_with_no_config_and_in_the_imdb_configs():
+    """A run whose config lists no callbacks gets ReturnFreedMemory beside the monitor (train.py DEFAULT_CALLBACKS);
+    the IMDB configs, which list their own, list it too."""
+    import yaml
+
+    import train
+
+    names = [c["class_path"] for c in train.DEFAULT_CALLBACKS]
+    assert names == ["monitor.AttentionMonitor", "training.memory.ReturnFreedMemory"]
+    result = subprocess.run([sys.executable, "train.py", "fit", "--print_config"], capture_output=True, text=True,
+                            cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr
+    printed = [c["class_path"] for c in yaml.safe_load(result.stdout)["trainer"]["callbacks"]]
+    assert printed == names
+    for config in ("imdb.yaml", "imdb_local.yaml"):
+        listed = yaml.safe_load((ROOT / "configs" / config).read_text())["trainer"]["callbacks"]
+        assert "training.memory.ReturnFreedMemory" in [c["class_path"] for c in listed], config

@@ -1,28 +1,75 @@
-"""Hand the heap memory that freed activations leave behind back to the system during training. configs/imdb_local.yaml
-(whole IMDB reviews) lists it; any other run can add it:
+"""Keep a run's resident memory flat when its batches come in many sizes. configs/imdb_local.yaml (whole IMDB
+reviews) lists it; any other run can add it:
 
     python train.py fit --config my.yaml --trainer.callbacks+=training.memory.ReturnFreedMemory
 
-glibc keeps freed blocks for reuse; with batches bucketed by length, activations come in many sizes and the heap keeps
-a little of each (IMDB whole reviews: 2.0 GB resident after the first epoch, then flat). Trimming every 10 batches:
-peak 1,928 MiB instead of 2,760, and 20% more time (docs/RESULTS.md "Memory and data size").
+glibc serves a block under its mmap threshold from its heap and keeps it there once freed, and the threshold grows
+with the largest block freed (up to 32 MiB). Batches bucketed by length make activations of many sizes: a batch
+longer than the ones before does not fit in the holes they left, the heap grows, and every page once used stays
+resident. On whole IMDB reviews the heap's free space reached 7 GB and resident memory 3.3 GB by the fifth epoch.
+So this callback, on glibc:
+- maps every block of `mmap_threshold` bytes or more on its own (mallopt M_MMAP_THRESHOLD): freed, it goes straight
+  back to the system, whatever size the next batch needs;
+- hands the heap's free pages back (malloc_trim) at the start of each training and validation epoch, at the end of
+  validation, every `every` batches, and before a batch larger (texts × padded length) than all since the last time.
+docs/RESULTS.md "Memory and data size" measures each part and its time.
 """
+
+import ctypes
 
 from lightning.pytorch.callbacks import Callback
 
 from data.datamodule import return_freed_memory
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
+MMAP_THRESHOLD = 4 * 2**20
+
+
+def map_large_blocks(threshold: int) -> bool:
+    """Blocks of `threshold` bytes or more mapped on their own from now on (glibc; False elsewhere: other allocators
+    hand memory back their own way)."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, threshold))
+    except (OSError, AttributeError):
+        return False
+
 
 class ReturnFreedMemory(Callback):
-    def __init__(self, every: int = 10):
+    def __init__(self, every: int = 10, mmap_threshold: int | None = MMAP_THRESHOLD):
         """every: training and validation batches between two trims (each costs the page faults of the memory
-        handed back, when it is used again)."""
-        self.every = every
+        handed back, when it is used again). mmap_threshold: blocks this large or larger are mapped on their own
+        (each costs page faults when made; null: glibc's own, moving threshold)."""
+        self.every, self.mmap_threshold = every, mmap_threshold
+        self.since = 0  # batches since the last trim
+        self.largest = 0  # the largest batch (texts × padded length) since the last trim
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if batch_idx % self.every == 0:
-            return_freed_memory()
+    def setup(self, trainer, pl_module, stage):
+        if self.mmap_threshold:
+            map_large_blocks(self.mmap_threshold)
 
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        if batch_idx % self.every == 0:
-            return_freed_memory()
+    def trim(self) -> None:
+        return_freed_memory()
+        self.since = self.largest = 0
+
+    def before(self, batch) -> None:
+        ids = batch.get("input_ids") if isinstance(batch, dict) else None
+        size = ids.numel() if ids is not None else 0
+        if self.since >= self.every or size > self.largest > 0:
+            self.trim()
+        self.since += 1
+        self.largest = max(self.largest, size)
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.trim()
+
+    def on_validation_epoch_start(self, trainer, pl_module):
+        self.trim()
+
+    def on_validation_end(self, trainer, pl_module):  # what validation and the monitor's figures left
+        self.trim()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.before(batch)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.before(batch)
