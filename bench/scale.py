@@ -26,7 +26,14 @@ the fit's seconds and the process's peak resident memory.
 child and any DataLoader workers, from /proc) every SAMPLE_SECONDS; the child logs the same figure at each epoch's
 start, after each validation and every LOG_EVERY training batches (MemoryLog, added with `--trainer.callbacks+=`).
 It prints the run's figure over time, the peak, and the growth from the end of the first epoch's validation to the
-end of the last one: what a longer run would add. Ends with one JSON line.
+end of the last one: what a longer run would add. Ends with one JSON line. Where a run's memory goes, batch by batch:
+add `--trainer.callbacks+=bench.scale.BatchPeaks` (each training batch's own peak, from the kernel's high-water
+mark, and glibc's heap in use and free at each epoch's end), e.g. the settings docs/RESULTS.md compares:
+
+    python -m bench.scale memory -- --config configs/imdb.yaml --config configs/imdb_local.yaml \
+        --trainer.max_epochs 2 --trainer.limit_val_batches 0 --trainer.num_sanity_val_steps 0 \
+        --trainer.callbacks '[{class_path: training.memory.ReturnFreedMemory, init_args: {mmap_threshold: null}},
+                              {class_path: bench.scale.BatchPeaks}, {class_path: monitor.AttentionMonitor}]'
 """
 
 import argparse
@@ -95,6 +102,58 @@ class MemoryLog(Callback):
 
     def on_train_end(self, trainer, pl_module):
         self.say(trainer, "train_end")
+
+
+class BatchPeaks(Callback):
+    """Each training batch's peak resident memory (the kernel's high-water mark, reset before the batch: Linux
+    /proc/self/clear_refs) and what was resident when it began; at each epoch's end the TOP_BATCHES highest, with
+    each batch's texts × padded length, and glibc's heap: bytes in use and free (mallinfo2). List it before the
+    callbacks whose memory it should not count (ReturnFreedMemory's trim comes first when listed first)."""
+
+    TOP_BATCHES = 5
+
+    def __init__(self):
+        self.rows = []
+
+    @staticmethod
+    def status(key: str) -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key):
+                return int(line.split()[1]) // 1024  # kB → MiB
+        return 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # the high-water mark starts again from what is resident
+        except OSError:
+            pass
+        self.start = self.status("VmRSS")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.rows.append((self.status("VmHWM"), self.start, batch_idx, tuple(batch["input_ids"].shape)))
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        top = ", ".join(f"batch {i} {shape[0]}x{shape[1]}: {peak} MiB (from {start})"
+                        for peak, start, i, shape in sorted(self.rows, reverse=True)[: self.TOP_BATCHES])
+        print(f"{MARK}_BATCHES epoch {trainer.current_epoch}: {top}; heap {heap()}", file=sys.stderr, flush=True)
+        self.rows = []
+
+
+def heap() -> str:
+    """glibc's heap: MiB in use and free (free pages may be resident or handed back); '-' elsewhere."""
+    import ctypes
+
+    class Info(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in
+                    "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return "-"
+    mallinfo2.restype = Info
+    info = mallinfo2()
+    return f"in use {info.uordblks >> 20} MiB, free {info.fordblks >> 20} MiB, mapped {info.hblkhd >> 20} MiB"
 
 
 def run_and_watch(command: list[str], env=None) -> dict:

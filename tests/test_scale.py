@@ -346,3 +346,22 @@ def test_memory_callback_is_on_with_no_config_and_in_the_imdb_configs():
     for config in ("imdb.yaml", "imdb_local.yaml"):
         listed = yaml.safe_load((ROOT / "configs" / config).read_text())["trainer"]["callbacks"]
         assert "training.memory.ReturnFreedMemory" in [c["class_path"] for c in listed], config
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_batch_peaks_sees_memory_a_batch_used_and_freed(capsys):
+    """BatchPeaks reports a batch's own peak: a 200 MB tensor made and freed inside the batch shows in it."""
+    from types import SimpleNamespace
+
+    from bench.scale import BatchPeaks
+
+    peaks = BatchPeaks()
+    for index, size in enumerate((0, 50_000_000)):  # floats: none, then 200 MB
+        peaks.on_train_batch_start(None, None, None, index)
+        if size:
+            torch.ones(size).sum()
+        peaks.on_train_batch_end(None, None, None, {"input_ids": torch.zeros(2, 3 + index)}, index)
+    (first, second) = peaks.rows
+    assert second[0] - second[1] >= 150 and first[0] - first[1] < 100
+    peaks.on_train_epoch_end(SimpleNamespace(current_epoch=0), None)
+    assert "batch 1 2x4" in capsys.readouterr().err.split(";")[0].split(",")[0]
