@@ -329,7 +329,7 @@ print(libc.mallinfo2().hblkhd - before >= 6 << 20)
     assert answers == ["False", "True"]
 
 
-def test_memory_callback_is_on_with_no_config_and_in_the_imdb_configs():
+def test_memory_callback_is_on_with_no_config_and_in_the_imdb_configs(capsys):
     """A run whose config lists no callbacks gets ReturnFreedMemory beside the monitor (train.py DEFAULT_CALLBACKS);
     the IMDB configs, which list their own, list it too."""
     import yaml
@@ -338,10 +338,9 @@ def test_memory_callback_is_on_with_no_config_and_in_the_imdb_configs():
 
     names = [c["class_path"] for c in train.DEFAULT_CALLBACKS]
     assert names == ["monitor.AttentionMonitor", "training.memory.ReturnFreedMemory"]
-    result = subprocess.run([sys.executable, "train.py", "fit", "--print_config"], capture_output=True, text=True,
-                            cwd=ROOT, timeout=300)
-    assert result.returncode == 0, result.stderr
-    printed = [c["class_path"] for c in yaml.safe_load(result.stdout)["trainer"]["callbacks"]]
+    with pytest.raises(SystemExit):
+        train.main(["fit", "--print_config"])
+    printed = [c["class_path"] for c in yaml.safe_load(capsys.readouterr().out)["trainer"]["callbacks"]]
     assert printed == names
     for config in ("imdb.yaml", "imdb_local.yaml"):
         listed = yaml.safe_load((ROOT / "configs" / config).read_text())["trainer"]["callbacks"]
