@@ -264,14 +264,14 @@ def test_the_size_bench_makes_distinct_texts_from_the_shipped_ones(tmp_path, mon
     assert set(table.column("label").to_pylist()) == {0, 1}
 
 
-def test_freed_memory_is_returned_every_n_batches_and_before_a_larger_batch(monkeypatch):
+def test_freed_memory_is_returned_every_n_batches_and_before_a_larger_batch_of_enough_tokens(monkeypatch):
     import torch
 
     import training.memory
 
     trims = []
     monkeypatch.setattr(training.memory, "return_freed_memory", lambda: trims.append(1))
-    callback = training.memory.ReturnFreedMemory(every=3)
+    callback = training.memory.ReturnFreedMemory(every=3, min_tokens=0)
 
     def batches(lengths):  # trims before each batch, one per length (texts × padded length = 2 × length)
         counts = []
@@ -293,6 +293,9 @@ def test_freed_memory_is_returned_every_n_batches_and_before_a_larger_batch(monk
     assert len(trims) == 6
     callback.on_validation_end(None, None)  # what validation and the monitor's figures left
     assert len(trims) == 7
+    # batches under min_tokens trigger nothing, however many or however growing; the first one over it does
+    callback.min_tokens = 40
+    assert batches([1, 2, 3, 4, 5, 6, 7, 19, 20]) == [0, 0, 0, 0, 0, 0, 0, 0, 1]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
