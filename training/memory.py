@@ -6,7 +6,8 @@ DEFAULT_CALLBACKS) and listed by both IMDB configs; a config that lists its own 
 glibc serves a block under its mmap threshold from its heap and keeps it there once freed, and the threshold grows
 with the largest block freed (up to 32 MiB). Batches bucketed by length make activations of many sizes: a batch
 longer than the ones before does not fit in the holes they left, the heap grows, and every page once used stays
-resident until the heap is trimmed. On whole IMDB reviews the heap's free space reached 7 GB and resident memory 3.3 GB by the fifth epoch.
+resident until the heap is trimmed. On whole IMDB reviews the heap's free space reached 7 GB and resident memory
+3.3 GB by the fifth epoch.
 So this callback, on glibc:
 - maps every block of `mmap_threshold` bytes or more on its own (mallopt M_MMAP_THRESHOLD): freed, it goes straight
   back to the system, whatever size the next batch needs;
