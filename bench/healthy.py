@@ -24,6 +24,7 @@ and the verdict table (monitor/doctor.py).
 """
 
 import argparse
+import ast
 import json
 import os
 import re
@@ -39,7 +40,18 @@ from inference.limits import Parser  # one-line errors; imports nothing heavy
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
-KINDS = ("full", "local", "sparse", "linformer")  # model/kinds.py; not imported: this process loads no project code
+
+
+def registered_kinds() -> tuple[str, ...]:
+    """The names of model/kinds.py's ATTENTION_KINDS, read from its source: this process imports no project code
+    (nor torch), it only starts the runs."""
+    tree = ast.parse((ROOT / "model" / "kinds.py").read_text(encoding="utf-8"))
+    registry = next(node.value for node in tree.body if isinstance(node, ast.AnnAssign)
+                    and getattr(node.target, "id", None) == "ATTENTION_KINDS")
+    return tuple(key.value for key in registry.keys)
+
+
+KINDS = registered_kinds()
 CONFIGURED = "configured"  # --kinds: the run as its config says (the no-config default: attention auto)
 NO_CONFIG_DATASETS = ("sst2", "chnsenticorp_htl", "imdb")
 NOT_CLASSIFIER_CONFIGS = ("default.yaml", "pretrain.yaml")  # the no-config default itself; pretraining

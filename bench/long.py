@@ -36,14 +36,14 @@ from bench.speed import TransformerEncoderClassifier, alternate, peak_memory
 from data.files import write_atomically
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
-from model.kinds import ATTENTION_KINDS
+from model.kinds import ATTENTION_KINDS, DEFAULT_KIND as FULL
 
 log = logging.getLogger("bench.long")
 
 # The kinds that read whole long texts (they never build L × L), each against full attention.
 LONG_KINDS = tuple(name for name, kind in ATTENTION_KINDS.items()
-                   if kind.length_cap > ATTENTION_KINDS["full"].length_cap)
-SIDES = ("full", "fused", *LONG_KINDS, "peer")
+                   if kind.length_cap > ATTENTION_KINDS[FULL].length_cap)
+SIDES = (FULL, "fused", *LONG_KINDS, "peer")
 PLANS = {
     "default": dict(lengths=(128, 256, 512, 1024, 2048, 4096, 8192), warmup=2, repeats=5, batch=2),
     "quick": dict(lengths=(128, 256, 512, 1024, 2048), warmup=1, repeats=1, batch=2),
@@ -56,7 +56,7 @@ def network(vocab_size: int, max_length: int, smoke: bool) -> NetworkConfig:
     times the arithmetic, not the random masks); each side then picks its attention kind."""
     overlays = [path for kind in LONG_KINDS if (path := CONFIGS / f"imdb_{kind}.yaml").exists()]
     tiny = dict(d_model=16, n_heads=2, d_ff=32, window=4, projection_length=8) if smoke else {}
-    return network_config(CONFIGS / "imdb.yaml", *overlays, **tiny, attention="full", vocab_size=vocab_size,
+    return network_config(CONFIGS / "imdb.yaml", *overlays, **tiny, attention=FULL, vocab_size=vocab_size,
                           max_length=max_length, dropout=0.0, embedding_dropout=0.0, attention_dropout=0.0)
 
 
@@ -70,7 +70,7 @@ def build(side: str, config: NetworkConfig) -> torch.nn.Module:
 
 def quadratic_bytes(side: str, config: NetworkConfig, batch: int, L: int) -> int:
     """Bytes of one (B, H, L, L) float32 tensor for the sides that build one (a training step keeps several)."""
-    return 4 * batch * config.n_heads * L * L * config.n_layers if side in ("full", "peer") else 0
+    return 4 * batch * config.n_heads * L * L * config.n_layers if side in (FULL, "peer") else 0
 
 
 def measure(sides: dict, batch: int, L: int, plan: dict, device, generator) -> dict[str, dict]:
@@ -116,8 +116,8 @@ def growth_exponent(lengths, seconds) -> float | None:
 
 def summarize(results: dict, fit_from: int) -> dict:
     """results {L: {side: figures}} → the JSON summary (see the module docstring)."""
-    common = max(L for L, row in results.items() if "full" in row and all(kind in row for kind in LONG_KINDS))
-    full = results[common]["full"]
+    common = max(L for L, row in results.items() if FULL in row and all(kind in row for kind in LONG_KINDS))
+    full = results[common][FULL]
     summary = {"largest_common_length": common}
     for kind in LONG_KINDS:
         figures = results[common][kind]

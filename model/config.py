@@ -9,13 +9,12 @@ the network with `NetworkConfig(**that_dict)`. A new option is a new field here 
 from dataclasses import asdict, dataclass, fields, replace
 
 from model.errors import ConfigError
-from model.kinds import ATTENTION_KINDS
+from model.kinds import ATTENTION_KINDS, AUTO_KINDS, DEFAULT_KIND
 
 POOLINGS = ("mean", "max", "first", "attention")
 POSITIONS = ("learned", "sinusoidal", "none")
 KERNELS = ("manual", "fused")
 AUTO = "auto"  # attention: full up to FULL_ATTENTION_MAX_LENGTH tokens, local beyond (NetworkConfig.resolved)
-AUTO_KINDS = ("full", "local")  # what "auto" stands for on short and on long texts
 # "auto" reads texts up to the first kind's length cap with it (full costs L²), longer ones with the second
 FULL_ATTENTION_MAX_LENGTH, LONG_MAX_LENGTH = (ATTENTION_KINDS[kind].length_cap for kind in AUTO_KINDS)
 
@@ -87,7 +86,7 @@ class NetworkConfig:
     scale: float | None = None
     causal: bool = False
     attention_kernel: str = "manual"
-    attention: str = "full"
+    attention: str = DEFAULT_KIND
     window: int = 64
     projection_length: int = 128
     global_tokens: int = 1

@@ -20,6 +20,10 @@ ATTENTION_KINDS: dict[str, type[MultiHeadSelfAttention]] = {
 }
 
 
+DEFAULT_KIND = "full"  # NetworkConfig's default, and the baseline the cheaper kinds are measured against
+AUTO_KINDS = ("full", "local")  # what attention "auto" stands for on short and on long texts (model/config.py)
+
+
 def kinds_help() -> str:
     """Every registered kind with what a query sees, for --help (train.py, the benches)."""
     return "; ".join(f'"{name}" {kind.summary}' for name, kind in ATTENTION_KINDS.items())

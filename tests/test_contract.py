@@ -16,6 +16,7 @@ from inference.diagnosis import Diagnosis
 from model.attention import AttentionWeights
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
+from model.kinds import ATTENTION_KINDS
 from monitor.contract import contract_checks, formula_settings
 from monitor.doctor import NOT_LEARNING_STEPS, Finding, diagnose, warnings
 from monitor.dynamics import TrainingDynamics
@@ -262,7 +263,12 @@ def norm_left_out(block, x, key_padding_mask, need_weights):
     return x + attended, weights
 
 
-@pytest.mark.parametrize("kind", ["full", "linformer"])
+# One kind whose keys are the text's tokens and one whose keys are projections of them, from the registry.
+KEY_LAYOUTS = [next(name for name, kind in ATTENTION_KINDS.items() if kind.keys_are_tokens is tokens)
+               for tokens in (True, False)]
+
+
+@pytest.mark.parametrize("kind", KEY_LAYOUTS)
 @pytest.mark.parametrize("d_ff", [0, 24])
 def test_a_block_written_otherwise_is_named_by_its_first_differing_step(kind, d_ff):
     checks, findings = checked("norm-before-attention", kind, d_ff=d_ff)

@@ -3,6 +3,7 @@ doctor's table of planted bugs is what bench/bugs.py prints from it, and a kind 
 registry line, shows up in config validation, --help, the bugs table and the planted bugs' kinds with nothing else
 edited."""
 
+import ast
 import re
 from types import SimpleNamespace
 
@@ -116,3 +117,31 @@ def test_the_planted_look_ahead_reaches_a_kind_registered_later(strided):
 
     assert later_weight(None) > 0.1
     assert later_weight("look-ahead") == 0.0
+
+
+def kind_names_outside_the_registry() -> list[str]:
+    """Places in the product (not the tests) that name attention kinds by hand: a comparison with a kind's name
+    (`config.attention == "full"`) or a literal list of two or more of them. A kind's rules are asked of its class."""
+    allowed = {"model/kinds.py", "model/attention.py", "model/long_attention.py"}  # the registry and the kinds
+    names = set(ATTENTION_KINDS)
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative in allowed or relative.startswith(("tests/", ".venv/")) or "/." in f"/{relative}":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare):
+                named = [c.value for c in (node.left, *node.comparators) if isinstance(c, ast.Constant)
+                         and c.value in names]
+            elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                named = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names]
+                named = named if len(named) >= 2 else []
+            else:
+                continue
+            if named:
+                found.append(f"{relative}:{node.lineno} {named}")
+    return found
+
+
+def test_no_kind_is_named_outside_the_registry():
+    assert kind_names_outside_the_registry() == []
