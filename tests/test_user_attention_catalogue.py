@@ -56,6 +56,7 @@ MASKS = {
     "sdpa_weights_unmasked.py": ("attn_mask", "bool-keep"),
     "scores_returned.py": ("key_padding_mask", "bool-pad"),
     "hf_transposed_product.py": ("attention_mask", "keep-01"),
+    "annotated_masked_fill_discarded.py": ("mask", "bool-keep"),
 }
 
 CORRECT = [e for e in CATALOGUE if e["correct"]]
