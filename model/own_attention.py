@@ -1,0 +1,330 @@
+"""A user's own attention class, unchanged, as an attention kind: `--model.network.attention path/to/file.py:Class`.
+
+    load_attention_class(spec)   "file.py:Class", "package.module:Class" or "package.module.Class" → the class
+    build_user_layer(cls, ...)   the class built from the network's sizes, its constructor read by parameter names
+    OwnAttention(cls_or_spec)    the adapter a Block holds: the interface of model/attention.py's layers around it
+
+What the adapter finds out is found by running the class (model/mask_probe.py), never guessed from names: how its
+forward takes a mask (positional or keyword, which convention, which shape), what it returns (out or (out, weights),
+weights (B, L, L) or (B, H, L, L)) and its output width (another than d_model gets an output projection the product
+adds, `w_o`). A class that takes no mask is run on texts of one length at a time, so no key it sees is padding.
+
+The class hands out its weights only: the scores it softmaxed are its own business, so AttentionWeights.scores is
+NaN (the score figures of the monitor are then NaN, never a guess). The doctor's formula reference is not defined
+for a user's class here (`reference` is None: monitor/contract.py skips it).
+
+Letters in the shape comments: B batch, L tokens, H heads, D model width, W the class's output width, N real tokens.
+"""
+
+import importlib
+import importlib.util
+import inspect
+import logging
+import math
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from model.attention import AttentionWeights, unpack
+from model.errors import ConfigError
+from model.mask_probe import Convention, call_layer, find_convention, first_line, key_mask, split_output
+
+log = logging.getLogger(__name__)
+
+# Constructor parameter names the network's sizes fill (tutorials' spellings): d_model, n_heads, the head size.
+SIZE_NAMES = {
+    "d_model": ("d_model", "embed_dim", "hidden_size", "dim", "d_in"),
+    "n_heads": ("n_heads", "num_heads", "num_attention_heads", "heads", "n_head"),
+    "d_head": ("d_k", "d_head", "head_dim", "dim_head", "d_out"),
+}
+# Where a class keeps its output projection, by the names tutorials give it: head gates multiply its input.
+OUTPUT_PROJECTION_NAMES = ("W_O", "w_o", "out_proj", "o_proj", "to_out", "c_proj", "proj", "out")
+# Its query, key and value projections (nn.Linear), read by the monitor's update ratio and head similarity.
+PROJECTION_NAMES = {
+    "w_q": ("W_Q", "w_q", "q_proj", "query", "to_q", "q"),
+    "w_k": ("W_K", "w_k", "k_proj", "key", "to_k", "k"),
+    "w_v": ("W_V", "w_v", "v_proj", "value", "to_v", "v"),
+}
+_loaded: dict[tuple[str, float], type] = {}  # file path, modification time → its class (a file runs once)
+_said: set[str] = set()  # log lines already written (a network builds one adapter per layer)
+
+
+def is_class_spec(name: str) -> bool:
+    """Whether an `attention` setting names a user's class rather than a registered kind (kinds have no . or :)."""
+    return isinstance(name, str) and (":" in name or "." in name)
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """(file or module, class name) of "file.py:Class", "package.module:Class" or "package.module.Class"."""
+    where, sep, name = spec.rpartition(":")
+    if not sep:
+        where, _, name = spec.rpartition(".")
+    if not where or not name or not name.isidentifier():
+        raise ConfigError(f"attention {spec!r}: expected path/to/file.py:ClassName, package.module:ClassName or "
+                          "package.module.ClassName")
+    return where, name
+
+
+def is_file(where: str) -> bool:
+    return where.endswith(".py") or "/" in where or "\\" in where
+
+
+def load_attention_class(spec: str, path: str | Path | None = None) -> type[nn.Module]:
+    """The nn.Module subclass a spec names (path, when given, replaces the spec's file: a checkpoint's recorded one).
+    Every failure is one ConfigError line: the file missing, its import failing (with its first error line), no such
+    class, not an nn.Module subclass."""
+    where, name = split_spec(spec)
+    if path is not None or is_file(where):
+        module = _load_file(spec, Path(path if path is not None else where))
+    else:
+        try:
+            module = importlib.import_module(where)
+        except Exception as error:  # the user's module: any error it raises is reported, in one line
+            raise ConfigError(f"attention {spec!r}: importing {where} failed: {first_line(error)}") from None
+    found = getattr(module, name, None)
+    if found is None:
+        classes = sorted(n for n, v in vars(module).items() if inspect.isclass(v) and issubclass(v, nn.Module)
+                         and v.__module__ == module.__name__)
+        raise ConfigError(f"attention {spec!r}: no class {name} in {getattr(module, '__file__', where)} "
+                          f"(its nn.Module classes: {', '.join(classes) or 'none'})")
+    if not (inspect.isclass(found) and issubclass(found, nn.Module)):
+        raise ConfigError(f"attention {spec!r}: {name} is not an nn.Module subclass "
+                          "(expected class Name(nn.Module) with forward(x) or forward(x, mask))")
+    return found
+
+
+def _load_file(spec: str, path: Path) -> object:
+    """The module a .py file defines, run once per version of the file (its modification time)."""
+    if not path.is_file():
+        raise ConfigError(f"attention {spec!r}: file {path} not found")
+    path = path.resolve()
+    key = (str(path), path.stat().st_mtime)
+    if key in _loaded:
+        return _loaded[key]
+    # A name of its own per file, so that two users' files called attention.py do not replace each other.
+    module_name = f"own_attention_{abs(hash(str(path))):x}_{path.stem}"
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look a class's module up here
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as error:  # the user's file: any error it raises is reported, in one line
+        del sys.modules[module_name]
+        raise ConfigError(f"attention {spec!r}: importing {path} failed: {first_line(error)}") from None
+    _loaded[key] = module
+    return module
+
+
+def class_file(cls: type) -> Path | None:
+    """The .py file a class was defined in (None for a class without one)."""
+    try:
+        return Path(inspect.getfile(cls)).resolve()
+    except (TypeError, OSError):
+        return None
+
+
+def constructor_arguments(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None) -> dict:
+    """The keyword arguments cls(**them) is built with: each parameter named like a size (SIZE_NAMES) gets the
+    network's, `args` (attention_args) gives or overrides any; a required one nobody fills is a ConfigError line."""
+    args = dict(args or {})
+    sizes = {name: value for size, value in (("d_model", d_model), ("n_heads", n_heads), ("d_head", d_head))
+             for name in SIZE_NAMES[size]}
+    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]  # after self
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters)
+    named = {p.name: p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    unknown = sorted(set(args) - set(named)) if not takes_any else []
+    if unknown:
+        raise ConfigError(f"attention_args {unknown[0]!r}: {cls.__name__}.__init__ takes no such argument "
+                          f"(it takes {', '.join(named) or 'none'})")
+    chosen = {}
+    for name, parameter in named.items():
+        if name in args:
+            chosen[name] = args[name]
+        elif name in sizes:
+            chosen[name] = sizes[name]
+        elif parameter.default is parameter.empty:
+            raise ConfigError(f"attention: {cls.__name__}.__init__ needs {name!r}, which no network setting fills: "
+                              f"give it with --model.network.attention_args '{{\"{name}\": ...}}'")
+    return chosen
+
+
+def build_user_layer(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None) -> nn.Module:
+    """cls built from the network's sizes and attention_args (constructor_arguments); a constructor that raises is
+    one ConfigError line."""
+    arguments = constructor_arguments(cls, d_model, n_heads, d_head, args)
+    try:
+        return cls(**arguments)
+    except Exception as error:  # the user's constructor
+        shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+        raise ConfigError(f"attention: {cls.__name__}({shown}) failed: {first_line(error)}") from None
+
+
+def say_once(level: int, message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        log.log(level, message)
+
+
+class OwnAttention(nn.Module):
+    """A user's attention class inside the classifier's Block, with the interface of the built-in layers:
+    forward(x (B, L, D), key_padding_mask (B, L) True = padding, need_weights) → (out (B, L, D), AttentionWeights
+    or None), forward_packed, n_heads, head_gate, look_ahead. `.user` is the user's module, unchanged;
+    `.convention` says how it takes its mask (found by probing, model/mask_probe.py)."""
+
+    summary = "a user's own class, path/to/file.py:ClassName (docs/OWN_ATTENTION.md)"
+    keys_are_tokens = True  # it is handed (B, L, D) token vectors; its weights are token × token
+    length_cap = 256  # a class written from the formula costs L², as full attention does
+    least: dict[str, int] = {}
+    gates_heads = True  # set per layer: whether head_gate can reach each head's contribution
+    reference = None  # the doctor's dense reference is not defined for a user's class (monitor/contract.py)
+
+    @classmethod
+    def order_blind(cls, config) -> bool:
+        """Unknown for a user's class (it may hold positions of its own): the shuffled-tokens check is left out."""
+        return False
+
+    @classmethod
+    def check(cls, config) -> None:
+        """The settings of the built-in formula do not reach a user's class: refused rather than ignored."""
+        for name, default in (("scale", None), ("causal", False), ("attention_kernel", "manual"),
+                              ("attention_dropout", 0.0), ("layer_heads", None)):
+            if getattr(config, name) != default:
+                raise ConfigError(f"{name} {getattr(config, name)!r} applies to the built-in attention kinds, not to "
+                                  f"a user's class ({config.attention}): leave it unset (the class decides)")
+
+    @classmethod
+    def settings(cls, config) -> dict:
+        return {}
+
+    @classmethod
+    def extra_parameters(cls, config) -> int:
+        return 0
+
+    def __init__(self, cls_or_spec, *, d_model: int, n_heads: int, d_head: int | None = None,
+                 attention_args: dict | None = None):
+        super().__init__()
+        cls = load_attention_class(cls_or_spec) if isinstance(cls_or_spec, str) else cls_or_spec
+        name = cls_or_spec if isinstance(cls_or_spec, str) else f"{cls.__module__}.{cls.__qualname__}"
+        self.user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, attention_args)
+        found = find_convention(self.user, d_model, name)
+        self.convention: str = found.convention.describe()
+        self._convention: Convention = found.convention
+        self.n_heads = found.heads  # the heads its weights show: (B, L, L) is one head
+        self.width = found.width  # its output width W
+        self.returns_weights = found.returns_weights
+        self.d_model, self.d_head = d_model, d_head or d_model // n_heads
+        self.look_ahead = False  # a user's class blocks what it blocks; the product adds no look-ahead mask
+        self.head_gate: torch.Tensor | None = None  # (H,): head importance and ablation (inference/heads.py)
+        # An output width other than d_model gets the product's own W_O, so the residual can add it.
+        self.w_o = nn.Linear(self.width, d_model, bias=False) if self.width != d_model else None
+        if self.w_o is not None:
+            say_once(logging.INFO, f"attention {name}: output width {self.width} ≠ d_model {d_model}: the product "
+                                   f"adds an output projection nn.Linear({self.width}, {d_model}, bias=False)")
+        say_once(logging.WARNING if found.convention.call == "none" else logging.INFO,
+                 f"attention {name}: {self.convention}")
+        self._gate_projection = self._find_gate()
+        if not self.gates_heads:
+            say_once(logging.INFO, f"attention {name}: its {self.n_heads} heads cannot be told apart in its output "
+                                   "(no output projection by name): head ablation is left out for it")
+
+    def _find_gate(self) -> nn.Module | None:
+        """Where head_gate acts, returned when it is the class's own output projection (a hook multiplies its
+        input's H slices): one head multiplies the whole output; several, the input of the class's output projection
+        when it has one by name, else the output's H equal slices. Checked on a probe input: with every gate 0 the
+        output must be the same at every token (only a bias left), else the layer refuses head ablation."""
+        if self.n_heads == 1:
+            return None
+        projection = next((m for n in OUTPUT_PROJECTION_NAMES
+                           if isinstance(m := getattr(self.user, n, None), (nn.Linear, nn.Sequential))), None)
+        if isinstance(projection, nn.Sequential):
+            projection = projection[0] if len(projection) and isinstance(projection[0], nn.Linear) else None
+        if projection is not None and projection.in_features % self.n_heads == 0:
+            projection.register_forward_pre_hook(lambda module, args: (self._gated(args[0]), *args[1:]))
+        elif projection is not None or self.width % self.n_heads:
+            self.gates_heads = False
+            return projection
+        self.gates_heads = self._gate_works()
+        return projection
+
+    def _gated(self, t: torch.Tensor) -> torch.Tensor:
+        """t (..., H·d) with each head's d columns times its gate, when one is set."""
+        if self.head_gate is None:
+            return t
+        return (t.unflatten(-1, (self.n_heads, -1)) * self.head_gate.view(self.n_heads, 1)).flatten(-2)
+
+    @torch.no_grad()
+    def _gate_works(self) -> bool:
+        x = torch.randn(2, 5, self.d_model, generator=torch.Generator().manual_seed(0))
+        was_training = self.training
+        self.eval()
+        try:
+            self.head_gate = torch.zeros(self.n_heads)
+            out, _ = self.forward(x)
+            return bool(torch.allclose(out, out[:, :1].expand_as(out), atol=1e-5))
+        except Exception:  # a gate the class's own shapes refuse: no head ablation for it
+            return False
+        finally:
+            self.head_gate = None
+            self.train(was_training)
+
+    def projection(self, role: str) -> nn.Linear | None:
+        """The class's own nn.Linear for "w_q", "w_k" or "w_v" by its usual names (PROJECTION_NAMES), or None."""
+        return next((m for n in PROJECTION_NAMES[role] if isinstance(m := getattr(self.user, n, None), nn.Linear)),
+                    None)
+
+    # Read, not registered again: a second registration would make the monitor see one weight in two places.
+    w_q = property(lambda self: self.projection("w_q"))
+    w_k = property(lambda self: self.projection("w_k"))
+    w_v = property(lambda self: self.projection("w_v"))
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, need_weights: bool = False
+                ) -> tuple[torch.Tensor, AttentionWeights | None]:
+        """x (B, L, D); key_padding_mask (B, L) bool, True marks padding. Returns (out (B, L, D), weights or None)."""
+        B, L, _ = x.shape
+        if self._convention.call == "none" and key_padding_mask is not None and key_padding_mask.any():
+            out, weights = self._by_length(x, key_padding_mask)
+        else:
+            mask = None if self._convention.call == "none" else key_mask(
+                key_padding_mask if key_padding_mask is not None else x.new_zeros(B, L, dtype=torch.bool),
+                self._convention, x.dtype)
+            out, weights = split_output(call_layer(self.user, x, mask, self._convention))
+        if self.head_gate is not None and not self.gates_heads:
+            raise RuntimeError(f"head ablation: {type(self.user).__name__}'s heads cannot be told apart in its output "
+                               "(no output projection found by name, e.g. out_proj / W_O): it has no per-head gate")
+        if self._gate_projection is None:
+            out = self._gated(out)  # (B, L, W), each head's slice times its gate
+        if self.w_o is not None:
+            out = self.w_o(out)  # (B, L, D)
+        if not need_weights or weights is None:
+            return out, None
+        weights = weights if weights.dim() == 4 else weights.unsqueeze(1)  # (B, H, L, L)
+        blocked = None if key_padding_mask is None else key_padding_mask.bool()[:, None, None, :]
+        scores = weights.new_full((), math.nan).expand_as(weights)  # the class hands out no scores
+        return out, AttentionWeights(weights, scores, blocked)
+
+    def _by_length(self, x: torch.Tensor, key_padding_mask: torch.Tensor):
+        """A class that takes no mask, run on the texts of each length apart at that length: no key it sees is
+        padding. Returns (out (B, L, W), weights (B, H, L, L) zeros outside each text, or None)."""
+        B, L, _ = x.shape
+        lengths = (~key_padding_mask.bool()).sum(dim=-1)  # (B,)
+        out, weights = x.new_zeros(B, L, self.width), None
+        for length in lengths.unique().tolist():
+            rows = (lengths == length).nonzero(as_tuple=True)[0]
+            part, part_weights = split_output(call_layer(self.user, x[rows, :length], None, self._convention))
+            out = out.index_put((rows,), nn.functional.pad(part, (0, 0, 0, L - length)))
+            if part_weights is not None:
+                part_weights = part_weights if part_weights.dim() == 4 else part_weights.unsqueeze(1)
+                if weights is None:
+                    weights = x.new_zeros(B, part_weights.shape[1], L, L)
+                weights = weights.index_put((rows,), nn.functional.pad(part_weights, (0, L - length, 0, L - length)))
+        return out, weights
+
+    def forward_packed(self, x: torch.Tensor, key_padding_mask: torch.Tensor, need_weights: bool = False
+                       ) -> tuple[torch.Tensor, AttentionWeights | None]:
+        """x (N, D) the real tokens of a (B, L) batch in row-major order → (out (N, D), weights or None): put on the
+        (B, L) grid with zeros at padding, run as forward(), the real tokens taken back."""
+        real = ~key_padding_mask.bool()  # (B, L)
+        out, weights = self.forward(unpack(x, real), key_padding_mask, need_weights)
+        return out[real.nonzero(as_tuple=True)], weights  # (N, D)
