@@ -16,11 +16,13 @@ for a user's class here (`reference` is None: monitor/contract.py skips it).
 Letters in the shape comments: B batch, L tokens, H heads, D model width, W the class's output width, N real tokens.
 """
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -47,6 +49,8 @@ PROJECTION_NAMES = {
     "w_k": ("W_K", "w_k", "k_proj", "key", "to_k", "k"),
     "w_v": ("W_V", "w_v", "v_proj", "value", "to_v", "v"),
 }
+ALLOW_CHANGED = "ATTENTION_ALLOW_CHANGED_CLASS"  # set to 1: load a checkpoint whose class file changed since
+PLAIN = (str, int, float, bool, type(None))  # what attention_args may hold (the checkpoint stores it)
 _loaded: dict[tuple[str, float], type] = {}  # file path, modification time → its class (a file runs once)
 _said: set[str] = set()  # log lines already written (a network builds one adapter per layer)
 
@@ -125,6 +129,59 @@ def class_file(cls: type) -> Path | None:
         return None
 
 
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def resolve_source(spec: str, recorded: dict | None = None) -> dict:
+    """{"spec", "path", "sha256"}: the class's file (absolute) and its hash, recorded in the network config.
+
+    `recorded` (a checkpoint's, for the same spec) says which file the network was trained with: a relative path is
+    looked for from the working directory first, then at the recorded absolute path; a file whose hash differs is
+    refused (one ConfigError line) unless ATTENTION_ALLOW_CHANGED_CLASS=1. A module spec is hashed by its file."""
+    if recorded is not None:
+        if not (isinstance(recorded, dict) and all(isinstance(recorded.get(k), str) for k in ("spec", "path", "sha256"))):
+            raise ConfigError(f"attention_source must be {{'spec', 'path', 'sha256'}} strings (recorded by the "
+                              f"product; leave it unset), got {recorded!r}")
+        if recorded["spec"] != spec:
+            recorded = None  # another class than the one recorded: recorded afresh
+    where, _ = split_spec(spec)
+    if is_file(where):
+        tried = [Path(where)] + ([Path(recorded["path"])] if recorded is not None else [])
+        path = next((p for p in tried if p.is_file()), None)
+        if path is None:
+            also = f" (recorded as {recorded['path']})" if recorded is not None and recorded["path"] != where else ""
+            raise ConfigError(f"attention {spec!r}: file {where}{also} not found: this network needs its class file")
+        path = path.resolve()
+    else:
+        path = class_file(load_attention_class(spec))
+        if path is None:
+            raise ConfigError(f"attention {spec!r}: its class has no source file to record")
+    digest = file_sha256(path)
+    if recorded is not None and recorded["sha256"] != digest and os.environ.get(ALLOW_CHANGED) != "1":
+        raise ConfigError(f"attention {spec!r}: {path} changed since this network was trained (sha256 "
+                          f"{recorded['sha256'][:12]}… recorded, {digest[:12]}… now); restore it, or set "
+                          f"{ALLOW_CHANGED}=1 to load it anyway")
+    return {"spec": spec, "path": str(path), "sha256": digest}
+
+
+def check_attention_args(args) -> None:
+    """attention_args: None or a dict of names to plain values (the checkpoint stores it as plain data)."""
+    if args is None:
+        return
+    if not isinstance(args, dict) or not all(isinstance(k, str) for k in args) or not all(
+            isinstance(v, PLAIN) or isinstance(v, list) and all(isinstance(e, PLAIN) for e in v) for v in args.values()):
+        raise ConfigError(f"attention_args must be a dict of names to numbers, strings, booleans or lists of them, "
+                          f"got {args!r}")
+
+
+def configured_class(config) -> type[nn.Module]:
+    """The class a NetworkConfig's attention names, from the file its attention_source records."""
+    source = config.attention_source
+    where, _ = split_spec(config.attention)
+    return load_attention_class(config.attention, source["path"] if is_file(where) else None)
+
+
 def constructor_arguments(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None) -> dict:
     """The keyword arguments cls(**them) is built with: each parameter named like a size (SIZE_NAMES) gets the
     network's, `args` (attention_args) gives or overrides any; a required one nobody fills is a ConfigError line."""
@@ -187,7 +244,10 @@ class OwnAttention(nn.Module):
 
     @classmethod
     def check(cls, config) -> None:
-        """The settings of the built-in formula do not reach a user's class: refused rather than ignored."""
+        """The class loads and its constructor can be filled; the settings of the built-in formula, which do not
+        reach a user's class, are refused rather than ignored."""
+        constructor_arguments(configured_class(config), config.d_model, config.n_heads, config.head_size,
+                              config.attention_args)
         for name, default in (("scale", None), ("causal", False), ("attention_kernel", "manual"),
                               ("attention_dropout", 0.0), ("layer_heads", None)):
             if getattr(config, name) != default:
@@ -203,10 +263,10 @@ class OwnAttention(nn.Module):
         return 0
 
     def __init__(self, cls_or_spec, *, d_model: int, n_heads: int, d_head: int | None = None,
-                 attention_args: dict | None = None):
+                 attention_args: dict | None = None, name: str | None = None):
         super().__init__()
         cls = load_attention_class(cls_or_spec) if isinstance(cls_or_spec, str) else cls_or_spec
-        name = cls_or_spec if isinstance(cls_or_spec, str) else f"{cls.__module__}.{cls.__qualname__}"
+        name = name or (cls_or_spec if isinstance(cls_or_spec, str) else f"{cls.__module__}.{cls.__qualname__}")
         self.user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, attention_args)
         found = find_convention(self.user, d_model, name)
         self.convention: str = found.convention.describe()
