@@ -332,6 +332,11 @@ class OwnAttention(nn.Module):
             self.head_gate = None
             self.train(was_training)
 
+    @property
+    def runs_by_length(self) -> bool:
+        """Whether the class takes no mask, so that a padded batch is run text length by text length."""
+        return self._convention.call == "none"
+
     def projection(self, role: str) -> nn.Linear | None:
         """The class's own nn.Linear for "w_q", "w_k" or "w_v" by its usual names (PROJECTION_NAMES), or None."""
         return next((m for n in PROJECTION_NAMES[role] if isinstance(m := getattr(self.user, n, None), nn.Linear)),
@@ -346,10 +351,10 @@ class OwnAttention(nn.Module):
                 ) -> tuple[torch.Tensor, AttentionWeights | None]:
         """x (B, L, D); key_padding_mask (B, L) bool, True marks padding. Returns (out (B, L, D), weights or None)."""
         B, L, _ = x.shape
-        if self._convention.call == "none" and key_padding_mask is not None and key_padding_mask.any():
+        if self.runs_by_length and key_padding_mask is not None and key_padding_mask.any():
             out, weights = self._by_length(x, key_padding_mask)
         else:
-            mask = None if self._convention.call == "none" else key_mask(
+            mask = None if self.runs_by_length else key_mask(
                 key_padding_mask if key_padding_mask is not None else x.new_zeros(B, L, dtype=torch.bool),
                 self._convention, x.dtype)
             out, weights = split_output(call_layer(self.user, x, mask, self._convention))

@@ -317,3 +317,73 @@ def test_seed_class_trains_and_draws_heatmaps(tmp_path):
     (best,) = (run / "checkpoints").glob("best-*.ckpt")
     prediction = TextClassifier.from_checkpoint(best, device="cpu").predict(["alpha w1 beta"], attention=True)[0]
     assert len(prediction.tokens) == 3 and torch.as_tensor(prediction.attention).shape[-1] == 3
+
+
+def test_serve_answers_attention_and_explanations(tmp_path):
+    from inference.answers import answer_batch, model_info
+    from inference.request import PredictRequest
+
+    classifier = tiny_classifier(attention=SEED)
+    classifier.label_names = ["neg", "pos"]
+    texts = ["w1 alpha w2 beta", "beta w3"]
+    attention, explained = answer_batch(classifier, [PredictRequest(texts=texts, attention=True),
+                                                     PredictRequest(texts=texts[:1], explain=True)], ig_steps=4)
+    assert "error" not in attention and "error" not in explained
+    rows = attention["predictions"][1]["attention"][0]  # layer 0: the mean over heads, one row per token
+    assert len(rows) == 2 and all(sum(row) == pytest.approx(1.0, abs=1e-5) for row in rows)
+    scores = explained["predictions"][0]["scores"]
+    assert len(scores["attention"]) == len(scores["occlusion"]) == 4  # a weight per token (w1 alpha w2 beta)
+
+
+MASKED_CLASS = '''import math
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, embed_dim, num_heads):
+        super().__init__()
+        self.h = num_heads
+        self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=False)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+
+    def forward(self, x, key_padding_mask=None):
+        B, L, D = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.h, D // self.h).permute(2, 0, 3, 1, 4)
+        s = q @ k.transpose(-2, -1) / math.sqrt(D // self.h)
+        if key_padding_mask is not None:
+            s = s.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+        w = s.softmax(-1)
+        return self.out_proj((w @ v).transpose(1, 2).reshape(B, L, D)), w
+'''
+
+
+@pytest.mark.slow
+def test_export_keeps_a_masked_class_and_refuses_one_without_mask(tmp_path, capsys):
+    import lightning
+    import numpy as np
+    import onnxruntime
+    from tokenizers import Tokenizer
+
+    import export
+
+    path = write_class(tmp_path, MASKED_CLASS)
+    for spec, exported in ((f"{path}:Attention", True), (SEED, False)):
+        classifier = tiny_classifier(attention=spec)
+        ckpt = save_checkpoint(classifier, tmp_path / "own.ckpt")
+        torch.save(torch.load(ckpt, weights_only=True) | {"pytorch-lightning_version": lightning.__version__}, ckpt)
+        out = tmp_path / f"out_{exported}"
+        assert export.main(["--ckpt", str(ckpt), "--out", str(out), "--attention"]) == (0 if exported else 2)
+        if not exported:
+            line = capsys.readouterr().err.strip().splitlines()[-1]
+            assert "takes no mask" in line and "forward(x, mask)" in line
+            continue
+        texts = ["w1 alpha w2 beta w3", "beta w4"]
+        session = onnxruntime.InferenceSession(str(out / "model.onnx"))
+        encodings = Tokenizer.from_file(str(out / "tokenizer.json")).encode_batch(texts)
+        feed = {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+                "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64)}
+        probabilities = session.run(["probabilities"], feed)[0]
+        expected = [p.probabilities for p in classifier.predict(texts)]
+        for got, want in zip(probabilities, expected):
+            assert got.tolist() == pytest.approx([want[name] for name in classifier.label_names], abs=1e-5)
