@@ -387,3 +387,19 @@ def test_export_keeps_a_masked_class_and_refuses_one_without_mask(tmp_path, caps
         expected = [p.probabilities for p in classifier.predict(texts)]
         for got, want in zip(probabilities, expected):
             assert got.tolist() == pytest.approx([want[name] for name in classifier.label_names], abs=1e-5)
+
+
+def test_the_log_lines_in_docs_are_what_training_prints(monkeypatch, caplog):
+    import model.own_attention
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(model.own_attention, "_said", set())
+    config = NetworkConfig(attention="../shared/examples/seed_self_attention.py:SelfAttention", d_model=32, n_heads=2,
+                           n_layers=2)
+    with caplog.at_level("INFO", logger="model.own_attention"):
+        from model.classifier import AttentionClassifier
+
+        AttentionClassifier(config)  # smoke.yaml's sizes, two layers
+    page = (ROOT / "docs" / "OWN_ATTENTION.md").read_text()
+    lines = [f"{r.levelname} {r.name}: {r.message}" for r in caplog.records]
+    assert len(lines) == 2 and all(line in page for line in lines)  # said once, not once per layer
