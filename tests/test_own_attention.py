@@ -63,19 +63,17 @@ def test_seed_class_hands_out_its_weights_and_no_scores():
     assert torch.allclose(packed, out[real], atol=1e-6)
 
 
-def test_user_class_is_left_unchanged_and_global_random_stream_untouched():
-    torch.manual_seed(0)
-    expected = torch.rand(3)
-    torch.manual_seed(0)
+def test_user_class_is_built_as_the_user_would_and_the_probe_draws_no_global_random_numbers():
     cls = load_attention_class(SEED)
-    user = build_user_layer(cls, 16, 2, 8)
     torch.manual_seed(0)
-    built = cls(d_model=16, d_k=8)
-    OwnAttention(cls, d_model=16, n_heads=2, d_head=8)  # the probe uses its own generator
-    assert all(torch.equal(a, b) for a, b in zip(user.state_dict().values(), built.state_dict().values()))
+    layer = OwnAttention(cls, d_model=16, n_heads=2, d_head=8)
+    after_adapter = torch.rand(3)
     torch.manual_seed(0)
-    torch.rand(0)
-    assert torch.equal(torch.rand(3), expected)
+    by_hand = cls(d_model=16, d_k=8)
+    nn.Linear(8, 16, bias=False)  # the output projection the adapter adds
+    assert torch.equal(torch.rand(3), after_adapter)  # the probes use their own generator
+    assert all(torch.equal(a, b) for a, b in zip(layer.user.state_dict().values(), by_hand.state_dict().values()))
+    assert type(build_user_layer(cls, 16, 2, 8)) is cls
 
 
 # ---- mask conventions, found by probing ---------------------------------------------------------------------------
