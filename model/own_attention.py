@@ -9,8 +9,9 @@ forward takes a mask (positional or keyword, which convention, which shape), wha
 weights (B, L, L) or (B, H, L, L)) and its output width (another than d_model gets an output projection the product
 adds, `w_o`). A class that takes no mask is run on texts of one length at a time, so no key it sees is padding.
 
-The class hands out its weights only: the scores it softmaxed are its own business, so AttentionWeights.scores is
-NaN (the score figures of the monitor are then NaN, never a guess). The doctor's formula reference is not defined
+The class hands out its weights (returned, or read from the softmax it computes when it returns only its output),
+not the scores it softmaxed: AttentionWeights.scores is NaN (the monitor's score figures are then NaN, never a
+guess). The doctor's formula reference is not defined
 for a user's class here (`reference` is None: monitor/contract.py skips it).
 
 Letters in the shape comments: B batch, L tokens, H heads, D model width, W the class's output width, N real tokens.
@@ -31,7 +32,7 @@ from torch import nn
 
 from model.attention import AttentionWeights, unpack
 from model.errors import ConfigError
-from model.mask_probe import Convention, call_layer, find_convention, first_line, key_mask, split_output
+from model.mask_probe import Convention, find_convention, first_line, key_mask, run_layer
 
 log = logging.getLogger(__name__)
 
@@ -273,7 +274,8 @@ class OwnAttention(nn.Module):
         self._convention: Convention = found.convention
         self.n_heads = found.heads  # the heads its weights show: (B, L, L) is one head
         self.width = found.width  # its output width W
-        self.returns_weights = found.returns_weights
+        # A class that returns only its output: its weights are read from the softmax it computes, when asked for.
+        self.reads_softmax = not found.returns_weights
         self.d_model, self.d_head = d_model, d_head or d_model // n_heads
         self.look_ahead = False  # a user's class blocks what it blocks; the product adds no look-ahead mask
         self.head_gate: torch.Tensor | None = None  # (H,): head importance and ablation (inference/heads.py)
@@ -284,6 +286,9 @@ class OwnAttention(nn.Module):
                                    f"adds an output projection nn.Linear({self.width}, {d_model}, bias=False)")
         say_once(logging.WARNING if found.convention.call == "none" else logging.INFO,
                  f"attention {name}: {self.convention}")
+        if self.reads_softmax:
+            say_once(logging.INFO, f"attention {name}: forward returns no weights: they are read from the softmax it "
+                                   "computes")
         # Whether head_gate acts inside the class (on its output projection's input) or on its output.
         self._gate_inside = False
         self._gate_inside = self._find_gate()
@@ -352,12 +357,12 @@ class OwnAttention(nn.Module):
         """x (B, L, D); key_padding_mask (B, L) bool, True marks padding. Returns (out (B, L, D), weights or None)."""
         B, L, _ = x.shape
         if self.runs_by_length and key_padding_mask is not None and key_padding_mask.any():
-            out, weights = self._by_length(x, key_padding_mask)
+            out, weights = self._by_length(x, key_padding_mask, need_weights)
         else:
             mask = None if self.runs_by_length else key_mask(
                 key_padding_mask if key_padding_mask is not None else x.new_zeros(B, L, dtype=torch.bool),
                 self._convention, x.dtype)
-            out, weights = split_output(call_layer(self.user, x, mask, self._convention))
+            out, weights = run_layer(self.user, x, mask, self._convention, self.reads_softmax and need_weights)
         if self.head_gate is not None and not self.gates_heads:
             raise RuntimeError(f"head ablation: {type(self.user).__name__}'s heads cannot be told apart in its output "
                                "(no output projection found by name, e.g. out_proj / W_O): it has no per-head gate")
@@ -365,14 +370,14 @@ class OwnAttention(nn.Module):
             out = self._gated(out)  # (B, L, W), each head's slice times its gate
         if self.w_o is not None:
             out = self.w_o(out)  # (B, L, D)
-        if not need_weights or weights is None:
+        if not need_weights:
             return out, None
         weights = weights if weights.dim() == 4 else weights.unsqueeze(1)  # (B, H, L, L)
         blocked = None if key_padding_mask is None else key_padding_mask.bool()[:, None, None, :]
         scores = weights.new_full((), math.nan).expand_as(weights)  # the class hands out no scores
         return out, AttentionWeights(weights, scores, blocked)
 
-    def _by_length(self, x: torch.Tensor, key_padding_mask: torch.Tensor):
+    def _by_length(self, x: torch.Tensor, key_padding_mask: torch.Tensor, need_weights: bool):
         """A class that takes no mask, run on the texts of each length apart at that length: no key it sees is
         padding. Returns (out (B, L, W), weights (B, H, L, L) zeros outside each text, or None)."""
         B, L, _ = x.shape
@@ -380,7 +385,8 @@ class OwnAttention(nn.Module):
         out, weights = x.new_zeros(B, L, self.width), None
         for length in lengths.unique().tolist():
             rows = (lengths == length).nonzero(as_tuple=True)[0]
-            part, part_weights = split_output(call_layer(self.user, x[rows, :length], None, self._convention))
+            part, part_weights = run_layer(self.user, x[rows, :length], None, self._convention,
+                                           self.reads_softmax and need_weights)
             out = out.index_put((rows,), nn.functional.pad(part, (0, 0, 0, L - length)))
             if part_weights is not None:
                 part_weights = part_weights if part_weights.dim() == 4 else part_weights.unsqueeze(1)

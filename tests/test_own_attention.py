@@ -175,6 +175,31 @@ def test_mask_convention_is_found_by_probing(cls, found, caplog):
     assert padded_equals_alone(layer) < 1e-4  # and it is right: padding changes no real token's output
 
 
+def test_weights_a_class_does_not_return_are_read_from_its_softmax():
+    layer = OwnAttention(SingleOutNoWeights, d_model=16, n_heads=2).eval()
+    x, padding = torch.randn(2, 5, 16), padding_mask([5, 3], 5)
+    _, weights = layer(x, padding, need_weights=True)
+    user = layer.user
+    scores = user.to_q(x) @ user.to_k(x).transpose(-2, -1) / 4.0
+    expected = scores.masked_fill(padding[:, None, :], -1e4).softmax(-1)  # what its forward computed
+    assert torch.allclose(weights.weights[:, 0], expected, atol=1e-6)
+
+
+class FusedNoWeights(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x):
+        return F.scaled_dot_product_attention(*self.qkv(x).chunk(3, dim=-1))
+
+
+def test_a_class_whose_weights_cannot_be_seen_is_one_line():
+    with pytest.raises(ConfigError) as error:
+        OwnAttention(FusedNoWeights, d_model=16, n_heads=2)
+    assert "\n" not in str(error.value) and "return (out, weights)" in str(error.value)
+
+
 def test_heads_are_gated_through_the_class_output_projection():
     layer = OwnAttention(PadBool, d_model=16, n_heads=2).eval()
     assert layer.n_heads == 2 and layer.gates_heads
