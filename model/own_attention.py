@@ -308,13 +308,16 @@ class OwnAttention(nn.Module):
         if isinstance(projection, nn.Sequential):
             projection = projection[0] if len(projection) and isinstance(projection[0], nn.Linear) else None
         if projection is not None and projection.in_features % self.n_heads == 0:
-            projection.register_forward_pre_hook(lambda module, args: (self._gated(args[0]), *args[1:]))
+            projection.register_forward_pre_hook(self._gate_hook)  # a bound method: a deep copy gates its own
             self._gate_inside = True
         elif projection is not None or self.width % self.n_heads:
             self.gates_heads = False
             return False
         self.gates_heads = self._gate_works()
         return self._gate_inside
+
+    def _gate_hook(self, module, args):
+        return (self._gated(args[0]), *args[1:])
 
     def _gated(self, t: torch.Tensor) -> torch.Tensor:
         """t (..., H·d) with each head's d columns times its gate, when one is set."""

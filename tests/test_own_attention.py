@@ -2,6 +2,7 @@
 class read from ../shared/examples (never copied), each mask convention users write found by probing, bad specs in
 one line, a changed class file refused, a checkpoint rebuilt through predict's API, and a short training run."""
 
+import copy
 import math
 import shutil
 import sys
@@ -212,6 +213,9 @@ def test_heads_are_gated_through_the_class_output_projection():
     heads = ((q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(-1) @ v).transpose(1, 2)  # (B, L, H, d)
     expected = layer.user.out_proj(torch.cat([heads[:, :, 0], torch.zeros_like(heads[:, :, 1])], -1))
     assert torch.allclose(only_first, expected, atol=1e-5) and not torch.allclose(whole, only_first)
+    twin = copy.deepcopy(layer)  # an averaged (EMA) copy gates its own heads, not the original's
+    twin.head_gate = torch.tensor([1.0, 0.0])
+    assert torch.allclose(twin(x)[0], expected, atol=1e-5) and torch.allclose(layer(x)[0], whole)
 
 
 # ---- bad specs: one line each -------------------------------------------------------------------------------------
