@@ -5,9 +5,9 @@ long, Hugging Face's attention_mask), additive 0 / −∞, 0 / −1e4 or 0 / −
 (B, 1, 1, L) or (B, L, L); passed as forward(x, mask) or by keyword (mask=, key_padding_mask=, attention_mask=,
 attn_mask=). The probe runs a small random batch in which some texts end in padding (random vectors, not zeros)
 under each candidate and keeps the first under which every real token's output equals that of its text run alone
-without padding, padded keys get weight 0 and nothing is NaN. A class whose forward takes no mask, or
-under which no candidate works, is "no mask": the adapter then runs texts of one length together. A class that returns only its output has its weights
-read from the softmax it computes (SoftmaxSeen): the weights it used, never recomputed.
+without padding, padded keys get weight 0 and nothing is NaN. A class whose forward takes no mask, or under which
+no candidate works, is "no mask": the adapter then runs texts of one length together. A class that returns only its
+output has its weights read from the softmax it computes (SoftmaxSeen): the weights it used, never recomputed.
 
 Letters in the shape comments: B batch, L tokens, H heads, D model width, W the class's output width.
 """
@@ -21,6 +21,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from model.errors import ConfigError
+from model.user_class import first_line
 
 MASK_NAMES = ("mask", "key_padding_mask", "attention_mask", "attn_mask")
 KINDS = {  # how a convention writes "this key is padding", by name
@@ -207,11 +208,6 @@ def mask_required(user: nn.Module, call: str) -> bool:
     rest = list(inspect.signature(user.forward).parameters.values())[1:]
     parameter = rest[0] if call == "positional" else next(p for p in rest if p.name == call)
     return parameter.default is parameter.empty and parameter.kind is not parameter.VAR_POSITIONAL
-
-
-def first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def read_shapes(out, weights, B: int, L: int, name: str) -> tuple[int, int]:
