@@ -185,6 +185,9 @@ class OwnAttention(nn.Module):
                 ) -> tuple[torch.Tensor, AttentionWeights | None]:
         """x (B, L, D); key_padding_mask (B, L) bool, True marks padding. Returns (out (B, L, D), weights or None)."""
         B, L, _ = x.shape
+        if self.head_gate is not None and not self.gates_heads:
+            raise RuntimeError(f"head ablation: {type(self.user).__name__}'s heads cannot be told apart in its output "
+                               "(no output projection found by name, e.g. out_proj / W_O): it has no per-head gate")
         if self.runs_by_length and key_padding_mask is not None and key_padding_mask.any():
             out, weights = self._by_length(x, key_padding_mask, need_weights)
         else:
@@ -192,9 +195,6 @@ class OwnAttention(nn.Module):
                 key_padding_mask if key_padding_mask is not None else x.new_zeros(B, L, dtype=torch.bool),
                 self._convention, x.dtype)
             out, weights = run_layer(self.user, x, mask, self._convention, self.reads_softmax and need_weights)
-        if self.head_gate is not None and not self.gates_heads:
-            raise RuntimeError(f"head ablation: {type(self.user).__name__}'s heads cannot be told apart in its output "
-                               "(no output projection found by name, e.g. out_proj / W_O): it has no per-head gate")
         if not self._gate_inside:
             out = self._gated(out)  # (B, L, W), each head's slice times its gate
         if self.w_o is not None:
@@ -211,16 +211,18 @@ class OwnAttention(nn.Module):
         padding. Returns (out (B, L, W), weights (B, H, L, L) zeros outside each text, or None)."""
         B, L, _ = x.shape
         lengths = (~key_padding_mask.bool()).sum(dim=-1)  # (B,)
-        out, weights = x.new_zeros(B, L, self.width), None
+        out, weights = None, None
         for length in lengths.unique().tolist():
             rows = (lengths == length).nonzero(as_tuple=True)[0]
             part, part_weights = run_layer(self.user, x[rows, :length], None, self._convention,
                                            self.reads_softmax and need_weights)
+            if out is None:  # the class's dtype (bfloat16 under autocast)
+                out = part.new_zeros(B, L, self.width)
             out = out.index_put((rows,), nn.functional.pad(part, (0, 0, 0, L - length)))
             if part_weights is not None:
                 part_weights = part_weights if part_weights.dim() == 4 else part_weights.unsqueeze(1)
                 if weights is None:
-                    weights = x.new_zeros(B, part_weights.shape[1], L, L)
+                    weights = part_weights.new_zeros(B, part_weights.shape[1], L, L)
                 weights = weights.index_put((rows,), nn.functional.pad(part_weights, (0, L - length, 0, L - length)))
         return out, weights
 
