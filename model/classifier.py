@@ -14,6 +14,7 @@ from torch import nn
 from model.attention import AttentionWeights, MultiHeadSelfAttention, unpack
 from model.config import NetworkConfig
 from model.kinds import ATTENTION_KINDS
+from model.own_attention import OwnAttention, configured_class
 
 
 class ClassifierOutput(NamedTuple):
@@ -21,9 +22,12 @@ class ClassifierOutput(NamedTuple):
     attention: tuple[AttentionWeights, ...] | None  # one per layer, when asked for
 
 
-def attention_layer(config: NetworkConfig, n_heads: int | None = None) -> MultiHeadSelfAttention:
+def attention_layer(config: NetworkConfig, n_heads: int | None = None) -> MultiHeadSelfAttention | OwnAttention:
     """The attention kind the config names (model/kinds.py), with n_heads heads (default config.n_heads; fewer in a
-    pruned layer) of config.head_size each."""
+    pruned layer) of config.head_size each; a user's class (model/own_attention.py) inside its adapter."""
+    if config.attention_source is not None:
+        return OwnAttention(configured_class(config), d_model=config.d_model, n_heads=n_heads or config.n_heads,
+                            d_head=config.head_size, attention_args=config.attention_args, name=config.attention)
     kind = ATTENTION_KINDS[config.attention]
     return kind(
         d_model=config.d_model, n_heads=n_heads or config.n_heads, d_head=config.head_size,

@@ -9,7 +9,8 @@ the network with `NetworkConfig(**that_dict)`. A new option is a new field here 
 from dataclasses import asdict, dataclass, fields, replace
 
 from model.errors import ConfigError
-from model.kinds import ATTENTION_KINDS, AUTO_KINDS, DEFAULT_KIND
+from model.kinds import ATTENTION_KINDS, AUTO_KINDS, DEFAULT_KIND, attention_kind
+from model.user_class import check_attention_args, is_class_spec, resolve_source
 
 POOLINGS = ("mean", "max", "first", "attention")
 POSITIONS = ("learned", "sinusoidal", "none")
@@ -57,7 +58,13 @@ class NetworkConfig:
         attention: which keys each token attends to: a kind of model/kinds.py (README "Long texts"), "full"
             by default, or "auto", full attention when max_length is at most 256 tokens and local beyond (the
             generic default, configs/default.yaml: with data.max_length unset, the data then read whole long
-            texts, see data.attention).
+            texts, see data.attention); or a user's own class, "path/to/file.py:ClassName",
+            "package.module:ClassName" or "package.module.ClassName", unchanged (docs/OWN_ATTENTION.md).
+        attention_args: a user's class: constructor arguments no network setting fills, e.g. {"d_k": 128}
+            (d_model, n_heads and the head size fill the arguments named like them).
+        attention_source: a user's class: recorded by the product, leave unset: {"spec", "path", "sha256"} of the
+            class's file, so a checkpoint rebuilds its network from the same file (a changed file is refused
+            unless ATTENTION_ALLOW_CHANGED_CLASS=1).
         window: local and sparse: how many tokens on each side a token sees (also the block size they are
             computed in); at most max_length (a block costs w × 3w scores whatever the text's length).
         projection_length: linformer: k, the rows keys and values are projected to (at most max_length).
@@ -91,6 +98,8 @@ class NetworkConfig:
     projection_length: int = 128
     global_tokens: int = 1
     layer_heads: list[int] | None = None
+    attention_args: dict | None = None
+    attention_source: dict | None = None
 
     def __post_init__(self):
         for name in ("vocab_size", "max_length", "d_model", "n_heads", "n_layers"):
@@ -111,12 +120,19 @@ class NetworkConfig:
         _one_of("pooling", self.pooling, POOLINGS)
         _one_of("positions", self.positions, POSITIONS)
         _one_of("attention_kernel", self.attention_kernel, KERNELS)
-        _one_of("attention", self.attention, (*ATTENTION_KINDS, AUTO))
+        if is_class_spec(self.attention):  # a user's class: its file found, hashed and recorded (or checked)
+            check_attention_args(self.attention_args)
+            object.__setattr__(self, "attention_source", resolve_source(self.attention, self.attention_source))
+        else:
+            _one_of("attention", self.attention, (*ATTENTION_KINDS, AUTO))
+            if self.attention_args is not None or self.attention_source is not None:
+                raise ConfigError(f"attention_args and attention_source apply to a user's class "
+                                  f"(attention: path/to/file.py:ClassName), not to attention {self.attention}")
         for kind in ATTENTION_KINDS.values():  # every kind's settings, whichever kind is chosen: no typo waits
             for name, low in kind.least.items():
                 _at_least(name, getattr(self, name), low)
         if self.attention != AUTO:
-            ATTENTION_KINDS[self.attention].check(self)  # the kind's own rules (window, projection, causal, ...)
+            attention_kind(self.attention).check(self)  # the kind's own rules (window, projection, causal, ...)
         if self.max_length > MAX_LENGTH:
             raise ConfigError(f"max_length {self.max_length} is larger than {MAX_LENGTH} tokens")
         parameters = self.parameter_count()
@@ -151,7 +167,7 @@ class NetworkConfig:
         """About how many weights the network has (biases and LayerNorms left out), for the upper bound."""
         inner = self.n_heads * self.head_size
         layer = 4 * self.d_model * inner + 2 * self.d_model * self.d_ff
-        extra = 0 if self.attention == AUTO else ATTENTION_KINDS[self.attention].extra_parameters(self)
+        extra = 0 if self.attention == AUTO else attention_kind(self.attention).extra_parameters(self)
         embeddings = (self.vocab_size + self.max_length + self.num_classes) * self.d_model  # tokens, positions, head
         return embeddings + self.n_layers * (layer + extra)
 

@@ -11,6 +11,8 @@ ask a kind's name. A new kind is a MultiHeadSelfAttention subclass and one line 
 
 from model.attention import MultiHeadSelfAttention
 from model.long_attention import LinformerSelfAttention, LocalSelfAttention, SparseSelfAttention
+from model.own_attention import OwnAttention
+from model.user_class import is_class_spec
 
 ATTENTION_KINDS: dict[str, type[MultiHeadSelfAttention]] = {
     "full": MultiHeadSelfAttention,
@@ -24,6 +26,17 @@ DEFAULT_KIND = "full"  # NetworkConfig's default, and the baseline the cheaper k
 AUTO_KINDS = ("full", "local")  # what attention "auto" stands for on short and on long texts (model/config.py)
 
 
+def attention_kind(name: str) -> type:
+    """The class whose rules apply to an `attention` setting: a registered kind by name, or OwnAttention for a
+    user's class ("path/to/file.py:ClassName", model/own_attention.py). KeyError for anything else."""
+    if name in ATTENTION_KINDS:
+        return ATTENTION_KINDS[name]
+    if is_class_spec(name):
+        return OwnAttention
+    raise KeyError(name)
+
+
 def kinds_help() -> str:
     """Every registered kind with what a query sees, for --help (train.py, the benches)."""
-    return "; ".join(f'"{name}" {kind.summary}' for name, kind in ATTENTION_KINDS.items())
+    return "; ".join([*(f'"{name}" {kind.summary}' for name, kind in ATTENTION_KINDS.items()),
+                      f"or {OwnAttention.summary}"])

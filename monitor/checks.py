@@ -23,7 +23,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from model.kinds import ATTENTION_KINDS
+from model.kinds import attention_kind
 
 SAMPLE_TEXTS = 256  # texts of the validation sample (the first batches of the validation set)
 
@@ -41,6 +41,9 @@ def model_checks(model, batches: list[dict]) -> dict:
         for block in model.blocks:
             attention = block.attention
             row = []
+            if not attention.gates_heads:  # a user's class whose heads cannot be told apart in its output
+                deltas.append([math.nan] * attention.n_heads)
+                continue
             for head in range(attention.n_heads):
                 gate = torch.ones(attention.n_heads, device=batches[0]["input_ids"].device)
                 gate[head] = 0.0
@@ -64,7 +67,7 @@ def forward_passes(model) -> int:
     pass, and two each for the order check (a kind that is order-blind: full attention, not causal) and the
     position check."""
     config = model.config
-    order = 2 if ATTENTION_KINDS[config.attention].order_blind(config) else 0
+    order = 2 if attention_kind(config.attention).order_blind(config) else 0
     position = 2 if getattr(model, "position_embedding", None) is not None else 0
     return 1 + sum(block.attention.n_heads for block in model.blocks) + 1 + order + position
 
@@ -83,7 +86,7 @@ def mean_loss(model, batches: list[dict]) -> float:
 
 def order_sensitivity(model, batches: list[dict]) -> float:
     config = model.config
-    if not ATTENTION_KINDS[config.attention].order_blind(config):
+    if not attention_kind(config.attention).order_blind(config):
         return math.nan
     generator = torch.Generator().manual_seed(0)
     total, count = 0.0, 0
@@ -119,10 +122,14 @@ def position_sensitivity(model, batches: list[dict]) -> float:
 
 
 def weight_similarity(attention) -> list[list[float]]:
-    """(H, H) mean over W_Q, W_K, W_V of the cosine between two heads' slices (d × D each)."""
+    """(H, H) mean over W_Q, W_K, W_V of the cosine between two heads' slices (d × D each); NaN where a user's
+    class has none of them by name (model/own_attention.py)."""
     H = attention.n_heads
     slices = [F.normalize(linear.weight.detach().float().reshape(H, -1), dim=-1)
-              for linear in (attention.w_q, attention.w_k, attention.w_v)]
+              for linear in (attention.w_q, attention.w_k, attention.w_v)
+              if linear is not None and linear.weight.shape[0] % H == 0]
+    if not slices:
+        return [[math.nan] * H for _ in range(H)]
     return (sum(s @ s.T for s in slices) / len(slices)).tolist()
 
 

@@ -128,7 +128,8 @@ def captured(model):
             return out, weights
 
         layer.forward_packed = forward_packed
-        hook = layer.w_o.register_forward_pre_hook(lambda module, args, record=record: record.update(heads=args[0]))
+        hook = None if layer.w_o is None else layer.w_o.register_forward_pre_hook(  # a user's class may have none
+            lambda module, args, record=record: record.update(heads=args[0]))
         undo.append((layer, own, hook))
         records.append(record)
     try:
@@ -137,7 +138,8 @@ def captured(model):
         for hook in hooks:
             hook.remove()
         for layer, own, hook in undo:
-            hook.remove()
+            if hook is not None:
+                hook.remove()
             if own is None:
                 del layer.forward_packed
             else:
@@ -172,6 +174,9 @@ def dense_handout(attention, L: int):
 
 def compare(layer, record: dict, padding: torch.Tensor, config) -> dict:
     """The layer's stages against its kind's reference on the same input; the first that differs, how much, how."""
+    if layer.reference is None:  # a user's class (model/own_attention.py): no definition of its kind to compare
+        return {"stage": None, "difference": math.nan, "how": "", "largest": math.nan,
+                "skipped": f"{type(layer.user).__name__}: {layer.convention}"}
     B, L = padding.shape
     received = record["padding"].bool() if record.get("padding") is not None else torch.zeros_like(padding)
     x = unpack(record["x"], ~received)  # (B, L, D) the layer's input, zeros where it was given padding

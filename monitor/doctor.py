@@ -176,6 +176,10 @@ VERDICTS: dict[str, Verdict] = {
         f"(largest difference < {FORMULA_TOLERANCE:g})",
         "the layer computes the formula: softmax(Q Kᵀ · scale) V over the keys its kind defines, then W_O",
         "nothing"),
+    "user-class": Verdict(
+        "note", "the layer is a user's own class (--model.network.attention file.py:Class)",
+        "its formula is not recomputed during training: diagnose.py --attention checks the class alone",
+        "diagnose.py --attention file.py:Class"),
     "averaging-head": Verdict(
         "note", f"entropy ≥ {AVERAGING_ENTROPY:g} with no bug-class figure: the head spreads its weight evenly",
         "a head that averages its keys (a bag of words); \"needed\" when zeroing it raises the validation loss by "
@@ -287,7 +291,9 @@ def contract_findings(checks: dict, dynamics: dict, config) -> list[Finding]:
     does not learn."""
     found = []
     for layer, result in enumerate(checks.get("formula", [])):
-        if result["stage"] is None:
+        if result.get("skipped"):
+            found.append(Finding("user-class", layer, None, {}, result["skipped"]))
+        elif result["stage"] is None:
             found.append(Finding("computes-formula", layer, None, {"difference": result["largest"]}))
         else:
             found.append(Finding("formula-broken", layer, None, {"difference": result["difference"]},

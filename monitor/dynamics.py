@@ -46,7 +46,8 @@ class TrainingDynamics:
         network = getattr(pl_module, "online_model", pl_module.model)
         self.parameters = [linear.weight for block in network.blocks
                            for linear in (block.attention.w_q, block.attention.w_k, block.attention.w_v,
-                                          block.attention.w_o)]
+                                          block.attention.w_o)
+                           if linear is not None]  # a user's class may have none of them by name
         self.before = None
         self.named = dict(network.named_parameters())
         optimizers = getattr(getattr(pl_module, "_trainer", None), "optimizers", None) or []

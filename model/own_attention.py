@@ -1,0 +1,235 @@
+"""A user's own attention class, unchanged, as an attention kind: `--model.network.attention path/to/file.py:Class`.
+
+    load_attention_class(spec)   "file.py:Class", "package.module:Class" or "package.module.Class" → the class
+    build_user_layer(cls, ...)   the class built from the network's sizes, its constructor read by parameter names
+                                 (both from model/user_class.py, which also records and checks the class's file)
+    OwnAttention(cls_or_spec)    the adapter a Block holds: the interface of model/attention.py's layers around it
+
+What the adapter finds out is found by running the class (model/mask_probe.py), never guessed from names: how its
+forward takes a mask (positional or keyword, which convention, which shape), what it returns (out or (out, weights),
+weights (B, L, L) or (B, H, L, L)) and its output width (another than d_model gets an output projection the product
+adds, `w_o`). A class that takes no mask is run on texts of one length at a time, so no key it sees is padding.
+
+The class hands out its weights (returned, or read from the softmax it computes when it returns only its output),
+not the scores it softmaxed: AttentionWeights.scores is NaN (the monitor's score figures are then NaN, never a
+guess). The doctor's formula reference is not defined for a user's class here (`reference` is None:
+monitor/contract.py skips it).
+
+Letters in the shape comments: B batch, L tokens, H heads, D model width, W the class's output width, N real tokens.
+"""
+
+import logging
+import math
+
+import torch
+from torch import nn
+
+from model.attention import AttentionWeights, unpack
+from model.errors import ConfigError
+from model.mask_probe import Convention, find_convention, key_mask, run_layer
+from model.user_class import (  # noqa: F401 (the names callers import from here)
+    ALLOW_CHANGED, build_user_layer, check_attention_args, configured_class, constructor_arguments, is_class_spec,
+    load_attention_class, resolve_source,
+)
+
+log = logging.getLogger(__name__)
+
+# Where a class keeps its output projection, by the names tutorials give it: head gates multiply its input.
+OUTPUT_PROJECTION_NAMES = ("W_O", "w_o", "out_proj", "o_proj", "to_out", "c_proj", "proj", "out")
+# Its query, key and value projections (nn.Linear), read by the monitor's update ratio and head similarity.
+PROJECTION_NAMES = {
+    "w_q": ("W_Q", "w_q", "q_proj", "query", "to_q", "q"),
+    "w_k": ("W_K", "w_k", "k_proj", "key", "to_k", "k"),
+    "w_v": ("W_V", "w_v", "v_proj", "value", "to_v", "v"),
+}
+_said: set[str] = set()  # log lines already written (a network builds one adapter per layer)
+
+
+def say_once(level: int, message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        log.log(level, message)
+
+
+class OwnAttention(nn.Module):
+    """A user's attention class inside the classifier's Block, with the interface of the built-in layers:
+    forward(x (B, L, D), key_padding_mask (B, L) True = padding, need_weights) → (out (B, L, D), AttentionWeights
+    or None), forward_packed, n_heads, head_gate, look_ahead. `.user` is the user's module, unchanged;
+    `.convention` says how it takes its mask (found by probing, model/mask_probe.py)."""
+
+    summary = "a user's own class, path/to/file.py:ClassName (docs/OWN_ATTENTION.md)"
+    keys_are_tokens = True  # it is handed (B, L, D) token vectors; its weights are token × token
+    length_cap = 256  # a class written from the formula costs L², as full attention does
+    least: dict[str, int] = {}
+    gates_heads = True  # set per layer: whether head_gate can reach each head's contribution
+    reference = None  # the doctor's dense reference is not defined for a user's class (monitor/contract.py)
+
+    @classmethod
+    def order_blind(cls, config) -> bool:
+        """Unknown for a user's class (it may hold positions of its own): the shuffled-tokens check is left out."""
+        return False
+
+    @classmethod
+    def check(cls, config) -> None:
+        """The class loads and its constructor can be filled; the settings of the built-in formula, which do not
+        reach a user's class, are refused rather than ignored."""
+        constructor_arguments(configured_class(config), config.d_model, config.n_heads, config.head_size,
+                              config.attention_args)
+        for name, default in (("scale", None), ("causal", False), ("attention_kernel", "manual"),
+                              ("attention_dropout", 0.0), ("layer_heads", None)):
+            if getattr(config, name) != default:
+                raise ConfigError(f"{name} {getattr(config, name)!r} applies to the built-in attention kinds, not to "
+                                  f"a user's class ({config.attention}): leave it unset (the class decides)")
+
+    @classmethod
+    def settings(cls, config) -> dict:
+        return {}
+
+    @classmethod
+    def extra_parameters(cls, config) -> int:
+        return 0
+
+    def __init__(self, cls_or_spec, *, d_model: int, n_heads: int, d_head: int | None = None,
+                 attention_args: dict | None = None, name: str | None = None):
+        super().__init__()
+        cls = load_attention_class(cls_or_spec) if isinstance(cls_or_spec, str) else cls_or_spec
+        name = name or (cls_or_spec if isinstance(cls_or_spec, str) else f"{cls.__module__}.{cls.__qualname__}")
+        self.user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, attention_args)
+        found = find_convention(self.user, d_model, name)
+        self.convention: str = found.convention.describe()
+        self._convention: Convention = found.convention
+        self.n_heads = found.heads  # the heads its weights show: (B, L, L) is one head
+        self.width = found.width  # its output width W
+        # A class that returns only its output: its weights are read from the softmax it computes, when asked for.
+        self.reads_softmax = not found.returns_weights
+        self.d_model, self.d_head = d_model, d_head or d_model // n_heads
+        self.look_ahead = False  # a user's class blocks what it blocks; the product adds no look-ahead mask
+        self.head_gate: torch.Tensor | None = None  # (H,): head importance and ablation (inference/heads.py)
+        # An output width other than d_model gets the product's own W_O, so the residual can add it.
+        self.w_o = nn.Linear(self.width, d_model, bias=False) if self.width != d_model else None
+        if self.w_o is not None:
+            say_once(logging.INFO, f"attention {name}: output width {self.width} ≠ d_model {d_model}: the product "
+                                   f"adds an output projection nn.Linear({self.width}, {d_model}, bias=False)")
+        say_once(logging.WARNING if found.convention.call == "none" else logging.INFO,
+                 f"attention {name}: {self.convention}")
+        if self.reads_softmax:
+            say_once(logging.INFO, f"attention {name}: forward returns no weights: they are read from the softmax it "
+                                   "computes")
+        # Whether head_gate acts inside the class (on its output projection's input) or on its output.
+        self._gate_inside = False
+        self._gate_inside = self._find_gate()
+        if not self.gates_heads:
+            say_once(logging.INFO, f"attention {name}: its {self.n_heads} heads cannot be told apart in its output "
+                                   "(no output projection by name): head ablation is left out for it")
+
+    def _find_gate(self) -> bool:
+        """Where head_gate acts (True: inside, on the input of the class's own output projection, whose H slices a
+        hook multiplies): one head multiplies the whole output; several, the input of the class's output projection
+        when it has one by name, else the output's H equal slices. Checked on a probe input: with every gate 0 the
+        output must be the same at every token (only a bias left), else the layer refuses head ablation."""
+        if self.n_heads == 1:
+            return False
+        projection = next((m for n in OUTPUT_PROJECTION_NAMES
+                           if isinstance(m := getattr(self.user, n, None), (nn.Linear, nn.Sequential))), None)
+        if isinstance(projection, nn.Sequential):
+            projection = projection[0] if len(projection) and isinstance(projection[0], nn.Linear) else None
+        if projection is not None and projection.in_features % self.n_heads == 0:
+            projection.register_forward_pre_hook(self._gate_hook)  # a bound method: a deep copy gates its own
+            self._gate_inside = True
+        elif projection is not None or self.width % self.n_heads:
+            self.gates_heads = False
+            return False
+        self.gates_heads = self._gate_works()
+        return self._gate_inside
+
+    def _gate_hook(self, module, args):
+        return (self._gated(args[0]), *args[1:])
+
+    def _gated(self, t: torch.Tensor) -> torch.Tensor:
+        """t (..., H·d) with each head's d columns times its gate, when one is set."""
+        if self.head_gate is None:
+            return t
+        return (t.unflatten(-1, (self.n_heads, -1)) * self.head_gate.view(self.n_heads, 1)).flatten(-2)
+
+    @torch.no_grad()
+    def _gate_works(self) -> bool:
+        x = torch.randn(2, 5, self.d_model, generator=torch.Generator().manual_seed(0))
+        was_training = self.training
+        self.eval()
+        try:
+            self.head_gate = torch.zeros(self.n_heads)
+            out, _ = self.forward(x)
+            return bool(torch.allclose(out, out[:, :1].expand_as(out), atol=1e-5))
+        except Exception:  # a gate the class's own shapes refuse: no head ablation for it
+            return False
+        finally:
+            self.head_gate = None
+            self.train(was_training)
+
+    @property
+    def runs_by_length(self) -> bool:
+        """Whether the class takes no mask, so that a padded batch is run text length by text length."""
+        return self._convention.call == "none"
+
+    def projection(self, role: str) -> nn.Linear | None:
+        """The class's own nn.Linear for "w_q", "w_k" or "w_v" by its usual names (PROJECTION_NAMES), or None."""
+        return next((m for n in PROJECTION_NAMES[role] if isinstance(m := getattr(self.user, n, None), nn.Linear)),
+                    None)
+
+    # Read, not registered again: a second registration would make the monitor see one weight in two places.
+    w_q = property(lambda self: self.projection("w_q"))
+    w_k = property(lambda self: self.projection("w_k"))
+    w_v = property(lambda self: self.projection("w_v"))
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, need_weights: bool = False
+                ) -> tuple[torch.Tensor, AttentionWeights | None]:
+        """x (B, L, D); key_padding_mask (B, L) bool, True marks padding. Returns (out (B, L, D), weights or None)."""
+        B, L, _ = x.shape
+        if self.head_gate is not None and not self.gates_heads:
+            raise RuntimeError(f"head ablation: {type(self.user).__name__}'s heads cannot be told apart in its output "
+                               "(no output projection found by name, e.g. out_proj / W_O): it has no per-head gate")
+        if self.runs_by_length and key_padding_mask is not None and key_padding_mask.any():
+            out, weights = self._by_length(x, key_padding_mask, need_weights)
+        else:
+            mask = None if self.runs_by_length else key_mask(
+                key_padding_mask if key_padding_mask is not None else x.new_zeros(B, L, dtype=torch.bool),
+                self._convention, x.dtype)
+            out, weights = run_layer(self.user, x, mask, self._convention, self.reads_softmax and need_weights)
+        if not self._gate_inside:
+            out = self._gated(out)  # (B, L, W), each head's slice times its gate
+        if self.w_o is not None:
+            out = self.w_o(out)  # (B, L, D)
+        if not need_weights:
+            return out, None
+        weights = weights if weights.dim() == 4 else weights.unsqueeze(1)  # (B, H, L, L)
+        blocked = None if key_padding_mask is None else key_padding_mask.bool()[:, None, None, :]
+        scores = weights.new_full((), math.nan).expand_as(weights)  # the class hands out no scores
+        return out, AttentionWeights(weights, scores, blocked)
+
+    def _by_length(self, x: torch.Tensor, key_padding_mask: torch.Tensor, need_weights: bool):
+        """A class that takes no mask, run on the texts of each length apart at that length: no key it sees is
+        padding. Returns (out (B, L, W), weights (B, H, L, L) zeros outside each text, or None)."""
+        B, L, _ = x.shape
+        lengths = (~key_padding_mask.bool()).sum(dim=-1)  # (B,)
+        out, weights = None, None
+        for length in lengths.unique().tolist():
+            rows = (lengths == length).nonzero(as_tuple=True)[0]
+            part, part_weights = run_layer(self.user, x[rows, :length], None, self._convention,
+                                           self.reads_softmax and need_weights)
+            if out is None:  # the class's dtype (bfloat16 under autocast)
+                out = part.new_zeros(B, L, self.width)
+            out = out.index_put((rows,), nn.functional.pad(part, (0, 0, 0, L - length)))
+            if part_weights is not None:
+                part_weights = part_weights if part_weights.dim() == 4 else part_weights.unsqueeze(1)
+                if weights is None:
+                    weights = part_weights.new_zeros(B, part_weights.shape[1], L, L)
+                weights = weights.index_put((rows,), nn.functional.pad(part_weights, (0, L - length, 0, L - length)))
+        return out, weights
+
+    def forward_packed(self, x: torch.Tensor, key_padding_mask: torch.Tensor, need_weights: bool = False
+                       ) -> tuple[torch.Tensor, AttentionWeights | None]:
+        """x (N, D) the real tokens of a (B, L) batch in row-major order → (out (N, D), weights or None): put on the
+        (B, L) grid with zeros at padding, run as forward(), the real tokens taken back."""
+        real = ~key_padding_mask.bool()  # (B, L)
+        out, weights = self.forward(unpack(x, real), key_padding_mask, need_weights)
+        return out[real.nonzero(as_tuple=True)], weights  # (N, D)
