@@ -34,7 +34,8 @@ from data.tokenizer import (FIRST_WORD_ID, KINDS, SPECIAL_TOKENS, UNK_ID, CutTex
 log = logging.getLogger(__name__)
 NO_TEST_SPLIT = ("no test split (SST-2's test labels are not public: its held-out figure is `validate`): give "
                  "data.test_file, or use a dataset with a labelled test split")
-CACHE_VERSION = 6  # part of the cache key: bump it when tokenization, the splits or the teacher's output change
+CACHE_VERSION = 7  # part of the cache key: bump it when tokenization, the splits or the teacher's output change
+# 7: the several-labels teacher answers a label on every fitted text with 1 (it gave 0), or on none with 0.
 # 6: the multi-label teacher's fits changed (liblinear, one process a label) without a bump; the teacher hashes its
 #    n-grams on samples over data.teacher.EXACT_CHARS characters (none of the shipped datasets); on imbalanced
 #    classes its out-of-fold probabilities get class-balanced offsets (data.teacher.balanced_out_of_fold).
