@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from data.checkpoint import read_pretraining_checkpoint
 from data.files import WriteError, describe, write_atomically
 from data.labels import class_counts, describe_counts, is_imbalanced, multi_hot
-from data.sources import DataError, Splits, load_splits, local_copy_dir
+from data.sources import LABEL_NAMES_FILE, DataError, Splits, load_splits, local_copy_dir
 from data.progress import progress_bar
 from data.teacher import out_of_fold_probabilities
 from data.tokenizer import (FIRST_WORD_ID, KINDS, SPECIAL_TOKENS, UNK_ID, CutTexts, cut, load_tokenizer, pad,
@@ -183,6 +183,7 @@ class TextDataModule(L.LightningDataModule):
         text_column: str | None = None,
         label_column: str | list[str] | None = None,
         label_separator: str | None = None,
+        label_names_file: str | None = None,
         val_fraction: float = 0.1,
         max_length: int | None = None,
         batch_size: int = 64,
@@ -212,6 +213,8 @@ class TextDataModule(L.LightningDataModule):
                 column of lists (parquet/JSON) gives several labels a text; a list of columns, one 0/1 column per
                 label ([anger, fear, joy]), too (docs/LABELS.md).
             label_separator: several labels a text in one text column, cut at this string ("," for "anger,fear").
+            label_names_file: the names of integer labels (or lists of them), one a line in index order. Unset: a
+                labels.txt beside train_file, when there is one (the hub's layout); else the integers are the names.
             val_fraction: share of train held out for validation when there is no validation split (0 < f < 1).
             max_length: longer texts are truncated to this many tokens. Unset: the longest training text in
                 tokens, rounded up to a multiple of 8, at most max_length_caps (logged at start and written into
@@ -363,7 +366,10 @@ class TextDataModule(L.LightningDataModule):
 
     def _extra_files(self) -> list[str]:
         """Files besides the data's own whose change must encode the data again."""
-        return [self.hparams.tokenizer_from] if self.hparams.get("tokenizer_from") else []
+        hp = self.hparams
+        names = hp.get("label_names_file") or (hp.train_file and Path(hp.train_file).parent / LABEL_NAMES_FILE)
+        return ([hp.tokenizer_from] if hp.get("tokenizer_from") else []) + \
+            ([str(names)] if names and (hp.get("label_names_file") or Path(names).is_file()) else [])
 
     def _load_or_build(self) -> dict:
         """The encoded data from the cache, or built and cached. One lock file per cache file (`<name>.lock`
@@ -419,6 +425,7 @@ class TextDataModule(L.LightningDataModule):
             dataset=hp.dataset, data_dir=hp.data_dir, train_file=hp.train_file, val_file=hp.val_file,
             test_file=hp.test_file, text_column=hp.text_column, label_column=hp.label_column,
             val_fraction=hp.val_fraction, seed=hp.seed, label_separator=hp.get("label_separator"),
+            label_names_file=hp.get("label_names_file"),
         )
 
     def _encode(self, tokenizer, splits: Splits, max_length: int) -> dict:
