@@ -42,6 +42,7 @@ from data.checkpoint import CheckpointError, load_safely, read_checkpoint, read_
 from model.config import ConfigError, NetworkConfig, max_length_caps
 from model.kinds import kinds_help
 from training.checkpoints import SPECIAL_NAMES, check_fits, check_restorable, resolve
+from training.cli import ArgumentParser
 from training.module import ClassifierModule, NonFiniteLossError
 from training.encoder import check_pretrained
 from training.pretraining import PretrainModule
@@ -347,6 +348,7 @@ def cli(args=None, run=True):
         PretrainModule if pretrain else ClassifierModule,
         PretrainDataModule if pretrain else TextDataModule,
         parser_kwargs=parser_kwargs,
+        parser_class=ArgumentParser,  # one-line config errors, no prefix matching of flags (training/cli.py)
         seed_everything_default=0,
         save_config_kwargs={"overwrite": True},
         trainer_defaults={
