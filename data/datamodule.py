@@ -346,8 +346,9 @@ class TextDataModule(L.LightningDataModule):
     def split(self, name: str) -> EncodedSplit:
         return self.state["splits"][name]
 
-    def cache_path(self) -> Path:
-        hp = dict(self.hparams)
+    def cache_path(self, **chosen) -> Path:
+        """The cache file of these settings; `chosen`: sizes to key it by in place of the unset ones."""
+        hp = dict(self.hparams) | chosen
         for key in ("batch_size", "num_workers", "cache_dir", "bucket_pool", "balanced_sampler"):
             hp.pop(key)  # they do not change what is encoded
         if hp.get("max_length") is not None:
@@ -391,9 +392,24 @@ class TextDataModule(L.LightningDataModule):
                 state = self._build()
                 if self._save(state, path):
                     state = self._load(path) or state  # memory-mapped: the built copy is freed
+            self._link_chosen_sizes(path, state)
             return state
         finally:
             lock.release()
+
+    def _link_chosen_sizes(self, path: Path, state: dict) -> None:
+        """The same cache also under the key of the sizes it chose: the run's config.yaml states them, so
+        `train.py test --config <run>/config.yaml` finds these data (and the teacher's answers) instead of
+        encoding them and fitting the teacher again. A hard link: no second copy on disk."""
+        hp = self.hparams
+        if hp.max_length is not None and hp.vocab_size is not None or not path.exists():
+            return
+        alias = self.cache_path(max_length=state["max_length"], vocab_size=state["vocab_size"])
+        try:
+            if not alias.exists():
+                os.link(path, alias)
+        except OSError as e:  # a filesystem without hard links: the next run with the sizes encodes again
+            log.debug("cache %s not linked as %s: %s", path, alias, e)
 
     def _load(self, path: Path) -> dict | None:
         if not path.exists():
