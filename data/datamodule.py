@@ -326,6 +326,7 @@ class TextDataModule(L.LightningDataModule):
     def state(self) -> dict:
         if self._state is None:
             self._record_local_copy()
+            self._files_read = [[str(Path(f).resolve()), *_stat(f)] for f in self.data_files()]
             self._state = self._load_or_build()
             return_freed_memory()
             self._tokenizer = load_tokenizer(self._state["tokenizer"])
@@ -353,17 +354,25 @@ class TextDataModule(L.LightningDataModule):
             hp.pop(key)  # they do not change what is encoded
         if hp.get("max_length") is not None:
             hp.pop("max_length_caps", None)  # they only decide an unset max_length
-        files = [hp[k] for k in ("train_file", "val_file", "test_file") if hp[k]]
-
-        folder = local_copy_dir(hp["dataset"], hp["data_dir"]) if not files and hp["dataset"] != "synthetic" else None
-        if folder is not None:
-            files = sorted(str(p) for p in folder.iterdir())
         # Files are identified by path, size and modification time: an edited file is encoded again.
-        hp["files"] = [(str(Path(f).resolve()), *_stat(f)) for f in files + self._extra_files()]
+        hp["files"] = [(str(Path(f).resolve()), *_stat(f)) for f in self.data_files() + self._extra_files()]
         hp["version"] = CACHE_VERSION
         key = hashlib.sha256(json.dumps(hp, sort_keys=True).encode()).hexdigest()[:16]
         name = Path(hp["train_file"]).stem if hp["train_file"] else hp["dataset"]
         return Path(self.hparams.cache_dir) / f"{name}-{key}.pt"
+
+    def data_files(self) -> list[str]:
+        """The files the data are read from: train/val/test files, or every file of the local copy."""
+        hp = self.hparams
+        files = [hp[k] for k in ("train_file", "val_file", "test_file") if hp[k]]
+        folder = local_copy_dir(hp.dataset, hp.data_dir) if not files and hp.dataset != "synthetic" else None
+        return sorted(str(p) for p in folder.iterdir() if p.is_file()) if folder is not None else files
+
+    def files_read(self) -> list[list]:
+        """[path, size, modification time] of each data file as it was read, for the checkpoint (diagnose.py notes a
+        file changed since training)."""
+        self.state  # noqa: B018  (the stamps are taken when the data are read)
+        return self._files_read
 
     def _extra_files(self) -> list[str]:
         """Files besides the data's own whose change must encode the data again."""

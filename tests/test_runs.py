@@ -75,3 +75,27 @@ def test_a_full_disk_under_the_tensorboard_writer_names_the_event_file(tmp_path,
     runs.wait_for_writer(stop.value)
     assert stop.value.filename and stop.value.filename.startswith(str(tmp_path / "events.out.tfevents"))
     assert "Traceback" not in capfd.readouterr().err  # the thread's own traceback is left out
+
+
+def test_a_run_records_its_data_files_in_its_checkpoints(smoke_run):
+    import torch
+
+    stat = smoke_run.train_file.stat()
+    recorded = torch.load(smoke_run.best, weights_only=True)["data_files"]
+    assert recorded == [[str(smoke_run.train_file.resolve()), stat.st_size, int(stat.st_mtime)]]
+
+
+def test_diagnose_notes_a_data_file_changed_since_training(tmp_path):
+    from inference.diagnosis import data_changes
+
+    path = write_csv(tmp_path / "train.csv", marker_rows(20))
+    stat = path.stat()
+    checkpoint = {"data_files": [[str(path.resolve()), stat.st_size, int(stat.st_mtime)]]}
+    assert data_changes(checkpoint, {"train_file": str(path)}) == []
+    with open(path, "a") as f:
+        f.write("a new text,alpha first\n")
+    (note,) = data_changes(checkpoint, {"train_file": str(path)})
+    assert f"data file changed since training: {path.resolve()} ({stat.st_size} bytes then, " in note
+    assert data_changes(checkpoint, {"train_file": str(tmp_path / "other.csv")}) == []  # other data given
+    path.unlink()
+    assert "missing now" in data_changes(checkpoint, {"train_file": str(path)})[0]
