@@ -72,6 +72,8 @@ def cell_problem(value, separator: str | None) -> str | None:
         return "structs (records of fields), not labels; give the column of the label itself"
     if isinstance(value, (bytes, bytearray)):
         return "binary values, not labels; store the labels as text or integers"
+    if isinstance(value, float) and math.isinf(value):
+        return "an infinite number, not a label"
     return None
 
 

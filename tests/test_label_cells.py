@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data.sources import DataError, load_splits
+from data.sources import DataError, is_missing, load_splits
 
 TEXTS = ["happy glad", "angry mad", "scared afraid", "angry scared", "glad but afraid", "mad and happy"] * 2
 
@@ -130,3 +130,32 @@ def test_a_names_file_flag_names_integer_labels_and_is_checked(tmp_path):
     names.write_text("neg\nneutral\n")
     assert "2 label names, but the training labels go up to 2" in refused(path, names, label_column="label",
                                                                              label_names_file=str(names))
+
+
+def test_a_seeded_fuzzer_over_label_cells_finds_no_traceback_and_no_made_up_name():
+    # 10,000 columns of odd cells: each is refused with a LabelError, or read into names that were in the cells.
+    import random
+
+    from data import labels
+
+    rng = random.Random(0)
+    atoms = [None, float("nan"), float("inf"), 1.5, 2.0, 3, -1, True, "", "  ", "joy", " fear ", "a,b", b"joy",
+             {"name": "joy"}]
+
+    def cell(depth=0):
+        kind = rng.randrange(4)
+        if kind == 0 and depth < 2:
+            return [cell(depth + 1) for _ in range(rng.randrange(4))]
+        return rng.choice(atoms)
+
+    for _ in range(10_000):
+        values = [cell() for _ in range(rng.randint(1, 6))]
+        try:
+            labels.check_cells(values, "labels")
+            kept = [v for v in values if labels.is_set(v) or not is_missing(v)]  # as drop_unusable skips them
+            sets = labels.as_sets(kept)
+            _, names, _ = labels.encode_sets({"train": sets}, {"train": "f"}, None)
+        except labels.LabelError:
+            continue
+        assert all(name.strip() and name not in ("None", "nan", "inf", "b'joy'") and not name.startswith(("[", "{"))
+                   for name in names), (values, names)
