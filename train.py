@@ -42,6 +42,8 @@ from data.checkpoint import CheckpointError, load_safely, read_checkpoint, read_
 from model.config import ConfigError, NetworkConfig, max_length_caps
 from model.kinds import kinds_help
 from training.checkpoints import SPECIAL_NAMES, check_fits, check_restorable, resolve
+from training.cli import ArgumentParser
+from training.runs import SaveRunConfig, name_writer_errors, test_after_fit, version_of, wait_for_writer
 from training.module import ClassifierModule, NonFiniteLossError
 from training.encoder import check_pretrained
 from training.pretraining import PretrainModule
@@ -154,8 +156,9 @@ class CLI(LightningCLI):
                                   "give its file (lightning_logs/version_N/checkpoints/best-*.ckpt) or last")
         # `--ckpt_path last` resumes the newest run: log into that run's version so its last.ckpt is found.
         ckpt_path, resumed = config.get("ckpt_path"), None
+        runs = Path(logger_args.get("save_dir") or ".") / (logger_args.get("name") or "lightning_logs") \
+            if logger_args is not None else None
         if ckpt_path == "last" and logger_args is not None and logger_args.get("version") is None:
-            runs = Path(logger_args.get("save_dir") or ".") / (logger_args.get("name") or "lightning_logs")
             resumable = sorted(runs.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
             if resumable:
                 logger_args["version"] = resumable[-1].parent.parent.name
@@ -168,6 +171,9 @@ class CLI(LightningCLI):
                                       f"{self.subcommand}; train first, or give a checkpoint file")
         elif ckpt_path and ckpt_path not in SPECIAL_NAMES:
             resumed = ckpt_path
+            if logger_args is not None and logger_args.get("version") is None and version_of(ckpt_path, runs):
+                # A checkpoint of one of these runs: work in its run, as `last` does (training/runs.py).
+                logger_args["version"] = version_of(ckpt_path, runs)
         class_path = str(logger.get("class_path", "")) if logger_args is not None else ""
         if self.subcommand == "fit" and resumed is not None and class_path.endswith("TensorBoardLogger"):
             # Resuming: hide what an interrupted run logged after this checkpoint, so no step appears twice.
@@ -260,6 +266,7 @@ class CLI(LightningCLI):
         best = next((c for c in self.trainer.checkpoint_callbacks if c.monitor and c.best_model_path), None)
         if best is not None and self.trainer.is_global_zero:
             log.info("best checkpoint: %s (%s %.4f)", best.best_model_path, best.monitor, float(best.best_model_score))
+        test_after_fit(self)
 
 
 class PretrainCLI(CLI):
@@ -306,6 +313,7 @@ class PretrainCLI(CLI):
 def main(args=None):
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     torch.set_float32_matmul_precision("high")
+    name_writer_errors()
     try:
         return cli(args)
     except (DataError, ConfigError, CheckpointError, WriteError, NonFiniteLossError) as e:
@@ -313,6 +321,7 @@ def main(args=None):
     except torch.cuda.OutOfMemoryError:
         sys.exit("error: out of memory on the GPU; lower data.batch_size or data.max_length")
     except OSError as e:  # a log, checkpoint or cache folder that cannot be written: read-only (EROFS), no access, full
+        wait_for_writer(e)
         what = (e.strerror or reason(e)).lower()
         unwritable = e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
         hint = ("choose a writable --trainer.default_root_dir (logs and checkpoints) or --data.cache_dir" if unwritable
@@ -347,7 +356,9 @@ def cli(args=None, run=True):
         PretrainModule if pretrain else ClassifierModule,
         PretrainDataModule if pretrain else TextDataModule,
         parser_kwargs=parser_kwargs,
+        parser_class=ArgumentParser,  # one-line config errors, no prefix matching of flags (training/cli.py)
         seed_everything_default=0,
+        save_config_callback=SaveRunConfig,
         save_config_kwargs={"overwrite": True},
         trainer_defaults={
             "use_distributed_sampler": False,  # BucketBatchSampler shards batches across processes itself

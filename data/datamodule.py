@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from data.checkpoint import read_pretraining_checkpoint
 from data.files import WriteError, describe, write_atomically
 from data.labels import class_counts, describe_counts, is_imbalanced, multi_hot
-from data.sources import DataError, Splits, load_splits, local_copy_dir
+from data.sources import LABEL_NAMES_FILE, DataError, Splits, load_splits, local_copy_dir
 from data.progress import progress_bar
 from data.teacher import out_of_fold_probabilities
 from data.tokenizer import (FIRST_WORD_ID, KINDS, SPECIAL_TOKENS, UNK_ID, CutTexts, cut, load_tokenizer, pad,
@@ -34,7 +34,8 @@ from data.tokenizer import (FIRST_WORD_ID, KINDS, SPECIAL_TOKENS, UNK_ID, CutTex
 log = logging.getLogger(__name__)
 NO_TEST_SPLIT = ("no test split (SST-2's test labels are not public: its held-out figure is `validate`): give "
                  "data.test_file, or use a dataset with a labelled test split")
-CACHE_VERSION = 6  # part of the cache key: bump it when tokenization, the splits or the teacher's output change
+CACHE_VERSION = 7  # part of the cache key: bump it when tokenization, the splits or the teacher's output change
+# 7: the several-labels teacher answers a label on every fitted text with 1 (it gave 0), or on none with 0.
 # 6: the multi-label teacher's fits changed (liblinear, one process a label) without a bump; the teacher hashes its
 #    n-grams on samples over data.teacher.EXACT_CHARS characters (none of the shipped datasets); on imbalanced
 #    classes its out-of-fold probabilities get class-balanced offsets (data.teacher.balanced_out_of_fold).
@@ -182,6 +183,7 @@ class TextDataModule(L.LightningDataModule):
         text_column: str | None = None,
         label_column: str | list[str] | None = None,
         label_separator: str | None = None,
+        label_names_file: str | None = None,
         val_fraction: float = 0.1,
         max_length: int | None = None,
         batch_size: int = 64,
@@ -211,6 +213,8 @@ class TextDataModule(L.LightningDataModule):
                 column of lists (parquet/JSON) gives several labels a text; a list of columns, one 0/1 column per
                 label ([anger, fear, joy]), too (docs/LABELS.md).
             label_separator: several labels a text in one text column, cut at this string ("," for "anger,fear").
+            label_names_file: the names of integer labels (or lists of them), one a line in index order. Unset: a
+                labels.txt beside train_file, when there is one (the hub's layout); else the integers are the names.
             val_fraction: share of train held out for validation when there is no validation split (0 < f < 1).
             max_length: longer texts are truncated to this many tokens. Unset: the longest training text in
                 tokens, rounded up to a multiple of 8, at most max_length_caps (logged at start and written into
@@ -322,6 +326,7 @@ class TextDataModule(L.LightningDataModule):
     def state(self) -> dict:
         if self._state is None:
             self._record_local_copy()
+            self._files_read = [[str(Path(f).resolve()), *_stat(f)] for f in self.data_files()]
             self._state = self._load_or_build()
             return_freed_memory()
             self._tokenizer = load_tokenizer(self._state["tokenizer"])
@@ -342,27 +347,39 @@ class TextDataModule(L.LightningDataModule):
     def split(self, name: str) -> EncodedSplit:
         return self.state["splits"][name]
 
-    def cache_path(self) -> Path:
-        hp = dict(self.hparams)
+    def cache_path(self, **chosen) -> Path:
+        """The cache file of these settings; `chosen`: sizes to key it by in place of the unset ones."""
+        hp = dict(self.hparams) | chosen
         for key in ("batch_size", "num_workers", "cache_dir", "bucket_pool", "balanced_sampler"):
             hp.pop(key)  # they do not change what is encoded
         if hp.get("max_length") is not None:
             hp.pop("max_length_caps", None)  # they only decide an unset max_length
-        files = [hp[k] for k in ("train_file", "val_file", "test_file") if hp[k]]
-
-        folder = local_copy_dir(hp["dataset"], hp["data_dir"]) if not files and hp["dataset"] != "synthetic" else None
-        if folder is not None:
-            files = sorted(str(p) for p in folder.iterdir())
         # Files are identified by path, size and modification time: an edited file is encoded again.
-        hp["files"] = [(str(Path(f).resolve()), *_stat(f)) for f in files + self._extra_files()]
+        hp["files"] = [(str(Path(f).resolve()), *_stat(f)) for f in self.data_files() + self._extra_files()]
         hp["version"] = CACHE_VERSION
         key = hashlib.sha256(json.dumps(hp, sort_keys=True).encode()).hexdigest()[:16]
         name = Path(hp["train_file"]).stem if hp["train_file"] else hp["dataset"]
         return Path(self.hparams.cache_dir) / f"{name}-{key}.pt"
 
+    def data_files(self) -> list[str]:
+        """The files the data are read from: train/val/test files, or every file of the local copy."""
+        hp = self.hparams
+        files = [hp[k] for k in ("train_file", "val_file", "test_file") if hp[k]]
+        folder = local_copy_dir(hp.dataset, hp.data_dir) if not files and hp.dataset != "synthetic" else None
+        return sorted(str(p) for p in folder.iterdir() if p.is_file()) if folder is not None else files
+
+    def files_read(self) -> list[list]:
+        """[path, size, modification time] of each data file as it was read, for the checkpoint (diagnose.py notes a
+        file changed since training)."""
+        self.state  # noqa: B018  (the stamps are taken when the data are read)
+        return self._files_read
+
     def _extra_files(self) -> list[str]:
         """Files besides the data's own whose change must encode the data again."""
-        return [self.hparams.tokenizer_from] if self.hparams.get("tokenizer_from") else []
+        hp = self.hparams
+        names = hp.get("label_names_file") or (hp.train_file and Path(hp.train_file).parent / LABEL_NAMES_FILE)
+        return ([hp.tokenizer_from] if hp.get("tokenizer_from") else []) + \
+            ([str(names)] if names and (hp.get("label_names_file") or Path(names).is_file()) else [])
 
     def _load_or_build(self) -> dict:
         """The encoded data from the cache, or built and cached. One lock file per cache file (`<name>.lock`
@@ -384,9 +401,24 @@ class TextDataModule(L.LightningDataModule):
                 state = self._build()
                 if self._save(state, path):
                     state = self._load(path) or state  # memory-mapped: the built copy is freed
+            self._link_chosen_sizes(path, state)
             return state
         finally:
             lock.release()
+
+    def _link_chosen_sizes(self, path: Path, state: dict) -> None:
+        """The same cache also under the key of the sizes it chose: the run's config.yaml states them, so
+        `train.py test --config <run>/config.yaml` finds these data (and the teacher's answers) instead of
+        encoding them and fitting the teacher again. A hard link: no second copy on disk."""
+        hp = self.hparams
+        if hp.max_length is not None and hp.vocab_size is not None or not path.exists():
+            return
+        alias = self.cache_path(max_length=state["max_length"], vocab_size=state["vocab_size"])
+        try:
+            if not alias.exists():
+                os.link(path, alias)
+        except OSError as e:  # a filesystem without hard links: the next run with the sizes encodes again
+            log.debug("cache %s not linked as %s: %s", path, alias, e)
 
     def _load(self, path: Path) -> dict | None:
         if not path.exists():
@@ -418,6 +450,7 @@ class TextDataModule(L.LightningDataModule):
             dataset=hp.dataset, data_dir=hp.data_dir, train_file=hp.train_file, val_file=hp.val_file,
             test_file=hp.test_file, text_column=hp.text_column, label_column=hp.label_column,
             val_fraction=hp.val_fraction, seed=hp.seed, label_separator=hp.get("label_separator"),
+            label_names_file=hp.get("label_names_file"),
         )
 
     def _encode(self, tokenizer, splits: Splits, max_length: int) -> dict:

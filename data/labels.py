@@ -40,6 +40,75 @@ def is_set(value) -> bool:
     return isinstance(value, (list, tuple)) or type(value).__name__ == "ndarray"
 
 
+SHOWN_ROWS = 5  # row numbers named in a message, then how many more
+ANSWER_JOINER = ", "  # what joins several labels into an answer's "label" (inference/classifier.py answer)
+
+
+def check_cells(values: list, column: str, separator: str | None = None) -> None:
+    """Refuse label cells that would otherwise become a class name through str(): a null, NaN, an empty name, a
+    nested list, a struct or binary inside a list of labels; a struct or binary cell; a list cell where
+    `separator` says the cells are delimited text. LabelError names the column, the rows (from 1) and what they
+    hold. A missing scalar cell (null, NaN) is not refused here: it is a row without a label (data/sources.py)."""
+    problems: dict[str, list[int]] = {}
+    for row, value in enumerate(values, 1):
+        problem = cell_problem(value, separator)
+        if problem:
+            problems.setdefault(problem, []).append(row)
+    if problems:
+        problem, rows = next(iter(problems.items()))
+        raise LabelError(f"column {column!r}, {describe_rows(rows)}: {problem}")
+
+
+def cell_problem(value, separator: str | None) -> str | None:
+    if is_set(value):
+        if separator:
+            return (f"lists of labels, and data.label_separator {separator!r} is for text cells such as "
+                    f"'a{separator}b': leave label_separator unset for a column of lists")
+        for item in value:
+            if (problem := item_problem(item)) is not None:
+                return f"{problem} inside a list of labels; give each label as a name or an integer"
+        return None
+    if isinstance(value, dict):
+        return "structs (records of fields), not labels; give the column of the label itself"
+    if isinstance(value, (bytes, bytearray)):
+        return "binary values, not labels; store the labels as text or integers"
+    if isinstance(value, float) and math.isinf(value):
+        return "an infinite number, not a label"
+    return None
+
+
+def item_problem(item) -> str | None:
+    if item is None:
+        return "a null"
+    if isinstance(item, float) and not item.is_integer():
+        return "NaN" if math.isnan(item) else f"the number {item!r}"
+    if is_set(item):
+        return "a nested list"
+    if isinstance(item, dict):
+        return "a struct"
+    if isinstance(item, (bytes, bytearray)):
+        return "a binary value"
+    if isinstance(item, str) and not item.strip():
+        return "an empty name"
+    return None
+
+
+def describe_rows(rows: list[int]) -> str:
+    shown = ", ".join(map(str, rows[:SHOWN_ROWS]))
+    more = f" and {len(rows) - SHOWN_ROWS} more" if len(rows) > SHOWN_ROWS else ""
+    return f"row{'s' if len(rows) > 1 else ''} {shown}{more}"
+
+
+def check_names_separable(names: list[str], separator: str | None) -> None:
+    """Several labels a text: no label name may hold the separator in use (the data's label_separator, or the ", "
+    that joins an answer's labels): "billing, urgent" would read as two labels."""
+    for name in names:
+        for cut in filter(None, (separator, ANSWER_JOINER.strip())):
+            if cut in name:
+                raise LabelError(f"label {name!r} holds {cut!r}, which separates several labels "
+                                 f"(an answer's \"label\" joins them with {ANSWER_JOINER!r}); rename the label")
+
+
 def split_delimited(values: list, separator: str) -> list:
     """Strings cut at `separator` into sets, each name stripped; missing cells (None, empty) stay None."""
     out = []

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # pyarrow is imported where a file is read: the faces read ha
 log = logging.getLogger(__name__)
 
 DATA_ROOT_ENV = "ATTENTION_DATA_ROOT"  # folder holding <dataset name>/ local copies, e.g. ../shared/data
+LABEL_NAMES_FILE = "labels.txt"  # beside a training file of integer labels: the names, one a line, in index order
 SUFFIXES = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
@@ -163,6 +164,7 @@ def read_table(path: Path, text_column: str, label_column: str | list[str] | Non
             raise DataError(f"{path}: no column {column!r}; columns found: {', '.join(table.column_names)}")
     if table.num_rows == 0:
         raise DataError(f"{path}: no rows")
+    check_text_type(path, text_column, table.data.column(text_column).type)
     texts = TextColumn(table.data.column(text_column))
     if isinstance(label_column, str) or not label_columns:
         return texts, table.data.column(label_column).to_pylist() if label_column else None
@@ -171,6 +173,21 @@ def read_table(path: Path, text_column: str, label_column: str | list[str] | Non
         return texts, labels.from_indicator_columns(columns)
     except labels.LabelError as e:
         raise DataError(f"{path}: {e}") from None
+
+
+def check_text_type(path: Path, column: str, arrow_type) -> None:
+    """Texts are strings (numbers read as texts too: data/columns.py); a column of lists, records or bytes would be
+    trained on as its Python repr, so it is refused."""
+    import pyarrow as pa
+
+    kinds = ((pa.types.is_binary, "binary values"), (pa.types.is_large_binary, "binary values"),
+             (pa.types.is_fixed_size_binary, "binary values"), (pa.types.is_list, "lists"),
+             (pa.types.is_large_list, "lists"), (pa.types.is_fixed_size_list, "lists"), (pa.types.is_struct, "structs"),
+             (pa.types.is_map, "maps"))
+    for test, kind in kinds:
+        if test(arrow_type):
+            raise DataError(f"{path}: text column {column!r} holds {kind} ({arrow_type}), not texts; name the column "
+                            "of texts with text_column")
 
 
 def read_unlabeled(path, text_column: str = "text") -> list[str]:
@@ -265,7 +282,8 @@ def has_text(text: str | None) -> bool:
 
 
 def is_missing(label) -> bool:
-    return label is None or (isinstance(label, str) and not label.strip())
+    """None, NaN (a parquet/JSON float column's missing value) or an empty text."""
+    return label is None or (isinstance(label, float) and label != label) or (isinstance(label, str) and not label.strip())
 
 
 def is_integer(label) -> bool:
@@ -357,8 +375,15 @@ def load_splits(
     val_fraction: float,
     seed: int,
     label_separator: str | None = None,
+    label_names_file: str | None = None,
 ) -> Splits:
     names, test_fraction = None, None
+    if label_separator == "":
+        raise DataError("data.label_separator '' is empty: give the text between labels (',' for 'anger,fear'), or "
+                        "leave it unset")
+    if isinstance(label_column, (list, tuple)) and not label_column:
+        raise DataError("data.label_column []: an empty list of columns; give the label column's name, or one 0/1 "
+                        "column per label ([anger, fear])")
     if train_file:
         files = {"train": Path(train_file), "validation": val_file and Path(val_file), "test": test_file and Path(test_file)}
         files = {split: path for split, path in files.items() if path}
@@ -381,14 +406,22 @@ def load_splits(
     else:
         raise DataError(f"unknown dataset {dataset!r}; registered: {', '.join(NAMES)} (or give train_file)")
 
+    if isinstance(label_column, str):  # (0/1 columns were read into sets of their names already)
+        for split, (_, values) in raw.items():
+            try:
+                labels.check_cells(values, label_column, label_separator)
+            except labels.LabelError as e:
+                raise DataError(f"{sources[split]}: {e}") from None
     if label_separator:
         raw = {split: (texts, labels.split_delimited(values, label_separator)) for split, (texts, values) in raw.items()}
     raw = {split: drop_unusable(*pair, where=sources[split]) for split, pair in raw.items()}
     if "all" in raw:  # one file: train is split off below
         raw["train"], sources["train"] = raw.pop("all"), sources.pop("all")
+    if train_file or label_names_file:
+        names = integer_label_names(raw["train"][1], label_names_file, Path(train_file) if train_file else None) or names
     multi_label = bool(label_separator) or any(labels.is_set(value) for value in raw["train"][1])
     if multi_label:
-        label_sets, label_names, texts = encode_label_sets(raw, sources, names)
+        label_sets, label_names, texts = encode_label_sets(raw, sources, names, label_separator)
         if all(len(indices) == 1 for indices in label_sets["train"]):
             log.info("%s: every training text has exactly one label: one class a text (softmax)", sources["train"])
             label_sets = {split: [s[0] if len(s) == 1 else None for s in sets] for split, sets in label_sets.items()}
@@ -413,15 +446,49 @@ def load_splits(
     return finish_splits(texts, encoded, label_names, sources, test_fraction, val_fraction, seed, False)
 
 
-def encode_label_sets(raw: dict, sources: dict[str, str], names: list[str] | None):
+def encode_label_sets(raw: dict, sources: dict[str, str], names: list[str] | None, separator: str | None = None):
     """Sets of labels a text (data/labels.py) → (class indices a text per split, label names, texts per split)."""
     try:
         encoded, label_names, keep = labels.encode_sets({s: labels.as_sets(pair[1]) for s, pair in raw.items()},
                                                         sources, names)
+        if not all(len(indices) == 1 for indices in encoded["train"]):  # answers join several labels
+            labels.check_names_separable(label_names, separator)
     except labels.LabelError as e:
-        raise DataError(str(e)) from None
+        raise DataError(f"{sources['train']}: {e}" if str(e).startswith("label ") else str(e)) from None
     texts = {split: raw[split][0].take(keep[split]) for split in raw}
     return encoded, label_names, texts
+
+
+def integer_label_names(train_labels: list, names_file: str | None, train_file: Path | None) -> list[str] | None:
+    """The names of integer labels (or lists of them): read from `names_file` (data.label_names_file) or, when none
+    is given, from a labels.txt beside the training file (the hub's layout: one name a line, in index order); None
+    when the labels are not integers or there is no such file. Every label must index a line."""
+    values = [v for label in train_labels for v in (label if labels.is_set(label) else [label])]
+    integers = bool(values) and all(is_integer(v) for v in values)
+    if names_file is None:
+        beside = train_file.parent / LABEL_NAMES_FILE if train_file is not None else None
+        if not integers or beside is None or not beside.is_file():
+            return None
+        path = beside
+    else:
+        path = Path(names_file)
+        if not integers:
+            example = next(v for v in values if not is_integer(v)) if values else None
+            raise DataError(f"data.label_names_file {names_file}: the labels are not integers indexing its lines "
+                            f"(such as {example!r}); leave label_names_file unset")
+    if not path.is_file():
+        raise DataError(f"{path}: file not found (data.label_names_file)")
+    check_utf8(path)
+    names = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise DataError(f"{path}: label name {repeated[0]!r} on more than one line; one name a line, each once")
+    largest = max(int(v) for v in values)
+    if min(int(v) for v in values) < 0 or largest >= len(names):
+        raise DataError(f"{path}: {len(names)} label names, but the training labels go up to {largest} (from 0, one "
+                        "name a line)" + ("" if names_file else "; give the right data.label_names_file or move it"))
+    log.info("label names: the %d lines of %s (the integer labels index them)", len(names), path)
+    return names
 
 
 def finish_splits(texts, labels, label_names, sources, test_fraction, val_fraction, seed, multi_label) -> Splits:

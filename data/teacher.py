@@ -224,7 +224,8 @@ def out_of_fold_label_probabilities(texts: TextColumn, label_sets, num_classes, 
                                     hashed, start) -> torch.Tensor:
     """Several labels a text: (N, num_classes) probabilities that each label applies, one logistic regression per
     label (one-vs-rest) on the same TF-IDF n-grams, out of fold (plain folds: a text has no single class to
-    stratify on). A label absent from a fold's texts gets probability 0 there. The size rule is the single-label
+    stratify on). A label absent from a fold's texts gets probability 0 there, a label on all of them 1; fewer
+    texts than folds: one fold a text; a single text: every label's training share. The size rule is the single-label
     teacher's (fitted_sample): `chosen` texts fitted on in folds, each of the `rest` scored by one fold's teacher,
     n-grams `hashed` or exact."""
     from sklearn.linear_model import LogisticRegression
@@ -235,11 +236,23 @@ def out_of_fold_label_probabilities(texts: TextColumn, label_sets, num_classes, 
     for row, indices in enumerate(label_sets):
         y[row, indices] = 1
     probabilities = np.zeros((len(texts), num_classes), dtype=np.float32)
+    if len(chosen) < 2:  # no text left out to score: each label's training share, the same for every text
+        log.info("n-gram teacher: %d training text(s), too few for folds: every text gets the labels' training "
+                 "shares", len(chosen))
+        return torch.from_numpy(y.mean(0, dtype=np.float32)).expand(len(texts), num_classes).clone()
+    if folds > len(chosen):
+        log.info("n-gram teacher: %d folds for %d training texts (fewer texts than folds)", len(chosen), len(chosen))
+        folds = len(chosen)
     unseen = np.array_split(rest, folds)  # the texts outside the sample, a share for each fold's teacher
     for fold, (fitted, scored) in enumerate(KFold(folds, shuffle=True, random_state=seed).split(chosen)):
         fitted, scored = chosen[fitted], np.concatenate([chosen[scored], unseen[fold]])
         labels = y[fitted].astype(np.int64)
-        present = np.flatnonzero((labels.sum(0) > 0) & (labels.sum(0) < len(fitted)))
+        counts = labels.sum(0)
+        # A label on every fitted text (or on none) has nothing to learn: its answer is that constant, 1 (or 0).
+        probabilities[np.ix_(scored, np.flatnonzero(counts == len(fitted)))] = 1.0
+        present = np.flatnonzero((counts > 0) & (counts < len(fitted)))
+        if not len(present):
+            continue
         try:
             vectorizer, x = fit_ngrams(texts.take(fitted), hashed)
             # Canonical (sorted, no duplicates): the label fits' processes get it read-only, and liblinear's input
@@ -254,7 +267,9 @@ def out_of_fold_label_probabilities(texts: TextColumn, label_sets, num_classes, 
         teacher.fit(x, labels[:, present])
         del x
         for rows, x in in_chunks(texts, scored, vectorizer):
-            probabilities[np.ix_(rows, present)] = teacher.predict_proba(x)
+            # One label left to fit: sklearn takes its one column as a yes/no class and answers (no, yes).
+            answer = teacher.predict_proba(x)
+            probabilities[np.ix_(rows, present)] = answer[:, 1:] if len(present) == 1 else answer
     log.info("n-gram teacher: out-of-fold label probabilities for %d training texts (%d folds, %.0f s)", len(texts),
              folds, time.perf_counter() - start)
     return torch.from_numpy(probabilities)

@@ -46,6 +46,7 @@ class Diagnosis:
     findings: list[Finding]
     history: list[dict] = field(default_factory=list)  # the monitor's, from the checkpoint: {"step", "epoch", …}
     maps: list[tuple[list[str], list]] = field(default_factory=list)  # (tokens, one AttentionWeights per layer)
+    notes: list[str] = field(default_factory=list)  # about the data read (data_changes)
 
     @property
     def warnings(self) -> list[Finding]:
@@ -84,6 +85,34 @@ def data_settings(checkpoint: dict, overrides: dict) -> dict:
         raise CheckpointError("it records no data settings (not written by train.py fit?): name its data with "
                               "--data.dataset NAME or --data.train_file FILE")
     return settings
+
+
+def data_changes(checkpoint: dict, settings: dict) -> list[str]:
+    """One note when a data file the run recorded at training ("data_files": path, size, modification time) and
+    read again here is missing or differs now: the validation sample may not be the run's."""
+    recorded = checkpoint.get("data_files")
+    if not isinstance(recorded, list):
+        return []
+    folder = Path(settings["data_dir"]).resolve() if settings.get("data_dir") else None
+    read = {str(Path(f).resolve()) for f in (settings.get(k) for k in ("train_file", "val_file", "test_file")) if f}
+    changed = []
+    for entry in recorded:
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)):
+            continue
+        path = Path(entry[0])
+        if str(path) not in read and (folder is None or path.parent != folder):
+            continue  # not among the data read now (other data were given)
+        try:
+            stat = path.stat()
+            now = [stat.st_size, int(stat.st_mtime)]
+        except OSError:
+            now = None
+        if now != entry[1:]:
+            changed.append(f"{path} ({'missing now' if now is None else f'{entry[1]} bytes then, {now[0]} now'})")
+    if not changed:
+        return []
+    return [f"data file{'s' * (len(changed) > 1)} changed since training: {'; '.join(changed)}: the validation "
+            "sample may differ from the run's"]
 
 
 def validation_sample(settings: dict, label_names: list[str], texts: int, seed: int = 0):
@@ -158,7 +187,7 @@ def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch
     for i in dict.fromkeys(picks):
         output = model(torch.tensor([ids[i]], device=classifier.device), None, need_weights=True)
         maps.append((tokens[i], [layer for layer in output.attention]))
-    return Diagnosis(path, settings, len(sample), figures, findings, history, maps)
+    return Diagnosis(path, settings, len(sample), figures, findings, history, maps, data_changes(checkpoint, settings))
 
 
 def stored_optimizer_differences(checkpoint: dict) -> list[dict]:
@@ -192,6 +221,7 @@ def text_report(diagnosis: Diagnosis) -> str:
     """The verdict table with causes and fixes, and the training history, for the console."""
     lines = [f"checkpoint {diagnosis.checkpoint}; {diagnosis.texts} validation texts of "
              f"{diagnosis.data.get('train_file') or diagnosis.data['dataset']}"]
+    lines += [f"  NOTE    {note}" for note in diagnosis.notes]
     for finding in diagnosis.findings or []:
         lines.append(f"  {finding.severity.upper():7} {finding.line()}")
     if not diagnosis.findings:

@@ -79,6 +79,33 @@ def test_a_class_with_one_text_still_gets_a_teacher():
     assert probabilities.shape == (6, 2) and torch.allclose(probabilities.sum(1), torch.ones(6))
 
 
+def test_a_label_on_every_text_gets_teacher_probability_one():
+    # "billing" on every text, "urgent" on half, "bug" on none: the constant labels are answered by their constant.
+    texts = [f"word{i} common extra{i % 3}" for i in range(12)]
+    sets = [[0] + ([1] if i % 2 else []) for i in range(12)]
+    probabilities = out_of_fold_probabilities(texts, sets, num_classes=3)
+    assert torch.equal(probabilities[:, 0], torch.ones(12)) and torch.equal(probabilities[:, 2], torch.zeros(12))
+    assert ((probabilities[:, 1] > 0) & (probabilities[:, 1] < 1)).all()  # the one label learned
+
+
+def test_one_label_on_every_text_is_no_traceback():
+    probabilities = out_of_fold_probabilities([f"word{i} common" for i in range(12)], [[0]] * 12, num_classes=2)
+    assert torch.equal(probabilities, torch.tensor([[1.0, 0.0]]).expand(12, 2))
+
+
+def test_fewer_training_texts_than_folds_several_labels(caplog):
+    texts = ["a red one", "a red blue one", "a blue one", "red again"]
+    with caplog.at_level(logging.INFO, logger="data.teacher"):
+        probabilities = out_of_fold_probabilities(texts, [[0], [0, 1], [1], [0]], num_classes=2)
+    assert probabilities.shape == (4, 2) and ((probabilities >= 0) & (probabilities <= 1)).all()
+    assert "4 folds for 4 training texts" in caplog.text
+
+
+def test_a_single_training_text_gets_the_labels_shares():
+    probabilities = out_of_fold_probabilities(["red and blue"], [[0, 2]], num_classes=3)
+    assert torch.equal(probabilities, torch.tensor([[1.0, 0.0, 1.0]]))
+
+
 def test_cjk_texts_are_read_as_characters():
     assert is_cjk(["房间很干净，服务也好", "早餐差"]) and not is_cjk(["a great film", "boring"])
 

@@ -280,6 +280,9 @@ class ClassifierModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint):
         # Plain numbers and lists: the checkpoint still loads with torch.load(weights_only=True).
         checkpoint["calibration"] = {"temperature": float(self.temperature), "thresholds": list(self.thresholds or [])}
+        data = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if hasattr(data, "files_read"):  # the data files as read: diagnose.py notes one changed since training
+            checkpoint["data_files"] = data.files_read()
 
     def on_load_checkpoint(self, checkpoint):
         stored = checkpoint.get("calibration") or {}  # none in a checkpoint written before calibration: T 1, cut 0.5
