@@ -15,7 +15,7 @@ import torch
 from tokenizers import Tokenizer
 
 from data.tokenizer import CHARS_PER_TOKEN_BOUND, UNK_ID, cut, pad
-from data.checkpoint import CheckpointError, network_weights, open_checkpoint, stored_label_names
+from data.checkpoint import CheckpointError, network_weights, open_checkpoint, stored_calibration, stored_label_names
 from inference.limits import IG_STEPS_DEFAULT, PREDICT_BATCH
 from inference.texts import COUNT_CHARACTERS, check_texts
 from model.classifier import AttentionClassifier
@@ -123,13 +123,9 @@ class TextClassifier:
             ) from e
         from inference.verdicts import latest_verdicts
 
-        calibration = checkpoint.get("calibration") or {}  # none before calibration existed: temperature 1, cuts 0.5
-        try:
-            classifier = cls(model, tokenizer, labels, device=device,
-                             multi_label=bool(checkpoint["hyper_parameters"].get("multi_label", False)),
-                             temperature=calibration.get("temperature", 1.0), thresholds=calibration.get("thresholds"))
-        except (TypeError, ValueError) as e:
-            raise CheckpointError(f"{path}: its calibration does not fit its labels: {e}") from e
+        temperature, thresholds = stored_calibration(checkpoint, path)
+        classifier = cls(model, tokenizer, labels, device=device, temperature=temperature, thresholds=thresholds,
+                         multi_label=bool(checkpoint["hyper_parameters"].get("multi_label", False)))
         classifier.verdicts = latest_verdicts(checkpoint)
         return classifier
 

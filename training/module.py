@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, MultilabelF1Score
 
+from data.checkpoint import stored_calibration
 from data.labels import balanced_weights, class_counts, describe_counts, is_imbalanced
 from data.tokenizer import UNK_ID
 from model.classifier import AttentionClassifier
@@ -282,9 +283,7 @@ class ClassifierModule(L.LightningModule):
         checkpoint["calibration"] = {"temperature": float(self.temperature), "thresholds": list(self.thresholds or [])}
 
     def on_load_checkpoint(self, checkpoint):
-        stored = checkpoint.get("calibration") or {}  # none in a checkpoint written before calibration: T 1, cut 0.5
-        self.temperature = float(stored.get("temperature", 1.0))
-        self.thresholds = list(stored.get("thresholds") or []) or None
+        self.temperature, self.thresholds = stored_calibration(checkpoint)  # checked (data/checkpoint.py)
 
     def setup(self, stage):
         # Before Lightning restores a --ckpt_path (which then overwrites these weights when resuming).
