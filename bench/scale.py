@@ -49,6 +49,8 @@ from pathlib import Path
 
 from lightning.pytorch import Callback
 
+from model.errors import check_whole_number
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_SECONDS = 0.2
 LOG_EVERY = 20  # training batches between two MemoryLog lines
@@ -83,6 +85,7 @@ class MemoryLog(Callback):
     """Logs the resident memory of this process's tree at the moments a run's memory could grow."""
 
     def __init__(self, every: int = LOG_EVERY):
+        check_whole_number("MemoryLog every", every, 1)
         self.every = every
 
     def say(self, trainer, moment: str) -> None:
