@@ -93,14 +93,6 @@ def test_resuming_or_testing_reads_the_same_checked_calibration(tmp_path):
     assert module.temperature == 1.5 and module.thresholds == [0.25, 0.75]
 
 
-def test_export_writes_strict_json(tmp_path):
-    path = checkpoint_with(tmp_path, multi_label=True, calibration={"temperature": 1.0, "thresholds": [0.25, 0.75]})
-    assert export.main(["--ckpt", str(path), "--out", str(tmp_path / "onnx")]) == 0
-    text = (tmp_path / "onnx" / "config.json").read_text()
-    config = json.loads(text, parse_constant=lambda name: pytest.fail(f"config.json holds {name}"))
-    assert config["thresholds"] == [0.25, 0.75]
-
-
 # ---- checkpoints combined -------------------------------------------------------------------------------------------
 
 
