@@ -255,7 +255,7 @@ def run(args) -> int:
     tokenizer = export_tokenizer(classifier, classifier.max_length)
     write_text(out / "tokenizer.json", tokenizer.to_str(pretty=True), what="tokenizer")
     config = export_config(classifier, ckpt.name, names)
-    write_text(out / "config.json", json.dumps(config, ensure_ascii=False, indent=2) + "\n", what="config")
+    write_text(out / "config.json", json.dumps(config, ensure_ascii=False, indent=2, allow_nan=False) + "\n", what="config")
     log.info("exported %s (%s attention%s) to %s: model.onnx, tokenizer.json, config.json", ckpt,
              classifier.model.config.attention, ", with its weights as outputs" if args.attention else "", out)
     return 0

@@ -26,7 +26,8 @@ DESCRIPTION = """\
 Classify texts with a checkpoint from train.py. Prints one JSON object per input on stdout:
   {"text": ..., "label": <label name>, "probabilities": {<label name>: p, ...}}
 A model of several labels a text adds "labels": [<label name>, ...] (those reaching their thresholds, most probable
-first; "label" joins them). Probabilities are calibrated on validation (docs/LABELS.md).
+first; "label" joins them), and with --show-thresholds "thresholds": {<label name>: the probability it needs}; the
+server's GET /info lists them too. Probabilities are calibrated on validation (docs/LABELS.md).
 Notes (truncated texts, replaced bytes, empty lines) go to stderr.
 
 Empty or whitespace-only inputs are not skipped: each gives {"text": ..., "error": "empty text"}, so output
@@ -64,6 +65,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--top-k", type=POSITIVE.argument(), metavar="K",
                         help="keep only the K most likely labels in probabilities, most likely first (default: all, "
                              "in label order)")
+    parser.add_argument("--show-thresholds", action="store_true",
+                        help="a model of several labels a text: add 'thresholds' to each answer, per label the "
+                             "probability it needs to be in 'labels' (fitted on validation; stored in the checkpoint, "
+                             "an ensemble's averaged). A model of one label a text has none: its label is the most "
+                             "probable")
     parser.add_argument("--attention", action="store_true",
                         help="add 'tokens' (what the model saw) and 'attention': per layer a tokens × tokens matrix "
                              "(query rows, key columns), averaged over heads, rounded to 6 decimals. Long-text kinds "
@@ -188,6 +194,9 @@ def run(args) -> int:
 
     texts = read_inputs(args)
     classifier = load(args.ckpt, device=args.device)
+    if args.show_thresholds and not classifier.multi_label:
+        raise InputError(f"--show-thresholds: {args.ckpt[0]} gives one label a text (the most probable), it has no "
+                         "thresholds")
     if args.explain:
         return run_explain(args, classifier, texts)
     png_dir = Path(args.attention_png) if args.attention_png else None
@@ -206,6 +215,7 @@ def run(args) -> int:
             pairs = prediction_outputs(
                 classifier, [texts[i] for i in window], attention=args.attention, all_heads=args.all_heads,
                 top_k=args.top_k, batch_size=args.batch_size, weights=png_dir is not None,
+                thresholds=args.show_thresholds,
             )
             encoded = []
             for i, (out, prediction) in zip(window, pairs):

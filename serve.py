@@ -48,6 +48,8 @@ GET /          a page: type a text, see its label, the tokens shaded by an expla
 GET /health    "ok" when the workers are ready (the port accepts connections only once they are; 503 while a
                worker that died is restarted)
 GET /info      {"model": {labels, attention, max_length, training figures, ...}, "server": {the limits that hold}}
+               a model of several labels a text: "multi_label": true and "thresholds": {label: the probability a
+               label needs to be in an answer's "labels"} (an ensemble's averaged, as it answers)
 
 Nothing in a request names a file: the checkpoints are the ones given here. The server listens on 127.0.0.1 (this
 machine only) unless --host says otherwise; --host 0.0.0.0 exposes it to the network, without authentication."""

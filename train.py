@@ -320,6 +320,11 @@ def main(args=None):
         sys.exit(f"error: {e}")  # bad input: one line naming the file or setting, no traceback
     except torch.cuda.OutOfMemoryError:
         sys.exit("error: out of memory on the GPU; lower data.batch_size or data.max_length")
+    except ValueError as e:  # jsonargparse wraps what a class's constructor raised (a callback's ConfigError)
+        cause = wrapped_config_error(e)
+        if cause is None:
+            raise
+        sys.exit(f"error: {cause}")
     except OSError as e:  # a log, checkpoint or cache folder that cannot be written: read-only (EROFS), no access, full
         wait_for_writer(e)
         what = (e.strerror or reason(e)).lower()
@@ -327,6 +332,18 @@ def main(args=None):
         hint = ("choose a writable --trainer.default_root_dir (logs and checkpoints) or --data.cache_dir" if unwritable
                 else "nothing was saved past the last checkpoint")
         sys.exit(f"error: {e.filename or 'a file'}: {what}; {hint}")
+
+
+def wrapped_config_error(error: BaseException) -> ConfigError | None:
+    """The ConfigError behind an error jsonargparse raised while building a class (its "Does not validate against
+    any of the Union subtypes" lists it among other lines), or None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, ConfigError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def cli(args=None, run=True):

@@ -115,7 +115,8 @@ def load_bug(spec: str) -> Bug:
     module_name, _, function_name = spec.partition(":")
     try:
         function = getattr(importlib.import_module(module_name), function_name)
-    except Exception as e:  # the user's module may fail in any way: a syntax error, an exception at import
+    except (Exception, SystemExit) as e:  # the user's module may fail in any way: a syntax error, an exception or
+        # sys.exit() at import, a missing function
         raise ValueError(f"--bugs {spec}: cannot load it ({describe(e)})") from None
     if not callable(function):
         raise ValueError(f"--bugs {spec}: {function_name} is not a function")

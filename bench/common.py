@@ -1,4 +1,5 @@
-"""What the benches share: a config file's network, a run's best checkpoint, and the n-gram recipe.
+"""What the benches share: a config file's network, a run's best checkpoint, the n-gram recipe, and the checks of
+their own flags (whole numbers in range, folders and files they write, checked before any run).
 
     python -m bench.common best-checkpoint lightning_logs/version_0    # prints the run's best checkpoint
 
@@ -9,19 +10,71 @@ on IMDB test 90.4% against 90.3%).
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
-from data.teacher import fit_ngram_teacher, is_cjk
-from data.checkpoint import CheckpointError, best_checkpoint
-from model.config import NetworkConfig
+from data.files import WriteError, check_target, make_folder
+from inference.limits import Bound
+
+if TYPE_CHECKING:
+    from model.config import NetworkConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 
-__all__ = ["ROOT", "CONFIGS", "read_config", "network_config", "best_checkpoint", "fit_ngram_teacher", "is_cjk"]
+__all__ = ["ROOT", "CONFIGS", "read_config", "network_config", "best_checkpoint", "fit_ngram_teacher", "is_cjk",
+           "whole_number", "positive_number", "check_writable"]
+
+
+def __getattr__(name):
+    """The heavier helpers (torch, the network) on first use, so a bench that only checks its flags, or only
+    starts child processes (bench.healthy), loads neither."""
+    if name in ("fit_ngram_teacher", "is_cjk"):
+        import data.teacher
+
+        return getattr(data.teacher, name)
+    if name == "best_checkpoint":
+        from data.checkpoint import best_checkpoint
+
+        return best_checkpoint
+    raise AttributeError(f"module 'bench.common' has no attribute {name!r}")
+
+
+# ---- the benches' own flags ----------------------------------------------------------------------------------------
+
+
+def whole_number(least: int = 1, most: int | None = None):
+    """An argparse type: a whole number in least..most (argparse's one-line error names the flag)."""
+    return Bound(least, most).argument(int)
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number of seconds (or any amount) > 0."""
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
+
+
+def check_writable(parser: argparse.ArgumentParser, folders: dict | None = None, files: dict | None = None) -> None:
+    """Before any run: each folder of `folders` (flag → path, None skipped) made if missing and writable, each file
+    of `files` writable (its folder exists and can be written, it is not a folder, not read-only); else the
+    parser's one-line error naming the flag, so nothing is measured only to be lost when the results are written."""
+    try:
+        for flag, folder in (folders or {}).items():
+            if folder is not None:
+                folder = make_folder(folder, f"{flag} folder")
+                if not os.access(folder, os.W_OK | os.X_OK):  # also False on a read-only filesystem
+                    raise WriteError(f"{folder}: the {flag} folder is not writable")
+        for flag, file in (files or {}).items():
+            if file is not None:
+                check_target(file, f"{flag} file")
+    except WriteError as e:
+        parser.error(str(e))
 
 
 def merged(base: dict, overlay: dict) -> dict:
@@ -41,10 +94,12 @@ def read_config(*paths) -> dict:
     return config
 
 
-def network_config(*paths, **overrides) -> NetworkConfig:
+def network_config(*paths, **overrides) -> "NetworkConfig":
     """The NetworkConfig of these config files: their `model: network:` section, with `data.vocab_size` and
     `data.max_length` where the files set them (train.py takes the tokenizer's size and the data's length), then
     `overrides`. A bad value is model.config.ConfigError."""
+    from model.config import NetworkConfig
+
     config = read_config(*paths)
     network = dict((config.get("model") or {}).get("network") or {})
     data = config.get("data") or {}
@@ -58,6 +113,8 @@ def main(argv=None):
     best = commands.add_parser("best-checkpoint", help="the run's checkpoint with the best recorded monitored metric")
     best.add_argument("run", type=Path, help="a run folder (lightning_logs/version_N) or its checkpoints/")
     args = parser.parse_args(argv)
+    from data.checkpoint import CheckpointError, best_checkpoint
+
     try:
         print(best_checkpoint(args.run))
     except CheckpointError as e:

@@ -37,11 +37,12 @@ import torch
 
 import train
 from bench.bugs import GROUPS, Bug, Plant, every_bug, load_bug
-from bench.common import CONFIGS, ROOT
+from bench.common import CONFIGS, ROOT, check_writable
 from bench.subsets import subset, write
-from data.files import WriteError, check_target, describe, make_folder, write_text
+from data.files import WriteError, check_target, describe, write_text
 from data.sources import load_splits
 from inference.limits import POSITIVE, Parser
+from data.checkpoint import open_checkpoint
 from inference.diagnosis import diagnose_checkpoint
 from model.kinds import ATTENTION_KINDS
 from monitor import AttentionMonitor
@@ -167,9 +168,10 @@ def subset_files(dataset: str, rows: int, folder: Path, validation_rows: int | N
 
 def measure(bugs: list[Bug | None], datasets: list[str], rows: int, work: Path, check_every: int,
             attention: str | None = None, validation_rows: int | None = None,
-            healthy_epochs: int = 1, done=lambda runs: None) -> list[Run]:
+            healthy_epochs: int = 1, done=lambda runs: None, failed: list | None = None) -> list[Run]:
     """Every bug (None: healthy) × dataset, plus the healthy no-config runs; sequential, one process. A bug run
-    trains 1 epoch, a healthy run `healthy_epochs`. done(runs so far) is called after each run."""
+    trains 1 epoch, a healthy run `healthy_epochs`. done(runs so far) is called after each run. A bug that raises
+    is left out of the runs and added to `failed` ({"bug", "dataset", "error"})."""
     plan = []
     for dataset in datasets:
         for bug in bugs:
@@ -192,6 +194,9 @@ def measure(bugs: list[Bug | None], datasets: list[str], rows: int, work: Path, 
                 if bug is None:
                     raise
                 log.error("[%d/%d] %s on %s: left out: the bug raised %s", i, len(plan), run.bug, label, describe(e))
+                if failed is not None:
+                    failed.append({"bug": run.bug, "dataset": label, "error": f"the bug raised {describe(e)}"})
+                    done(runs)
                 continue
         run.seconds = time.perf_counter() - started
         expected = "" if bug is None else f"; expected {' or '.join(bug.expects) or 'any warning'}: " + (
@@ -344,7 +349,8 @@ def bug_of(run: Run) -> Bug:
     return every_bug().get(run.bug) or load_bug(run.bug)
 
 
-def report(runs: list[Run], command: str) -> str:
+def report(runs: list[Run], command: str, failed: list | None = None) -> str:
+    """The tables; `failed` (bugs that did not load or raised, checkpoints that failed) listed first."""
     figures = summary(runs)
     parts = [command, "",
              f"Catalogued bugs named with their cause by the end of the first epoch: "
@@ -353,6 +359,9 @@ def report(runs: list[Run], command: str) -> str:
              f"{figures['outside_runs_warned']} of {figures['outside_runs']} runs. Held-out bugs given a warning: "
              f"{figures['held_out_runs_warned']} of {figures['held_out_runs']} runs. Healthy runs with a warning: "
              f"{figures['healthy_runs_with_warnings']} of {figures['healthy_runs']}.", ""]
+    if failed:
+        parts += ["Left out, the bench's exit status 1:", "",
+                  *[f"- {f['bug']}{' on ' + f['dataset'] if f['dataset'] else ''}: {f['error']}" for f in failed], ""]
     parts += ["Runs by group:", "", *group_table(runs), "", "Per verdict:", "", *verdict_table(runs), ""]
     if figures["catalogued_runs"] + figures["outside_runs"]:
         parts += ["First step at which the expected verdict was given (other warnings in brackets):", "",
@@ -392,29 +401,36 @@ def main(argv=None):
                         help="no runs: the tables of earlier runs' --out JSON files together (e.g. one per dataset)")
     args = parser.parse_args(argv)
     if args.merge:
-        commands, runs = [], []
+        commands, runs, failed = [], [], []
         for path in args.merge:
             try:
                 saved = json.loads(path.read_text())
                 runs += [Run(**run) for run in saved["runs"]]
+                failed += list(saved.get("failed") or [])
                 commands.append(f"`{saved['command']}`")
             except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
                 sys.exit(f"error: --merge {path}: not a result this bench saved with --out X.json ({describe(e)})")
-        print(report(runs, "; ".join(commands)))
-        return
+        print(report(runs, "; ".join(commands), failed))
+        return 1 if failed else 0
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
+    check_writable(parser, folders={"--work": args.work})
     try:  # every target and input checked before the runs (hours on the full bench)
         if args.out:
             check_target(args.out, "bench result")
         for path in args.healthy_checkpoints:
             if not Path(path).exists():
                 raise ValueError(f"--healthy-checkpoints {path}: no such checkpoint or run folder")
-        make_folder(args.work, "work folder")
-        bugs = select_bugs(args.bugs)
-    except ValueError as e:  # WriteError is one
+            open_checkpoint(path)  # CheckpointError (one line naming the file) for one that does not read
+        failed = []  # {"bug", "dataset", "error"}: a user's bug that did not load or raised, a checkpoint that failed
+        bugs = select_bugs(args.bugs, failed)
+    except ValueError as e:  # WriteError and CheckpointError are ones
         sys.exit(f"error: {e}")
+    if failed and not bugs and args.no_healthy and not args.healthy_checkpoints:
+        sys.exit(f"error: {failed[0]['error']}; nothing left to run")
+    for entry in failed:
+        log.error("%s; the bench goes on without it", entry["error"])
 
     for name in ("lightning.pytorch", "lightning.fabric", "train", "data", "training"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -428,29 +444,32 @@ def main(argv=None):
     command = ("python -m bench.diagnosis " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
 
     def save(runs):  # after every run, so a long bench stopped halfway keeps what it measured
-        result = {**summary(runs), "runs": [asdict(run) for run in runs], "command": command}
+        result = {**summary(runs), "failed": failed, "runs": [asdict(run) for run in runs], "command": command}
         if args.out:
             try:
                 write_text(args.out, json.dumps(result, indent=1) if args.out.suffix == ".json"
-                           else report(runs, f"`{command}`") + "\n", "bench result")
+                           else report(runs, f"`{command}`", failed) + "\n", "bench result")
             except WriteError as e:  # the tables still go to stdout
                 log.error("%s", e)
         return result
 
     runs = measure(bugs, datasets, rows, args.work, args.check_every, args.attention, validation_rows=validation_rows,
-                   healthy_epochs=args.healthy_epochs, done=save) if bugs else []
+                   healthy_epochs=args.healthy_epochs, done=save, failed=failed) if bugs else []
     for path in args.healthy_checkpoints:
         try:
             runs.append(checkpoint_run(path))
         except ValueError as e:  # CheckpointError, DataError: one line for it, the others go on
             log.error("--healthy-checkpoints: left out: %s", e)  # the message names the file
+            failed.append({"bug": "healthy", "dataset": path, "error": str(e)})
     result = save(runs)
-    print(report(runs, f"`{command}`"))
+    print(report(runs, f"`{command}`", failed))
     print(json.dumps({key: value for key, value in result.items() if key != "runs"}))
+    return 1 if failed else 0  # a bug or checkpoint left out: the tables are not the whole bench
 
 
-def select_bugs(names: list[str]) -> list[Bug]:
-    """--bugs: names, module:function, groups, 'all' or 'none' → the bugs, in catalogue order, each once."""
+def select_bugs(names: list[str], failed: list | None = None) -> list[Bug]:
+    """--bugs: names, module:function, groups, 'all' or 'none' → the bugs, in catalogue order, each once. A user's
+    module:function that does not load is an entry of `failed` (or, without it, one logged line); the bench goes on."""
     chosen, known = {}, every_bug()  # the held-out group too
     for name in names:
         if name == "none":
@@ -461,11 +480,14 @@ def select_bugs(names: list[str]) -> list[Bug]:
         except ValueError as e:
             if ":" not in name:  # a misspelt name of the catalogue stops the bench before it starts
                 raise
-            log.error("%s; the bench goes on without it", e)  # a user's module that fails: one line for it
+            if failed is None:
+                log.error("%s; the bench goes on without it", e)  # a user's module that fails: one line for it
+            else:  # the caller says it
+                failed.append({"bug": name, "dataset": None, "error": str(e)})
         for entry in matched:
             chosen[entry.name] = entry
     return list(chosen.values())
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -19,8 +19,9 @@ last line and the sweep goes on. Prints one row per run and the totals; --out FI
 validations and warnings. Exit status 0 when every run finished without a warning, 1 otherwise.
 
 The children see this process's environment (ATTENTION_DATA_ROOT for offline dataset copies) with
-OMP_NUM_THREADS set to --threads. This process imports only the standard library and, to read checkpoints, torch
-and the verdict table (monitor/doctor.py).
+OMP_NUM_THREADS set to --threads. This process imports only the standard library, the flag checks (bench/common.py,
+the registered dataset names) and, to read checkpoints, torch and the verdict table (monitor/doctor.py). Every flag
+is checked first, --dry-run too, and --work and --out are checked writable before any run.
 """
 
 import argparse
@@ -36,6 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bench.common import check_writable, positive_number, whole_number  # flag checks; nothing heavy
+from data.sources import NAMES as DATASETS  # the registered datasets (data/sources.py loads no dataset library)
 from inference.limits import Parser  # one-line errors; imports nothing heavy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -241,15 +244,17 @@ def main(argv=None):
     parser.add_argument("--configs", nargs="+", default=["all"],
                         help="config files of configs/ by name (sst2.yaml, imdb_local.yaml: with its base), 'all' "
                              "(every shipped classifier config) or 'none'")
-    parser.add_argument("--datasets", nargs="*", default=list(NO_CONFIG_DATASETS),
-                        help="datasets of the no-config runs (train.py fit --data.dataset D); 'none' or nothing: no such runs")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--datasets", nargs="*", default=list(NO_CONFIG_DATASETS), choices=[*DATASETS, "none"],
+                        metavar="DATASET",
+                        help="datasets of the no-config runs (train.py fit --data.dataset D), of "
+                             f"{', '.join(DATASETS)}; 'none' or nothing: no such runs")
+    parser.add_argument("--seeds", nargs="+", type=whole_number(0), default=[0, 1, 2], help="seeds (>= 0)")
     parser.add_argument("--kinds", nargs="+", default=[CONFIGURED, *KINDS], choices=[CONFIGURED, *KINDS],
                         help=f"attention kinds each run is repeated with; '{CONFIGURED}': as its config says "
                              "(default: all of them)")
-    parser.add_argument("--window", type=positive, default=8, help="window of the local and sparse kinds (--kinds)")
-    parser.add_argument("--projection-length", type=positive, default=16, help="linformer's k (--kinds)")
-    parser.add_argument("--max-epochs", type=positive)
+    parser.add_argument("--window", type=whole_number(1), default=8, help="window of the local and sparse kinds (--kinds)")
+    parser.add_argument("--projection-length", type=whole_number(1), default=16, help="linformer's k (--kinds)")
+    parser.add_argument("--max-epochs", type=whole_number(1))
     parser.add_argument("--limit-train-batches", type=batches)
     parser.add_argument("--limit-val-batches", type=batches)
     parser.add_argument("--accelerator")
@@ -257,10 +262,11 @@ def main(argv=None):
     parser.add_argument("--precision")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
                         help="more train.py flags for every run (last on the line)")
-    parser.add_argument("--jobs", type=positive, default=1, help="runs at a time")
-    parser.add_argument("--threads", type=positive, default=None,
+    parser.add_argument("--jobs", type=whole_number(1), default=1, help="runs at a time")
+    parser.add_argument("--threads", type=whole_number(1), default=None,
                         help="OMP_NUM_THREADS of each run (default: the CPU cores / --jobs)")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds a run may take (default: no limit)")
+    parser.add_argument("--timeout", type=positive_number, default=None,
+                        help="seconds a run may take, > 0 (default: no limit)")
     parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "healthy", help="the runs' folders")
     parser.add_argument("--out", type=Path, help="write every run's validations and warnings here (JSON)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -270,8 +276,10 @@ def main(argv=None):
         configs = select_configs(args.configs)
     except ValueError as e:
         parser.error(str(e))
-    if args.out is not None and (args.out.is_dir() or not args.out.parent.is_dir()):
-        parser.error(f"--out {args.out}: " + ("is a directory" if args.out.is_dir() else "its folder does not exist"))
+    if not args.dry_run:  # before any run: results measured for hours must not be lost when they are written
+        check_writable(parser, folders={"--work": args.work}, files={"--out": args.out})
+    elif args.out is not None:
+        check_writable(parser, files={"--out": args.out})
     datasets = [] if args.datasets == ["none"] else args.datasets
     runs = plan(configs, datasets, args.seeds, args.kinds, trainer_flags(args), args.work.resolve(),
                 args.window, args.projection_length, args.extra)
@@ -332,13 +340,6 @@ def select_configs(names: list[str]) -> list[list[Path]]:
                              f"{', '.join(files[-1].name for files in shipped)})")
         chosen += matched
     return chosen
-
-
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
 
 
 def batches(text: str) -> str:

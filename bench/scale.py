@@ -49,6 +49,11 @@ from pathlib import Path
 
 from lightning.pytorch import Callback
 
+from bench.common import check_writable, whole_number
+from data.sources import REGISTRY as DATASETS
+from inference.limits import Parser
+from model.errors import check_whole_number
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_SECONDS = 0.2
 LOG_EVERY = 20  # training batches between two MemoryLog lines
@@ -83,6 +88,7 @@ class MemoryLog(Callback):
     """Logs the resident memory of this process's tree at the moments a run's memory could grow."""
 
     def __init__(self, every: int = LOG_EVERY):
+        check_whole_number("MemoryLog every", every, 1)
         self.every = every
 
     def say(self, trainer, moment: str) -> None:
@@ -279,7 +285,7 @@ def sizes(args) -> dict:
             command = [sys.executable, "train.py", "fit", "--data.train_file", str(data),
                        "--data.cache_dir", str(work / f"cache-{n}"), "--trainer.max_steps", str(TRAIN_STEPS),
                        "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(work / f"run-{n}"),
-                       "--trainer.enable_progress_bar", "false",
+                       "--trainer.enable_progress_bar", "false", "--data.batch_size", str(args.batch_size),
                        "--trainer.callbacks+=" + json.dumps({"class_path": "bench.scale.MemoryLog",
                                                               "init_args": {"every": 10}}),
                        *args.fit_args]
@@ -317,9 +323,21 @@ def setup(args) -> dict:
 
     from data.datamodule import TextDataModule
 
-    settings = {key: yaml.safe_load(value) for key, value in (pair.split("=", 1) for pair in args.settings)}
+    import inspect
+
+    known = set(inspect.signature(TextDataModule).parameters)
+    settings = {}
+    for pair in args.settings:
+        name, equals, value = pair.partition("=")
+        if not equals or name not in known:
+            sys.exit(f"error: setup {pair!r}: give a TextDataModule setting as name=value, name one of "
+                     f"{', '.join(sorted(known))}")
+        settings[name] = yaml.safe_load(value)
     start = time.perf_counter()
-    TextDataModule(**settings).state  # noqa: B018  (read, tokenize, encode, cache)
+    try:
+        TextDataModule(**settings).state  # noqa: B018  (read, tokenize, encode, cache)
+    except ValueError as e:  # DataError, ConfigError, WriteError: a bad value, a missing file, ... in one line
+        sys.exit(f"error: setup: {e}")
     figures = {"target": "setup", "settings": settings, "seconds": round(time.perf_counter() - start),
                "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
                "held_rss_mib": round(tree_rss(os.getpid()) / 2**20), "load_average_1min": round(os.getloadavg()[0], 2)}
@@ -366,25 +384,30 @@ def teacher(args) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="target", required=True)
+    parser = Parser(prog="python -m bench.scale", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)  # one-line errors
+    commands = parser.add_subparsers(dest="target", required=True)  # Parser too
     command = commands.add_parser("memory", help="resident memory over one `train.py fit` run")
     command.add_argument("--root", default="runs/bench-scale", help="the run's --trainer.default_root_dir")
     command.add_argument("fit_args", nargs=argparse.REMAINDER, help="train.py fit arguments, after --")
     command = commands.add_parser("sizes", help="set-up time and memory at 25k, 100k, 1M (10M) texts")
-    command.add_argument("--texts", type=int, nargs="+", help="the set sizes (default 25000 100000 1000000)")
+    command.add_argument("--texts", type=whole_number(1), nargs="+",
+                         help="the set sizes, each >= 1 (default 25000 100000 1000000)")
     command.add_argument("--big", action="store_true", help="also 10,000,000 texts")
     command.add_argument("--kind", choices=sorted(SOURCES), default="long",
                          help="long: IMDB-length texts (1.3 KB); short: SST-2-length phrases")
-    command.add_argument("--batch-size", type=int, default=64, help="data.batch_size of the runs (the default's)")
+    command.add_argument("--batch-size", type=whole_number(1), default=64,
+                         help="data.batch_size of the runs, >= 1 (default: 64, the no-config default's)")
     command.add_argument("--work", default=None, help="scratch folder for the sets and caches (default: the temp dir)")
     command.add_argument("--keep", action="store_true", help="keep the scratch folder")
     command.add_argument("fit_args", nargs=argparse.REMAINDER, help="more train.py fit arguments, after --")
     command = commands.add_parser("setup", help="peak and held memory of one TextDataModule's set-up")
     command.add_argument("settings", nargs="+", help="TextDataModule settings as name=value")
     command = commands.add_parser("teacher", help="the n-gram teacher's exact and hashed n-grams on each dataset")
-    command.add_argument("--datasets", nargs="+", default=["sst2", "chnsenticorp_htl", "imdb"])
+    command.add_argument("--datasets", nargs="+", default=["sst2", "chnsenticorp_htl", "imdb"], choices=DATASETS)
     args = parser.parse_args(argv)
+    if args.target == "sizes":  # before any set is written
+        check_writable(commands.choices["sizes"], folders={"--work": args.work})
     args.fit_args = [a for a in getattr(args, "fit_args", []) if a != "--"]
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     figures = {"memory": memory, "sizes": sizes, "setup": setup, "teacher": teacher}[args.target](args)

@@ -44,6 +44,7 @@ def read_checkpoint(path) -> dict:
     check_layout(path, checkpoint)
     if not stored_label_names(checkpoint):
         raise CheckpointError(f"{path}: no label names (hyper_parameters 'label_names' is empty)")
+    stored_calibration(checkpoint, path)
     return checkpoint
 
 
@@ -128,6 +129,43 @@ def load_safely(path) -> dict:
 def stored_label_names(checkpoint: dict) -> list[str]:
     """The class names, index = class id."""
     return list(checkpoint["hyper_parameters"].get("label_names") or [])
+
+
+# A temperature train.py fits lies in this range (training/calibration.py's fit_temperature falls back to 1 outside
+# it); outside it every answer is near-certain (below) or near-uniform (above), so a stored one there is refused.
+TEMPERATURE_RANGE = (1e-2, 1e2)
+
+
+def stored_calibration(checkpoint: dict, path="checkpoint") -> tuple[float, list[float] | None]:
+    """(temperature, thresholds or None) the checkpoint's "calibration" entry holds, checked: the temperature a finite
+    number in TEMPERATURE_RANGE, the thresholds empty or one number in [0, 1] per label. No entry (a checkpoint
+    written before calibration): temperature 1, no thresholds (0.5 each). CheckpointError (one line naming the file,
+    the field and the value) on anything else: every face reads calibration through here."""
+    stored = checkpoint.get("calibration")
+    if stored is None:
+        return 1.0, None
+    if not isinstance(stored, dict):
+        raise CheckpointError(f"{path}: 'calibration' is {stored!r:.80}, not a dict of temperature and thresholds")
+    low, high = TEMPERATURE_RANGE
+    temperature = stored.get("temperature", 1.0)
+    if not _is_number(temperature) or not low <= temperature <= high:  # NaN fails both comparisons
+        raise CheckpointError(f"{path}: calibration 'temperature' is {temperature!r:.80}: need a finite number in "
+                              f"[{low:g}, {high:g}] (what train.py fits)")
+    thresholds = stored.get("thresholds")
+    thresholds = [] if thresholds is None else thresholds
+    labels = stored_label_names(checkpoint)
+    if not isinstance(thresholds, (list, tuple)) or len(thresholds) not in (0, len(labels)):
+        raise CheckpointError(f"{path}: calibration 'thresholds' is {thresholds!r:.80}: need one number in [0, 1] per "
+                              f"label ({len(labels)} labels), or none")
+    for name, cut in zip(labels, thresholds):
+        if not _is_number(cut) or not 0 <= cut <= 1:
+            raise CheckpointError(f"{path}: calibration 'thresholds' of label {name!r} is {cut!r:.80}: need a "
+                                  "number in [0, 1]")
+    return float(temperature), [float(cut) for cut in thresholds] or None
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def network_weights(checkpoint: dict) -> dict[str, torch.Tensor]:

@@ -42,16 +42,21 @@ def readable(texts: list[str]) -> tuple[list[int], dict[int, dict]]:
 
 
 def prediction_outputs(classifier, texts: list[str], *, attention: bool = False, all_heads: bool = False,
-                       top_k: int | None = None, batch_size: int = PREDICT_BATCH, weights: bool = False) -> list[tuple]:
+                       top_k: int | None = None, batch_size: int = PREDICT_BATCH, weights: bool = False,
+                       thresholds: bool = False) -> list[tuple]:
     """The JSON object of each text, in input order, with the Prediction it came from (None for a text the model
     cannot read, whose object is {"text", "error"}). weights: compute the attention for the Prediction (heatmaps)
-    without putting it in the object."""
+    without putting it in the object. thresholds (several labels a text): add "thresholds", label name → the
+    probability the label needed to be in "labels"."""
     real, errors = readable(texts)
     predictions = classifier.predict([texts[i] for i in real], attention=attention or weights, top_k=top_k,
                                      batch_size=batch_size)
     by_index = dict(zip(real, predictions))
+    cuts = {"thresholds": label_thresholds(classifier.label_names, classifier.thresholds)} \
+        if thresholds and classifier.multi_label else {}
     return [(errors[i], None) if i in errors else
-            (by_index[i].to_dict(all_heads=all_heads, attention=attention), by_index[i]) for i in range(len(texts))]
+            (by_index[i].to_dict(all_heads=all_heads, attention=attention) | cuts, by_index[i])
+            for i in range(len(texts))]
 
 
 def explanation_outputs(classifier, texts: list[str], *, attention: bool = False,
@@ -138,7 +143,8 @@ def answer(classifier, pairs: list[tuple]) -> dict:
 def model_info(paths: list) -> dict:
     """What GET /info says about the model, read from the checkpoints (safely: data/checkpoint.py), with the
     attention doctor's latest verdicts each carries (inference/verdicts.py; the page's badges)."""
-    from data.checkpoint import open_checkpoint, stored_label_names
+    from data.checkpoint import CheckpointError, open_checkpoint, stored_calibration, stored_label_names
+    from inference.ensemble import layout_difference
     from inference.verdicts import latest_verdicts
     from model.config import network_config
 
@@ -147,13 +153,31 @@ def model_info(paths: list) -> dict:
         file, checkpoint = open_checkpoint(path)
         labels = stored_label_names(checkpoint)
         config = network_config(checkpoint["hyper_parameters"], labels)
+        multi_label = bool(checkpoint["hyper_parameters"].get("multi_label", False))
+        temperature, thresholds = stored_calibration(checkpoint, file)
+        if members:  # one line before any worker starts, as the Ensemble the workers build would say it
+            difference = layout_difference(labels, multi_label, members[0]["labels"], members[0]["multi_label"])
+            if difference:
+                raise CheckpointError(f"{path}: {difference} of {paths[0]}; an ensemble averages the same classes "
+                                      "answered the same way")
         members.append({"checkpoint": Path(file).name, "labels": labels, "attention": config.attention,
-                        "max_length": config.max_length, "network": config.to_dict(),
+                        "max_length": config.max_length, "network": config.to_dict(), "multi_label": multi_label,
+                        "temperature": temperature,
+                        "thresholds": label_thresholds(labels, thresholds) if multi_label else None,
                         "training": training_figures(checkpoint), "verdicts": latest_verdicts(checkpoint)})
     first = members[0]
-    return {"labels": first["labels"], "attention": first["attention"],
+    # Several labels a text: the thresholds the answers use (an ensemble's: each label's averaged, as it answers).
+    thresholds = {name: sum(m["thresholds"][name] for m in members) / len(members) for name in first["labels"]} \
+        if first["multi_label"] else None
+    return {"labels": first["labels"], "attention": first["attention"], "multi_label": first["multi_label"],
+            "thresholds": thresholds,
             "max_length": min(member["max_length"] for member in members), "ensemble": len(members) > 1,
             "verdicts": first["verdicts"] if len(members) == 1 else None, "checkpoints": members}
+
+
+def label_thresholds(labels: list[str], thresholds: list[float] | None) -> dict[str, float]:
+    """label name → the probability its label needs to be in an answer (several labels a text; 0.5 unfitted)."""
+    return dict(zip(labels, thresholds or [0.5] * len(labels)))
 
 
 def training_figures(checkpoint: dict) -> dict:

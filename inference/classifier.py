@@ -15,7 +15,7 @@ import torch
 from tokenizers import Tokenizer
 
 from data.tokenizer import CHARS_PER_TOKEN_BOUND, UNK_ID, cut, pad
-from data.checkpoint import CheckpointError, network_weights, open_checkpoint, stored_label_names
+from data.checkpoint import CheckpointError, network_weights, open_checkpoint, stored_calibration, stored_label_names
 from inference.limits import IG_STEPS_DEFAULT, PREDICT_BATCH
 from inference.texts import COUNT_CHARACTERS, check_texts
 from model.classifier import AttentionClassifier
@@ -64,6 +64,14 @@ class Prediction:
         return out
 
 
+def calibrated(logits: torch.Tensor, multi_label: bool, temperature: float) -> torch.Tensor:
+    """The probabilities every face gives, (B, C) of logits (B, C): a sigmoid per label (several labels a text), or
+    softmax(logits / temperature), the temperature fitted on validation (training/calibration.py)."""
+    if multi_label:
+        return logits.float().sigmoid()
+    return (logits.float() / temperature).softmax(dim=-1)
+
+
 def resolve_device(device: str | torch.device) -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -84,7 +92,8 @@ class TextClassifier:
         self.model = model.to(self.device).eval()
         self.label_names = list(label_names)
         self.multi_label, self.temperature = multi_label, float(temperature)
-        self.model.multi_label = multi_label  # explanations read it: a sigmoid per label (inference/explain.py)
+        # Explanations read both (inference/explain.py): they explain the probabilities predict gives.
+        self.model.multi_label, self.model.temperature = multi_label, self.temperature
         self.thresholds = list(thresholds) if thresholds else [0.5] * len(self.label_names)
         if len(self.thresholds) != len(self.label_names) or self.temperature <= 0:
             raise ValueError(f"{len(self.thresholds)} thresholds for {len(self.label_names)} labels, temperature "
@@ -123,13 +132,9 @@ class TextClassifier:
             ) from e
         from inference.verdicts import latest_verdicts
 
-        calibration = checkpoint.get("calibration") or {}  # none before calibration existed: temperature 1, cuts 0.5
-        try:
-            classifier = cls(model, tokenizer, labels, device=device,
-                             multi_label=bool(checkpoint["hyper_parameters"].get("multi_label", False)),
-                             temperature=calibration.get("temperature", 1.0), thresholds=calibration.get("thresholds"))
-        except (TypeError, ValueError) as e:
-            raise CheckpointError(f"{path}: its calibration does not fit its labels: {e}") from e
+        temperature, thresholds = stored_calibration(checkpoint, path)
+        classifier = cls(model, tokenizer, labels, device=device, temperature=temperature, thresholds=thresholds,
+                         multi_label=bool(checkpoint["hyper_parameters"].get("multi_label", False)))
         classifier.verdicts = latest_verdicts(checkpoint)
         return classifier
 
@@ -145,9 +150,7 @@ class TextClassifier:
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         """Calibrated probabilities (B, C) of logits (B, C): sigmoid per label, or softmax(logits / temperature)."""
-        if self.multi_label:
-            return logits.float().sigmoid()
-        return (logits.float() / self.temperature).softmax(dim=-1)
+        return calibrated(logits, self.multi_label, self.temperature)
 
     def encode(self, texts: list[str]) -> tuple[list[list[int]], list[list[str]], list[int]]:
         """Token ids and tokens cut to max_length, and each text's own length in tokens. As in training, the ids

@@ -1,5 +1,5 @@
 """Several checkpoints as one classifier: their class probabilities averaged, each text encoded by each checkpoint's
-own tokenizer (they may differ in anything but their label names).
+own tokenizer (they may differ in anything but their label names and layout: one label a text or several).
 
     from inference.ensemble import Ensemble
     ensemble = Ensemble.from_checkpoints(["run0/checkpoints/best.ckpt", "lightning_logs/version_1"])
@@ -17,23 +17,30 @@ from inference.limits import PREDICT_BATCH
 class Ensemble:
     """The average of several TextClassifiers' probabilities; predict() as TextClassifier's, without attention."""
 
-    def __init__(self, members: list[TextClassifier]):
+    def __init__(self, members: list[TextClassifier], names: list | None = None):
+        """names: what each member is called in an error (its checkpoint path); default "checkpoint i"."""
         if not members:
             raise ValueError("an ensemble needs at least one checkpoint")
+        names = [str(name) for name in names] if names else [f"checkpoint {i}" for i in range(len(members))]
+        for name, member in zip(names[1:], members[1:]):
+            difference = layout_difference(member.label_names, member.multi_label, members[0].label_names,
+                                           members[0].multi_label)
+            if difference:
+                raise CheckpointError(f"{name}: {difference} of {names[0]}; an ensemble averages the same classes "
+                                      "answered the same way")
         self.members = members
         self.label_names = members[0].label_names
+        self.multi_label = members[0].multi_label
         self.max_length = min(member.max_length for member in members)  # for notes on truncated texts
+
+    @property
+    def thresholds(self) -> list[float]:
+        """Several labels a text: each label's threshold averaged over the members, like its probability."""
+        return [sum(m.thresholds[c] for m in self.members) / len(self.members) for c in range(len(self.label_names))]
 
     @classmethod
     def from_checkpoints(cls, paths, device="auto") -> "Ensemble":
-        members = []
-        for path in paths:
-            member = TextClassifier.from_checkpoint(path, device=device)
-            if members and member.label_names != members[0].label_names:
-                raise CheckpointError(f"{path}: labels {member.label_names} differ from {paths[0]}'s "
-                                      f"{members[0].label_names}; an ensemble averages the same classes")
-            members.append(member)
-        return cls(members)
+        return cls([TextClassifier.from_checkpoint(path, device=device) for path in paths], names=paths)
 
     def predict(self, texts: list[str], attention: bool = False, top_k: int | None = None,
                 batch_size: int = PREDICT_BATCH) -> list[Prediction]:
@@ -48,8 +55,8 @@ class Ensemble:
                        for name in self.label_names}
             label = max(self.label_names, key=average.__getitem__)  # ties: the first label, as argmax
             labels = None
-            if self.members[0].multi_label:  # several labels a text: each label's threshold averaged like its p
-                cuts = [sum(m.thresholds[c] for m in self.members) / len(self.members) for c in range(len(average))]
+            if self.multi_label:  # several labels a text: each label's threshold averaged like its p
+                cuts = self.thresholds
                 labels = sorted((name for name, cut in zip(self.label_names, cuts) if average[name] >= cut),
                                 key=lambda name: -average[name])
                 label = ", ".join(labels)
@@ -59,3 +66,14 @@ class Ensemble:
             predictions.append(Prediction(text=text, label=label, probabilities=average, labels=labels,
                                           truncated_from=max(cut_from) if cut_from else None))
         return predictions
+
+
+def layout_difference(labels, multi_label: bool, first_labels, first_multi_label: bool) -> str | None:
+    """What makes two models' probabilities not averageable, in words, or None: other label names, or one label a
+    text (a softmax over the labels) beside several (a sigmoid per label)."""
+    if list(labels) != list(first_labels):
+        return f"labels {list(labels)} differ from the labels {list(first_labels)}"
+    if multi_label != first_multi_label:
+        layout = {False: "one label a text (softmax)", True: "several labels a text (a sigmoid per label)"}
+        return f"{layout[multi_label]} differs from {layout[first_multi_label]}"
+    return None

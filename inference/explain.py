@@ -37,6 +37,7 @@ from captum.attr import FeatureAblation, InputXGradient, IntegratedGradients
 from scipy.stats import spearmanr
 
 from data.tokenizer import UNK_ID
+from inference.classifier import calibrated
 from inference.limits import IG_STEPS, IG_STEPS_DEFAULT
 from inference.texts import check_texts, length_is_lower_bound
 from model.kinds import attention_kind
@@ -127,10 +128,10 @@ def probabilities_of(model, token_ids: torch.Tensor) -> torch.Tensor:
 
 
 def output_probabilities(model, logits: torch.Tensor) -> torch.Tensor:
-    """What each method explains: p(class) by softmax, or with several labels a text (TextClassifier marks the
-    network `multi_label`) p(label applies) by a sigmoid per label, so one label is explained apart from the others.
-    No temperature: it rescales every score of a text alike and changes no ranking."""
-    return logits.sigmoid() if getattr(model, "multi_label", False) else logits.softmax(dim=-1)
+    """What each method explains: the probabilities predict gives (TextClassifier marks the network with its
+    `multi_label` and `temperature`): p(class) by softmax(logits / temperature), or with several labels a text
+    p(label applies) by a sigmoid per label, so one label is explained apart from the others."""
+    return calibrated(logits, getattr(model, "multi_label", False), getattr(model, "temperature", 1.0))
 
 
 def check_ig_steps(ig_steps: int) -> None:

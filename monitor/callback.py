@@ -31,6 +31,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from data.datamodule import collate
 from data.tokenizer import UNK_ID
 from model.config import ConfigError
+from model.errors import check_whole_number
 from monitor.checks import SAMPLE_TEXTS, forward_passes, model_checks
 from monitor.contract import contract_checks, formula_settings, optimizer_differences
 from monitor.doctor import (SHOWN_FIGURES, Finding, diagnose, figure_table_markdown, head_titles,
@@ -104,8 +105,12 @@ class AttentionMonitor(Callback):
                 raise ConfigError(f"AttentionMonitor {name} must be in {least}..{most}, got {value}")
         self.num_probes, self.probe_texts = num_probes, list(probe_texts or [])
         self.every_n_train_steps, self.max_tokens, self.health_batches = every_n_train_steps, max_tokens, health_batches
-        if check_texts < 0:
-            raise ConfigError(f"AttentionMonitor check_texts must be >= 0, got {check_texts}")
+        check_whole_number("AttentionMonitor check_texts", check_texts, 0)
+        check_whole_number("AttentionMonitor every_n_train_steps (0: at validation only)", every_n_train_steps, 0)
+        check_whole_number("AttentionMonitor warn_from_epoch", warn_from_epoch, 0)
+        for name, value in (("health_batches", health_batches), ("health_rows", health_rows)):
+            if value is not None:  # None: all of them
+                check_whole_number(f"AttentionMonitor {name} (null: all)", value, 1)
         self.check_texts, self.health_rows = check_texts, health_rows
         self.warn, self.warn_from_epoch = warn, warn_from_epoch
         self.health = AttentionHealth(rows_per_batch=health_rows)

@@ -16,6 +16,8 @@ from torchmetrics.functional.classification import (
     multilabel_recall,
 )
 
+from data.checkpoint import TEMPERATURE_RANGE
+
 ECE_BINS = 15  # Guo et al.'s number of equal-width confidence bins
 THRESHOLD_GRID = torch.arange(0.02, 0.99, 0.01)
 
@@ -34,7 +36,8 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor, steps: int = 100
 
     optimizer.step(closure)
     temperature = float(log_t.detach().exp())
-    return temperature if 1e-2 <= temperature <= 1e2 else 1.0  # a degenerate fit (one class only): no scaling
+    low, high = TEMPERATURE_RANGE  # the range a checkpoint's stored temperature is checked against
+    return temperature if low <= temperature <= high else 1.0  # a degenerate fit (one class only): no scaling
 
 
 def fit_thresholds(probabilities: torch.Tensor, labels: torch.Tensor) -> list[float]:

@@ -23,9 +23,13 @@ import ctypes
 from lightning.pytorch.callbacks import Callback
 
 from data.datamodule import return_freed_memory
+from model.errors import check_whole_number
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
 MMAP_THRESHOLD = 4 * 2**20
+# glibc takes a threshold up to 32 MiB on 64-bit machines (DEFAULT_MMAP_THRESHOLD_MAX) and ignores a larger one; below
+# a page every block would be a system call of its own.
+MMAP_THRESHOLD_RANGE = (4096, 32 * 2**20)
 MIN_TOKENS = 8192  # 32 texts of 256 tokens: IMDB's longer half of batches; SST-2's batches hold 1-4k
 
 
@@ -43,6 +47,11 @@ class ReturnFreedMemory(Callback):
         """every: training and validation batches between two trims. mmap_threshold: blocks this large or larger are
         mapped on their own (each costs page faults when made; null: glibc's own, moving threshold). min_tokens:
         batches (texts × padded length) below this size trigger no trim."""
+        check_whole_number("ReturnFreedMemory every", every, 1)
+        if mmap_threshold is not None:
+            check_whole_number("ReturnFreedMemory mmap_threshold (bytes; null: glibc's own)", mmap_threshold,
+                               *MMAP_THRESHOLD_RANGE)
+        check_whole_number("ReturnFreedMemory min_tokens", min_tokens, 0)
         self.every, self.mmap_threshold, self.min_tokens = every, mmap_threshold, min_tokens
         self.since = 0  # batches since the last trim
         self.largest = 0  # the largest batch (texts × padded length) since the last trim

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, MultilabelF1Score
 
+from data.checkpoint import stored_calibration
 from data.labels import balanced_weights, class_counts, describe_counts, is_imbalanced
 from data.tokenizer import UNK_ID
 from model.classifier import AttentionClassifier
@@ -19,6 +20,18 @@ from training import calibration as calib
 from training.encoder import load_encoder
 
 log = logging.getLogger(__name__)
+
+
+def check_class_weights(weights, label_names: list[str]) -> None:
+    """ConfigError (one line) unless `weights` is one finite number > 0 per class: a weight of 0 or below would
+    unlearn or ignore its class, and NaN or inf would make the loss NaN at the first step (blamed on nothing)."""
+    if len(weights) != len(label_names):
+        raise ConfigError(f"model.class_weights has {len(weights)} numbers for {len(label_names)} classes "
+                          f"({', '.join(label_names)}): give one a class, in that order")
+    for name, weight in zip(label_names, weights):
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
+            raise ConfigError(f"model.class_weights: the weight of class {name!r} is {weight!r}: need a finite "
+                              "number > 0 (1 is unweighted)")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -72,7 +85,7 @@ class ClassifierModule(L.LightningModule):
                 labels whose probability reaches their threshold; train.py sets it from the data (docs/LABELS.md).
             class_weights: weights of the classes in the training loss: "balanced" (each class weighs the same:
                 scikit-learn's rule; several labels a text: each label's positives as much as its negatives), a
-                list (one per class), null (none), or "auto": balanced when one label a text and the commonest
+                list (one finite number > 0 per class, in label order), null (none), or "auto": balanced when one label a text and the commonest
                 class is 3 times the rarest or more, else none (several labels a text: thresholds instead); none
                 when data.balanced_sampler already draws the classes evenly.
             calibration: after each validation pass of a fit, fit on validation a temperature (one label a text)
@@ -105,8 +118,8 @@ class ClassifierModule(L.LightningModule):
             self._online = copy.deepcopy(self.model)
             self.model.requires_grad_(False)  # the average is never trained directly (and DDP must not wait for it)
         num_classes = network.num_classes
-        if isinstance(class_weights, (list, tuple)) and len(class_weights) != num_classes:
-            raise ConfigError(f"model.class_weights has {len(class_weights)} numbers for {num_classes} classes")
+        if isinstance(class_weights, (list, tuple)):
+            check_class_weights(class_weights, self.label_names)
         if multi_label:  # validation and test figures use the fitted thresholds: computed per split (_score_split)
             metrics = MetricCollection({"f1": MultilabelF1Score(num_classes, average="macro")})
         else:
@@ -285,9 +298,7 @@ class ClassifierModule(L.LightningModule):
             checkpoint["data_files"] = data.files_read()
 
     def on_load_checkpoint(self, checkpoint):
-        stored = checkpoint.get("calibration") or {}  # none in a checkpoint written before calibration: T 1, cut 0.5
-        self.temperature = float(stored.get("temperature", 1.0))
-        self.thresholds = list(stored.get("thresholds") or []) or None
+        self.temperature, self.thresholds = stored_calibration(checkpoint)  # checked (data/checkpoint.py)
 
     def setup(self, stage):
         # Before Lightning restores a --ckpt_path (which then overwrites these weights when resuming).
