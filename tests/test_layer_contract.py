@@ -251,3 +251,59 @@ def test_a_class_that_cannot_be_built_is_bad_input():
                 super().__init__(d_model, n_heads)
 
         layer_contract(NeedsWindow, d_model=32, n_heads=4)
+
+
+BROKEN_FILE = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model, d_k):
+        super().__init__()
+        self.W_Q = nn.Linear(d_model, d_k, bias=False)
+        self.W_K = nn.Linear(d_model, d_k, bias=False)
+        self.W_V = nn.Linear(d_model, d_k, bias=False)
+
+    def forward(self, X):
+        Q, K, V = self.W_Q(X), self.W_K(X), self.W_V(X)
+        weights = torch.softmax(Q @ K.transpose(-2, -1), dim=-1)  # the 1/sqrt(d_k) forgotten
+        return weights @ V, weights
+'''
+
+
+def run_diagnose(capsys, *argv):
+    import diagnose
+
+    code = diagnose.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_diagnose_attention_exit_codes_and_table(tmp_path, capsys):
+    code, out, _ = run_diagnose(capsys, "--attention", f"{SEED_CLASS}:SelfAttention")
+    assert code == 0 and "0 FAIL" in out and "formula       PASS" in out
+    broken = tmp_path / "broken.py"
+    broken.write_text(BROKEN_FILE)
+    code, out, _ = run_diagnose(capsys, "--attention", f"{broken}:Attention", "--d-model", "64", "--heads", "1")
+    assert code == 1 and "scale         FAIL" in out and "8 × what 1/√d_k gives" in out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--attention", "missing.py:Attention"], "file missing.py not found"),
+    (["--attention", "BROKEN:Other"], "no class Other"),
+    (["--attention", "BROKEN:Attention", "--map", "q=W_Q"], "name q, k and v"),
+    (["--attention", "BROKEN:Attention", "--map", "q=W_Q,k=nowhere,v=W_V"], "no attribute 'nowhere'"),
+    (["--attention", "BROKEN:Attention", "--args", "{oops"], "not JSON"),
+    (["--attention", "BROKEN:Attention", "--args", '{"window": 8}'], "takes no such argument"),
+])
+def test_diagnose_attention_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    broken = tmp_path / "broken.py"
+    broken.write_text(BROKEN_FILE)
+    argv = [arg.replace("BROKEN", str(broken)) for arg in argv]
+    try:
+        code, _, err = run_diagnose(capsys, *argv)
+    except SystemExit as e:  # argparse's own errors
+        code, err = e.code, capsys.readouterr().err
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1, err
