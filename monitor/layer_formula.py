@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.attention import dense_reference
-from monitor.contract import (MATCH, compare_mask, compare_scores, compare_weights, differ,
-                              first_difference, operands, relative)
+from monitor.contract import (MATCH, centred, compare_mask, compare_scores, compare_weights, differ,
+                              factor_of, first_difference, operands, relative)
 
 SCALE_FACTOR = 4.0  # a score spread this many times what 1/√d_k gives, or 1/this, is a scale far off (as
 # monitor/doctor.py's formula-setting: "no scaling" with heads of 16 is 4×, "divided by d_k" ¼×)
@@ -224,6 +224,21 @@ def reference(proj: Projections, x: torch.Tensor, allowed: torch.Tensor):
     return dense_reference(SimpleNamespace(w_o=w_o), q, k, v, allowed, 1.0 / math.sqrt(d))
 
 
+def score_mistake(proj: Projections, x: torch.Tensor, w: torch.Tensor, ref, rows: torch.Tensor) -> str:
+    """How the layer's scores (log w, up to a row's constant) differ, where monitor/contract.py's candidates do not
+    say: heads split wrongly. "" when none fits."""
+    B, L, _ = x.shape
+    H, d = proj.heads, ref.q.shape[-1]
+    q, k = (project(x, p).view(B, H, L, d) for p in (proj.q, proj.k))
+    both = (w > 0) & ref.allowed & rows[:, None, :, None]
+    found = {"heads split wrongly: (B, L, H·d) viewed as (B, H, L, d) without the transpose": q @ k.transpose(-2, -1)}
+    for name, scores in found.items():
+        c, residual = factor_of(centred(w.log(), both), centred(scores, both))
+        if residual < MATCH:
+            return name + ("" if abs(c * math.sqrt(d) - 1) < MATCH else f", × {c * math.sqrt(d):.3g}")
+    return ""
+
+
 def plain(q, k, v, allowed, scale, axis=-1):
     """softmax(q kᵀ · scale) v over the allowed keys, softmax along `axis`: the variants a mistake gives."""
     scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~allowed, -math.inf)
@@ -282,6 +297,8 @@ def compare_layer(proj: Projections, seen, padding: torch.Tensor) -> FormulaResu
             scores = compare_scores(w.log(), w > 0, ref, rows)
             mask = compare_mask(w > 0, ref, rows, padding)
             weigh = compare_weights(w, ref, rows, padding)
+            if "no constant factor" in scores[2]:
+                scores = ("scores", scores[1], score_mistake(proj, x, w, ref, rows) or scores[2])
             if "no constant factor" in scores[2] and weigh[2] and "differ by up to" not in weigh[2]:
                 scores = ("scores", 0.0, "")  # the weights stage says how (softmax over the other axis)
             found += [mask, scores, weigh]
