@@ -39,7 +39,7 @@ from scipy.stats import spearmanr
 from data.tokenizer import UNK_ID
 from inference.limits import IG_STEPS, IG_STEPS_DEFAULT
 from inference.texts import check_texts, length_is_lower_bound
-from model.kinds import ATTENTION_KINDS
+from model.kinds import attention_kind
 from monitor.views import token_window
 
 TOKENS_PER_PASS = 16384  # tokens of one text's copies per forward pass (see texts_per_pass)
@@ -99,7 +99,7 @@ def method_notes(model) -> dict[str, str]:
                                 "baseline: every token embedding replaced by [UNK]'s (positions kept); target p(class)",
         "occlusion": "exact: p(class) minus p(class) with the token replaced by [UNK] (Captum FeatureAblation)",
     }
-    if not ATTENTION_KINDS[config.attention].keys_are_tokens:
+    if not attention_kind(config.attention).keys_are_tokens:
         for method in ("attention", "rollout"):
             notes[method] = f"not applicable: {config.attention}'s keys are projections of the whole text, not tokens"
     return notes
@@ -157,7 +157,7 @@ def explain_ids(model, ids: list[int], ig_steps: int = IG_STEPS_DEFAULT, seed: i
     target = int(probabilities.argmax()) if target is None else target
     scores: dict[str, np.ndarray | None] = {}
 
-    tokens = ATTENTION_KINDS[model.config.attention].keys_are_tokens
+    tokens = attention_kind(model.config.attention).keys_are_tokens
     layers = [token_window(a, 0, n)[0] for a in output.attention] if tokens else None
     if layers is None:
         scores["attention"] = scores["rollout"] = None

@@ -47,7 +47,12 @@ def attention_layers(model) -> list:
 def head_importance(model, data) -> list[torch.Tensor]:
     """Per layer (H_l,): mean over batches of |∂ loss / ∂ gate| (Michel et al. 2019)."""
     layers = attention_layers(model)
-    gates = [torch.ones(layer.n_heads, device=layer.w_q.weight.device, requires_grad=True) for layer in layers]
+    for layer in layers:
+        if not layer.gates_heads:
+            raise ValueError(f"head importance: {type(layer.user).__name__}'s heads cannot be told apart in its output "
+                             "(no output projection by name, e.g. out_proj / W_O), so they cannot be gated")
+    gates = [torch.ones(layer.n_heads, device=next(layer.parameters()).device, requires_grad=True)
+             for layer in layers]
     total = [torch.zeros_like(g) for g in gates]
     try:
         for layer, gate in zip(layers, gates):
@@ -69,7 +74,7 @@ def accuracy(model, data, removed: tuple[int, int] | None = None) -> float:
     layers = attention_layers(model)
     if removed is not None:
         layer, head = removed
-        gate = torch.ones(layers[layer].n_heads, device=layers[layer].w_q.weight.device)
+        gate = torch.ones(layers[layer].n_heads, device=next(layers[layer].parameters()).device)
         gate[head] = 0.0
         layers[layer].head_gate = gate
     try:
@@ -106,6 +111,9 @@ def prune_checkpoint(checkpoint: dict, remove: list[tuple[int, int]]) -> dict:
     """A new checkpoint dict (plain data) without the given heads: W_Q, W_K, W_V rows and W_O columns cut, the
     network's layer_heads set. Training state (optimizer, loops, callbacks) is left out: it no longer fits."""
     network = dict(checkpoint["hyper_parameters"]["network"])
+    if network.get("attention_source") is not None:
+        raise ValueError(f"heads of a user's attention class ({network['attention']}) cannot be cut: the product "
+                         "does not know how its weights are laid out per head")
     n_layers, n_heads = network["n_layers"], network["n_heads"]
     d_head = network.get("d_head") or network["d_model"] // n_heads
     counts = list(network.get("layer_heads") or [n_heads] * n_layers)

@@ -74,6 +74,7 @@ class MultiHeadSelfAttention(nn.Module):
     keys_are_tokens = True  # each key is a token of the text, so masks reach it (linformer's projections: False)
     length_cap = 256  # the longest texts data.max_length reads when left unset: full attention costs L²
     least: dict[str, int] = {}  # the least value of each NetworkConfig setting the kind reads (settings())
+    gates_heads = True  # head_gate reaches each head (a user's class may not allow it: model/own_attention.py)
 
     @classmethod
     def order_blind(cls, config) -> bool:

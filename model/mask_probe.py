@@ -131,6 +131,10 @@ def find_convention(user: nn.Module, d_model: int, name: str) -> Found:
         for convention in candidates(calls):
             if works(user, x, padding, convention):
                 return Found(convention, heads, width, weights is not None)
+        if calls and mask_required(user, calls[0]):
+            raise ConfigError(f"attention {name}: forward needs its mask, but under no convention tried did a text's "
+                              "output stay the same with padding added (tried bool True = padding or keep, 1/0 keep, "
+                              "additive 0 / -inf, -1e4, -1e9; shapes (B, L), (B, 1, 1, L), (B, L, L))")
         return Found(Convention("none"), heads, width, weights is not None)
     finally:
         user.train(was_training)
@@ -200,6 +204,8 @@ def works(user: nn.Module, x: torch.Tensor, padding: torch.Tensor, convention: C
             on_padding = on_padding.masked_fill(padding[:, None, :, None], 0.0)  # from real queries only
             if not bool(on_padding.abs().max() <= TOLERANCE):
                 return False
-        return bool(torch.isfinite(out[~padding]).all())
+        # Finite everywhere, padded queries included: a NaN row (an additive -inf on a row with no key left) would
+        # send NaN gradients into every weight through the softmax's backward.
+        return bool(torch.isfinite(out).all()) and (weights is None or bool(torch.isfinite(weights).all()))
     except Exception:  # a convention the class cannot take (a bool mask added to floats, a wrong shape): not it
         return False

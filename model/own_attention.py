@@ -284,29 +284,32 @@ class OwnAttention(nn.Module):
                                    f"adds an output projection nn.Linear({self.width}, {d_model}, bias=False)")
         say_once(logging.WARNING if found.convention.call == "none" else logging.INFO,
                  f"attention {name}: {self.convention}")
-        self._gate_projection = self._find_gate()
+        # Whether head_gate acts inside the class (on its output projection's input) or on its output.
+        self._gate_inside = False
+        self._gate_inside = self._find_gate()
         if not self.gates_heads:
             say_once(logging.INFO, f"attention {name}: its {self.n_heads} heads cannot be told apart in its output "
                                    "(no output projection by name): head ablation is left out for it")
 
-    def _find_gate(self) -> nn.Module | None:
-        """Where head_gate acts, returned when it is the class's own output projection (a hook multiplies its
-        input's H slices): one head multiplies the whole output; several, the input of the class's output projection
+    def _find_gate(self) -> bool:
+        """Where head_gate acts (True: inside, on the input of the class's own output projection, whose H slices a
+        hook multiplies): one head multiplies the whole output; several, the input of the class's output projection
         when it has one by name, else the output's H equal slices. Checked on a probe input: with every gate 0 the
         output must be the same at every token (only a bias left), else the layer refuses head ablation."""
         if self.n_heads == 1:
-            return None
+            return False
         projection = next((m for n in OUTPUT_PROJECTION_NAMES
                            if isinstance(m := getattr(self.user, n, None), (nn.Linear, nn.Sequential))), None)
         if isinstance(projection, nn.Sequential):
             projection = projection[0] if len(projection) and isinstance(projection[0], nn.Linear) else None
         if projection is not None and projection.in_features % self.n_heads == 0:
             projection.register_forward_pre_hook(lambda module, args: (self._gated(args[0]), *args[1:]))
+            self._gate_inside = True
         elif projection is not None or self.width % self.n_heads:
             self.gates_heads = False
-            return projection
+            return False
         self.gates_heads = self._gate_works()
-        return projection
+        return self._gate_inside
 
     def _gated(self, t: torch.Tensor) -> torch.Tensor:
         """t (..., H·d) with each head's d columns times its gate, when one is set."""
@@ -353,7 +356,7 @@ class OwnAttention(nn.Module):
         if self.head_gate is not None and not self.gates_heads:
             raise RuntimeError(f"head ablation: {type(self.user).__name__}'s heads cannot be told apart in its output "
                                "(no output projection found by name, e.g. out_proj / W_O): it has no per-head gate")
-        if self._gate_projection is None:
+        if not self._gate_inside:
             out = self._gated(out)  # (B, L, W), each head's slice times its gate
         if self.w_o is not None:
             out = self.w_o(out)  # (B, L, D)

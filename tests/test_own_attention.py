@@ -1,0 +1,319 @@
+"""A user's own attention class, unchanged, as a kind (model/own_attention.py, model/mask_probe.py): the course's
+class read from ../shared/examples (never copied), each mask convention users write found by probing, bad specs in
+one line, a changed class file refused, a checkpoint rebuilt through predict's API, and a short training run."""
+
+import math
+import shutil
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conftest import ROOT, SHORT, fit, padding_mask, save_checkpoint, tiny_classifier
+from model.config import ConfigError, NetworkConfig
+from model.own_attention import ALLOW_CHANGED, OwnAttention, build_user_layer, load_attention_class
+
+SEED_FILE = ROOT.parent / "shared" / "examples" / "seed_self_attention.py"
+SEED = f"{SEED_FILE}:SelfAttention"
+pytestmark = pytest.mark.skipif(not SEED_FILE.is_file(), reason=f"{SEED_FILE} (the course's class) not found")
+
+
+def padded_equals_alone(layer: OwnAttention, lengths=(6, 4, 1), d_model=16) -> float:
+    """Largest difference between each real token's output in a padded batch and its text's output run alone."""
+    torch.manual_seed(1)
+    L = max(lengths)
+    x = torch.randn(len(lengths), L, d_model)
+    padding = padding_mask(lengths, L)
+    layer.eval()
+    with torch.no_grad():
+        out, weights = layer(x, padding, need_weights=True)
+        worst = max(float((out[i, :n] - layer(x[i:i + 1, :n])[0][0]).abs().max()) for i, n in enumerate(lengths))
+        if weights is not None:  # padded keys get exactly 0 from real queries
+            worst = max(worst, float(weights.weights.masked_fill(~padding[:, None, None, :], 0)[
+                ~padding[:, None, :, None].expand_as(weights.weights)].abs().max()))
+    return worst
+
+
+# ---- the course's class -------------------------------------------------------------------------------------------
+
+
+def test_seed_class_takes_no_mask_and_gets_an_output_projection():
+    layer = OwnAttention(SEED, d_model=16, n_heads=2, d_head=8)
+    assert type(layer.user).__name__ == "SelfAttention" and layer.user.d_k == 8  # d_k filled from the head size
+    assert layer.convention.startswith("takes no mask")
+    assert (layer.n_heads, layer.width) == (1, 8)
+    assert layer.w_o.weight.shape == (16, 8)  # its width 8 ≠ d_model 16: the product's W_O
+    assert layer.w_q is layer.user.W_Q and layer.w_v is layer.user.W_V  # read by name, registered once
+    assert len(list(layer.parameters())) == 4
+    assert padded_equals_alone(layer) < 1e-5  # run by length: no key it sees is padding
+
+
+def test_seed_class_hands_out_its_weights_and_no_scores():
+    layer = OwnAttention(SEED, d_model=16, n_heads=2, attention_args={"d_k": 16})
+    assert layer.w_o is None  # width = d_model: nothing added
+    x, padding = torch.randn(2, 5, 16), padding_mask([5, 3], 5)
+    out, weights = layer(x, padding, need_weights=True)
+    assert out.shape == (2, 5, 16) and weights.weights.shape == (2, 1, 5, 5)
+    assert torch.allclose(weights.weights[1, 0, :3].sum(-1), torch.ones(3))
+    assert torch.isnan(weights.scores).all()  # the class hands out no scores: never guessed
+    real = ~padding
+    packed, _ = layer.forward_packed(x[real], padding)
+    assert torch.allclose(packed, out[real], atol=1e-6)
+
+
+def test_user_class_is_left_unchanged_and_global_random_stream_untouched():
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    cls = load_attention_class(SEED)
+    user = build_user_layer(cls, 16, 2, 8)
+    torch.manual_seed(0)
+    built = cls(d_model=16, d_k=8)
+    OwnAttention(cls, d_model=16, n_heads=2, d_head=8)  # the probe uses its own generator
+    assert all(torch.equal(a, b) for a, b in zip(user.state_dict().values(), built.state_dict().values()))
+    torch.manual_seed(0)
+    torch.rand(0)
+    assert torch.equal(torch.rand(3), expected)
+
+
+# ---- mask conventions, found by probing ---------------------------------------------------------------------------
+
+
+class Heads(nn.Module):
+    """softmax(Q Kᵀ/√d + bias) V over 2 heads with one fused qkv Linear and out_proj; subclasses read their mask."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.h = n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def attend(self, x, blocked=None, bias=None):
+        B, L, D = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.h, D // self.h).permute(2, 0, 3, 1, 4)  # each (B, H, L, d)
+        s = q @ k.transpose(-2, -1) / math.sqrt(D // self.h)
+        if blocked is not None:
+            s = s.masked_fill(blocked, float("-inf"))
+        if bias is not None:
+            s = s + bias
+        w = s.softmax(-1)
+        return self.out_proj((w @ v).transpose(1, 2).reshape(B, L, D)), w
+
+
+class PadBool(Heads):  # PyTorch's key_padding_mask
+    def forward(self, x, key_padding_mask=None):
+        return self.attend(x, None if key_padding_mask is None else key_padding_mask[:, None, None, :])
+
+
+class KeepBool(Heads):
+    def forward(self, x, mask):
+        return self.attend(x, ~mask[:, None, None, :])
+
+
+class KeepFloat(Heads):  # Hugging Face's attention_mask, made additive inside
+    def forward(self, x, attention_mask=None):
+        return self.attend(x, bias=None if attention_mask is None else (1.0 - attention_mask[:, None, None, :]) * -1e9)
+
+
+class KeepLong(Heads):
+    def forward(self, x, attention_mask):
+        assert attention_mask.dtype == torch.long
+        return self.attend(x, attention_mask[:, None, None, :] == 0)
+
+
+class AdditiveExtended(Heads):  # BERT's extended mask, (B, 1, 1, L)
+    def forward(self, x, attn_mask=None):
+        return self.attend(x, bias=attn_mask)
+
+
+class AdditiveRowsToo(Heads):
+    """Adds the mask over the queries as well: -inf leaves padded rows with no key (NaN), a finite one does not."""
+
+    def forward(self, x, mask):
+        return self.attend(x, bias=mask[:, None, None, :] + mask[:, None, :, None])
+
+
+class PadSquare(Heads):  # (B, L, L), row i the keys query i may not see
+    def forward(self, x, mask=None):
+        return self.attend(x, None if mask is None else mask[:, None])
+
+
+class IgnoresItsMask(Heads):
+    def forward(self, x, mask=None):
+        return self.attend(x)
+
+
+class SingleOutNoWeights(nn.Module):  # returns out only; positional mask
+    def __init__(self, dim):
+        super().__init__()
+        self.to_q, self.to_k, self.to_v = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+
+    def forward(self, x, m):
+        s = self.to_q(x) @ self.to_k(x).transpose(-2, -1) / math.sqrt(x.shape[-1])
+        return s.masked_fill(m[:, None, :], -1e4).softmax(-1) @ self.to_v(x)
+
+
+CONVENTIONS = [  # class, what the probe must find
+    (PadBool, "forward(x, key_padding_mask=mask), bool True = padding, shape (B, L)"),
+    (KeepBool, "forward(x, mask=mask), bool True = keep, shape (B, L)"),
+    (KeepFloat, "forward(x, attention_mask=mask), 1/0 keep (float), shape (B, L)"),
+    (KeepLong, "forward(x, attention_mask=mask), 1/0 keep (long), shape (B, L)"),
+    (AdditiveExtended, "forward(x, attn_mask=mask), additive 0 / -inf, shape (B, 1, 1, L)"),
+    (AdditiveRowsToo, "forward(x, mask=mask), additive 0 / -1e4, shape (B, L)"),
+    (PadSquare, "forward(x, mask=mask), bool True = padding, shape (B, L, L)"),
+    (SingleOutNoWeights, "forward(x, mask), bool True = padding, shape (B, L)"),
+    (IgnoresItsMask, "takes no mask"),
+]
+
+
+@pytest.mark.parametrize("cls, found", CONVENTIONS, ids=[c.__name__ for c, _ in CONVENTIONS])
+def test_mask_convention_is_found_by_probing(cls, found, caplog):
+    with caplog.at_level("INFO", logger="model.own_attention"):
+        layer = OwnAttention(cls, d_model=16, n_heads=2)
+    assert found in layer.convention
+    assert any(found in record.message for record in caplog.records)  # said in the log
+    assert padded_equals_alone(layer) < 1e-4  # and it is right: padding changes no real token's output
+
+
+def test_heads_are_gated_through_the_class_output_projection():
+    layer = OwnAttention(PadBool, d_model=16, n_heads=2).eval()
+    assert layer.n_heads == 2 and layer.gates_heads
+    x = torch.randn(2, 5, 16)
+    whole = layer(x)[0]
+    layer.head_gate = torch.tensor([1.0, 0.0])
+    only_first = layer(x)[0]
+    layer.head_gate = None
+    q, k, v = layer.user.qkv(x).view(2, 5, 3, 2, 8).permute(2, 0, 3, 1, 4)
+    heads = ((q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(-1) @ v).transpose(1, 2)  # (B, L, H, d)
+    expected = layer.user.out_proj(torch.cat([heads[:, :, 0], torch.zeros_like(heads[:, :, 1])], -1))
+    assert torch.allclose(only_first, expected, atol=1e-5) and not torch.allclose(whole, only_first)
+
+
+# ---- bad specs: one line each -------------------------------------------------------------------------------------
+
+
+def write_class(tmp_path, source: str, name="mine.py"):
+    path = tmp_path / name
+    path.write_text(source)
+    return path
+
+
+BAD_SPECS = {  # file contents (None: no file), spec suffix, what the line says
+    "missing file": (None, ":A", "not found"),
+    "no such class": ("import torch.nn as nn\nclass B(nn.Module):\n    pass\n", ":A", "no class A in"),
+    "import failed": ("import torch\nraise RuntimeError('broken on purpose\\nsecond line')\n", ":A",
+                      "failed: RuntimeError: broken on purpose"),
+    "not a module": ("class A:\n    pass\n", ":A", "is not an nn.Module subclass"),
+    "unfillable argument": ("import torch.nn as nn\nclass A(nn.Module):\n    def __init__(self, d_model, window):\n"
+                            "        super().__init__()\n", ":A", "--model.network.attention_args '{\"window\": ...}'"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SPECS)
+def test_bad_spec_is_one_line(tmp_path, case):
+    source, suffix, says = BAD_SPECS[case]
+    path = tmp_path / f"{case.replace(' ', '_')}.py"
+    if source is not None:
+        path.write_text(source)
+    with pytest.raises(ConfigError) as error:
+        NetworkConfig(attention=f"{path}{suffix}", d_model=16, n_heads=2)
+    message = str(error.value)
+    assert "\n" not in message and says in message
+
+
+def test_unknown_attention_args_and_unreadable_output_are_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="attention_args 'nope'"):
+        NetworkConfig(attention=SEED, d_model=16, n_heads=2, attention_args={"nope": 1})
+    path = write_class(tmp_path, "import torch.nn as nn\nclass A(nn.Module):\n    def __init__(self, dim):\n"
+                                 "        super().__init__()\n    def forward(self, x):\n        return x.sum(-1)\n")
+    with pytest.raises(ConfigError) as error:
+        OwnAttention(f"{path}:A", d_model=16, n_heads=2)
+    assert "\n" not in str(error.value) and "expected out (B, L, W)" in str(error.value)
+
+
+def test_built_in_settings_are_refused_for_a_user_class():
+    with pytest.raises(ConfigError, match="scale 0.5 applies to the built-in attention kinds"):
+        NetworkConfig(attention=SEED, d_model=16, n_heads=2, scale=0.5)
+
+
+# ---- the class file, recorded and checked -------------------------------------------------------------------------
+
+
+def test_a_changed_class_file_is_refused_unless_allowed(tmp_path, monkeypatch):
+    path = tmp_path / "mine.py"
+    shutil.copy(SEED_FILE, path)  # a user's own file, which they may edit later
+    config = NetworkConfig(attention=f"{path}:SelfAttention", d_model=16, n_heads=2)
+    assert config.attention_source["path"] == str(path.resolve()) and len(config.attention_source["sha256"]) == 64
+    assert NetworkConfig.from_dict(config.to_dict()) == config
+    path.write_text(path.read_text() + "\n# edited\n")
+    with pytest.raises(ConfigError) as error:
+        NetworkConfig.from_dict(config.to_dict())
+    assert "\n" not in str(error.value) and "changed since" in str(error.value) and ALLOW_CHANGED in str(error.value)
+    monkeypatch.setenv(ALLOW_CHANGED, "1")
+    assert NetworkConfig.from_dict(config.to_dict()).attention_source["sha256"] != config.attention_source["sha256"]
+    path.unlink()
+    with pytest.raises(ConfigError, match=f"file {path} not found"):
+        NetworkConfig.from_dict(config.to_dict())
+
+
+def test_a_relative_path_falls_back_to_the_recorded_one(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir()
+    shutil.copy(SEED_FILE, tmp_path / "a" / "mine.py")
+    monkeypatch.chdir(tmp_path)
+    config = NetworkConfig(attention="a/mine.py:SelfAttention", d_model=16, n_heads=2)
+    monkeypatch.chdir(tmp_path / "a")  # "a/mine.py" is not here: the recorded absolute path is
+    assert NetworkConfig.from_dict(config.to_dict()).attention_source == config.attention_source
+
+
+def test_a_dotted_module_path_loads(tmp_path, monkeypatch):
+    (tmp_path / "userpkg").mkdir()
+    (tmp_path / "userpkg" / "__init__.py").write_text("")
+    shutil.copy(SEED_FILE, tmp_path / "userpkg" / "attn.py")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for spec in ("userpkg.attn:SelfAttention", "userpkg.attn.SelfAttention"):
+        config = NetworkConfig(attention=spec, d_model=16, n_heads=2)
+        assert config.attention_source["path"] == str((tmp_path / "userpkg" / "attn.py").resolve())
+    sys.modules.pop("userpkg.attn", None)
+    sys.modules.pop("userpkg", None)
+
+
+def test_checkpoint_round_trips_through_predict_api(tmp_path):
+    import lightning
+
+    from inference import TextClassifier
+
+    classifier = tiny_classifier(attention=SEED)
+    path = save_checkpoint(classifier, tmp_path / "own.ckpt")
+    checkpoint = torch.load(path, weights_only=True)  # plain data only
+    assert checkpoint["hyper_parameters"]["network"]["attention_source"]["spec"] == SEED
+    torch.save(checkpoint | {"pytorch-lightning_version": lightning.__version__}, path)
+    loaded = TextClassifier.from_checkpoint(path, device="cpu")
+    texts = ["w1 alpha w2 beta", "beta w3", "w4 w5 w6 w7 w8 w9"]
+    before, after = classifier.predict(texts, attention=True), loaded.predict(texts, attention=True)
+    for a, b in zip(before, after):
+        assert a.label == b.label and a.probabilities == pytest.approx(b.probabilities, abs=1e-6)
+        assert torch.allclose(torch.as_tensor(a.attention), torch.as_tensor(b.attention), atol=1e-6)
+
+
+# ---- training -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_seed_class_trains_and_draws_heatmaps(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from inference import TextClassifier
+
+    fit(tmp_path, "--model.network.attention", SEED, *SHORT, "--trainer.max_epochs", "1")
+    run = tmp_path / "lightning_logs" / "version_0"
+    events = EventAccumulator(str(run), size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    assert "attention/probe_0" in events.Tags()["images"]
+    entropy = events.Scalars("attention_health/entropy/layer0_head0")[-1].value
+    assert 0.0 < entropy <= 1.0
+    assert events.Scalars("attention_health/pad_weight/layer0_head0")[-1].value == 0.0
+    (best,) = (run / "checkpoints").glob("best-*.ckpt")
+    prediction = TextClassifier.from_checkpoint(best, device="cpu").predict(["alpha w1 beta"], attention=True)[0]
+    assert len(prediction.tokens) == 3 and torch.as_tensor(prediction.attention).shape[-1] == 3
