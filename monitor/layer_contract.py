@@ -28,7 +28,8 @@ from model.errors import ConfigError
 from model.mask_probe import mask_calls
 from monitor.contract import MATCH, compare
 from monitor.layer_formula import SCALE_FACTOR, compare_layer, score_factor
-from monitor.layer_probe import MORE_PADDING, Check, Outcome, Probe, Row, Unusable, changed, figure, model_width
+from monitor.layer_probe import (MORE_PADDING, Check, Outcome, Probe, Row, Unusable, changed, figure, model_width,
+                                 rounding)
 
 INVARIANCE = 1e-4  # relative change of a real token's output: float32 rounding gives ≤ 1e-6
 STEADY = 1e-6  # relative change between two identical evaluation passes: exactly 0 for a deterministic layer
@@ -67,7 +68,7 @@ def softmax_rows(probe: Probe) -> Outcome:
     lowest, error = float(rows.min()), float((rows.sum(-1) - 1).abs().max())
     figures = {"lowest_weight": lowest, "row_sum_error": error}
     verdict = "FAIL" if lowest < 0 or not error < ROW_SUM else "PASS"
-    return Outcome(verdict, f"lowest weight {figure(lowest)}, largest |row sum − 1| {figure(error)}", figures)
+    return Outcome(verdict, f"lowest weight {figure(lowest)}, largest |row sum − 1| {rounding(error)}", figures)
 
 
 def padding(probe: Probe) -> Outcome:
@@ -88,7 +89,7 @@ def padding(probe: Probe) -> Outcome:
     x[:, :L][probe.real()] = probe.x[probe.real()]
     more = torch.nn.functional.pad(probe.padding, (0, MORE_PADDING), value=True)
     moved = changed(probe.call(x, more).out[:, :L][probe.real()], seen.out[probe.real()])
-    figures, parts = {"output_moved": moved}, [f"a real token's output moves by {figure(moved)} with "
+    figures, parts = {"output_moved": moved}, [f"a real token's output moves by {rounding(moved)} with "
                                                f"{MORE_PADDING} more padded tokens"]
     if seen.weights is not None:
         on_padding = float(seen.weights.masked_fill(~probe.padding[:, None, None, :], 0)[
@@ -106,7 +107,7 @@ def neighbours(probe: Probe) -> Outcome:
         alone.append(probe.call(text[None, :length], torch.zeros(1, length, dtype=torch.bool)).out[0])
     moved = max(changed(a, s[r]) for a, s, r in zip(alone, seen.out, real))
     return Outcome("FAIL" if not moved < INVARIANCE else "PASS",
-                   f"a text's output moves by {figure(moved)} when run alone instead of with its batch",
+                   f"a text's output moves by {rounding(moved)} when run alone instead of with its batch",
                    {"output_moved": moved})
 
 
@@ -114,7 +115,7 @@ def eval_steady(probe: Probe) -> Outcome:
     again = probe.call(probe.x, probe.padding).out
     moved = changed(again[probe.real()], probe.base.out[probe.real()])
     return Outcome("FAIL" if not moved < STEADY else "PASS",
-                   f"two evaluation passes differ by {figure(moved)}", {"output_moved": moved})
+                   f"two evaluation passes differ by {rounding(moved)}", {"output_moved": moved})
 
 
 def permutation(probe: Probe) -> Outcome:
@@ -128,7 +129,7 @@ def permutation(probe: Probe) -> Outcome:
     plain = probe.call(probe.x).out
     moved = changed(probe.call(probe.x[:, order]).out, plain[:, order])
     return Outcome("FAIL" if not moved < INVARIANCE else "PASS",
-                   f"the output of permuted tokens differs from the permuted output by {figure(moved)}",
+                   f"the output of permuted tokens differs from the permuted output by {rounding(moved)}",
                    {"output_moved": moved})
 
 
@@ -164,7 +165,7 @@ def formula(probe: Probe) -> Outcome:
     figures = {"difference": result.largest if result.stage is None else result.difference}
     if result.stage is None:
         return Outcome("PASS", f"{', '.join(result.stages)} match the formula recomputed from {found} "
-                       f"(largest difference {figure(result.largest)})", figures)
+                       f"(largest difference {rounding(result.largest)})", figures)
     return Outcome("FAIL", f"{result.stage} differs by {figure(result.difference)}: {result.how} ({found})", figures,
                    fix=STAGE_FIXES.get(result.stage))
 
@@ -186,7 +187,7 @@ def builtin_formula(probe: Probe) -> Outcome:
         result = compare(layer, record, probe.padding, SimpleNamespace(scale=layer.scale, causal=layer.causal))
     if result["stage"] is None:
         return Outcome("PASS", f"every stage matches its kind's definition (largest difference "
-                       f"{figure(result['largest'])})", {"difference": result["largest"]})
+                       f"{rounding(result['largest'])})", {"difference": result["largest"]})
     return Outcome("FAIL", f"{result['stage']} differs by {figure(result['difference'])}: {result['how']}",
                    {"difference": result["difference"]}, fix=STAGE_FIXES.get(result["stage"]))
 

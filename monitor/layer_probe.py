@@ -199,6 +199,11 @@ def figure(value: float) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{value:.3g}"
 
 
+def rounding(value: float) -> str:
+    """A difference that float32 rounding alone gives, whose digits vary by machine, as "< 1e-6"."""
+    return "< 1e-6" if value < 1e-6 else figure(value)
+
+
 def changed(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a − b| / max |b|: how far a token's output moved."""
     if a.shape != b.shape:

@@ -4,6 +4,8 @@ write them, not to fit the checks: the single-head class of the course (read fro
 with W_O and a padding mask, one fused qkv Linear, nn.MultiheadAttention wrapped."""
 
 import math
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -307,3 +309,26 @@ def test_diagnose_attention_bad_input_is_one_line_and_exit_2(tmp_path, capsys, a
         code, err = e.code, capsys.readouterr().err
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "OWN_ATTENTION.md"
+
+
+def page_commands():
+    """(argv, printed) of every `$ python diagnose.py …` block of docs/OWN_ATTENTION.md."""
+    blocks = re.findall(r"```console\n\$ python diagnose.py (.*?)\n(.*?)```", PAGE.read_text(), flags=re.S)
+    return [(shlex.split(command), printed) for command, printed in blocks]
+
+
+def test_the_page_shows_three_commands():
+    assert [argv[1] for argv, _ in page_commands()] == [
+        "../shared/examples/seed_self_attention.py:SelfAttention", "docs/examples/my_attention.py:MyAttention",
+        "docs/examples/my_attention_mistake.py:MyAttention"]
+
+
+@pytest.mark.parametrize("argv,printed", page_commands(), ids=lambda value: "" if isinstance(value, str) else
+                         value[1].split("/")[-1])
+def test_every_output_on_the_page_is_what_its_command_prints(argv, printed, capsys, monkeypatch):
+    monkeypatch.chdir(PAGE.parents[1])
+    _, out, _ = run_diagnose(capsys, *argv)
+    assert out == printed
