@@ -1,0 +1,1 @@
+"""User-written attention classes from tutorials and textbooks, with their manifest (catalogue.py)."""
