@@ -34,7 +34,7 @@ ROLE_NAMES = {  # leaf attribute names, lower case without "_"
           "weightk", "wks"},
     "v": {"wv", "v", "vproj", "value", "values", "tov", "vlinear", "linearv", "wvalue", "valueproj", "projv",
           "vprojweight", "weightv", "wvs"},
-    "o": {"wo", "o", "oproj", "out", "outproj", "toout", "output", "cproj", "outlinear", "linearo", "wout",
+    "o": {"wo", "o", "oproj", "out", "outproj", "toout", "output", "cproj", "proj", "outlinear", "linearo", "wout",
           "projout", "outputproj", "dense", "fcout"},
     "qkv": {"qkv", "toqkv", "cattn", "inproj", "inprojweight", "wqkv", "qkvproj", "qkvlinear", "projqkv"},
 }
@@ -53,6 +53,7 @@ class Projections:
     names: dict = field(default_factory=dict)  # role → the attribute it was read from
     o_module: nn.Module | None = None  # the module whose input is the heads' output (hooked for that stage)
     key_bias: torch.Tensor | None = None  # K's own bias parameter: the formula gives it no gradient
+    others: list = field(default_factory=list)  # the user's parameters none of the projections read
 
     def describe(self) -> str:
         return ", ".join(f"{role}={name}" for role, name in self.names.items())
@@ -163,7 +164,9 @@ def find_projections(user: nn.Module, d_model: int, heads: int | None = None,
     o_module = first_linear(found["o"]) if isinstance(found.get("o"), nn.Module) else None
     key = first_linear(found.get("k"))
     key_bias = key.bias if isinstance(key, nn.Linear) else None
-    return [Projections(layout["q"], layout["k"], layout["v"], o, heads, names, o_module, key_bias)
+    read = {id(p) for obj in found.values() for p in (obj.parameters() if isinstance(obj, nn.Module) else [obj])}
+    others = [name for name, p in user.named_parameters() if id(p) not in read]
+    return [Projections(layout["q"], layout["k"], layout["v"], o, heads, names, o_module, key_bias, others)
             for layout in layouts for o in (o_ways or [None])]
 
 
@@ -191,8 +194,9 @@ def multihead_projections(user, mha: nn.MultiheadAttention) -> list[Projections]
     biases = mha.in_proj_bias.chunk(3) if mha.in_proj_bias is not None else (None,) * 3
     path = next(name for name, m in user.named_modules() if m is mha) or "(the module)"
     names = {"q": f"{path}.in_proj_weight", "o": f"{path}.out_proj"}
+    others = [name for name, p in user.named_parameters() if all(p is not q for q in mha.parameters())]
     return [Projections(*zip(weights, biases), (mha.out_proj.weight, mha.out_proj.bias), mha.num_heads,
-                        names, mha.out_proj)]
+                        names, mha.out_proj, None, others)]
 
 
 def project(x: torch.Tensor, linear: tuple) -> torch.Tensor:
@@ -310,6 +314,10 @@ def compare_layer(proj: Projections, seen, padding: torch.Tensor) -> FormulaResu
         found.append(("output before W_O", *differ(heads[rows], ref.heads[rows],
                                                    operands(ref, rows) | {n: t[rows] for n, t in named.items()})))
     out, target = seen.out.double(), ref.out if proj.o is not None else ref.heads
+    if proj.o is None and proj.others:  # an output projection not found by name may be among them: not compared
+        first = first_difference(found)
+        return FormulaResult(first["stage"], first["difference"], first["how"], first["largest"], proj,
+                             [stage for stage, _, _ in found])
     if out.shape != target.shape:
         return FormulaResult("output", math.inf, f"the output has shape {tuple(out.shape)}, the formula's "
                              f"{tuple(target.shape)}", math.inf, proj)
