@@ -55,6 +55,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     own.add_argument("--heads", type=positive_int, default=4, metavar="N", help="heads, when the class takes them "
                                                                                 "(default: 4)")
     own.add_argument("--d-head", type=positive_int, metavar="N", help="head size (default: d_model / heads)")
+    own.add_argument("--learn", action="store_true",
+                     help="add the last check: the class trained in the classifier on the synthetic task "
+                          "(configs/smoke.yaml) must reach the built-in full layer's accuracy in the same epochs "
+                          "(both trained here: minutes)")
     own.add_argument("--args", type=json_object, metavar="JSON", help="its other constructor arguments, a JSON "
                                                                       "object: '{\"window\": 8}'")
     data = parser.add_argument_group("data (default: what the checkpoint recorded)")
@@ -131,7 +135,7 @@ def attention_main(args) -> int:
 
     try:
         rows = layer_contract(args.attention, d_model=args.d_model, n_heads=args.heads, d_head=args.d_head,
-                              args=args.args, mapping=args.map)
+                              args=args.args, mapping=args.map, learn=args.learn)
     except ValueError as e:  # ConfigError: the file, the class, its constructor; a --map attribute not found
         if args.debug:
             raise

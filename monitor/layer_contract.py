@@ -341,6 +341,32 @@ CHECKS: list[Check] = [
 ]
 
 
+def learning(probe: Probe) -> Outcome:
+    """The class in the classifier on the synthetic task against the built-in full layer (training/learning.py)."""
+    if not isinstance(probe.spec, str):
+        return Outcome("NOTE", "not run: give the class as file.py:ClassName (or package.module:ClassName) to train it")
+    from training.learning import EPOCHS, MARGIN, learns
+
+    found = learns(probe.spec, probe.args)
+    figures = {"accuracy": found["accuracy"], "built_in_accuracy": found["built_in"]}
+    evidence = (f"validation accuracy {found['accuracy']:.3f} on the synthetic task after {EPOCHS} epochs, the "
+                f"built-in full layer {found['built_in']:.3f} (learns: within {MARGIN:g} of it)")
+    if found["learns"]:
+        return Outcome("PASS", evidence, figures)
+    failed = [row.check for row in probe.cache.get("rows", []) if row.verdict == "FAIL"]
+    cause = (f"the contract's FAILs above: {', '.join(failed)}" if failed else "the contract finds no mistake: the "
+             "layer computes attention but learns slower here (its initialisation, an output width the product "
+             "projects back, a head too small)")
+    return Outcome("FAIL", "not-learning: " + evidence, figures, cause=cause,
+                   fix="fix the FAILed checks first" if failed else "compare its initialisation and sizes with "
+                   "model/attention.py's MultiHeadSelfAttention")
+
+
+LEARN = Check("learn", learning, "the class trained in the classifier (configs/smoke.yaml's synthetic task), and "
+              "the built-in full layer trained alike", "its validation accuracy falls short of the built-in layer's "
+              "by more than a margin after the same epochs (not-learning)", "", "")
+
+
 def build(layer_or_class, *, d_model: int, n_heads: int, d_head: int | None, args: dict | None) -> nn.Module:
     """The layer to probe: a built-in kind or the adapter as it is; a built-in kind's class built; a user's class
     or "file.py:Class" built as the classifier builds it (model/own_attention.py), or a user's module instance,
@@ -374,10 +400,11 @@ def built(user: nn.Module):
 
 
 def layer_contract(layer_or_class, *, d_model: int = 64, n_heads: int = 4, d_head: int | None = None,
-                   args: dict | None = None, mapping: dict | None = None, seed: int = 0) -> list[Row]:
+                   args: dict | None = None, mapping: dict | None = None, seed: int = 0,
+                   learn: bool = False) -> list[Row]:
     """Every check of CHECKS on one layer: a built layer (a built-in kind, the adapter, or a user's module), a
     class, or "file.py:ClassName". mapping: {"q"|"k"|"v"|"o"|"qkv": attribute path} where the projections'
-    names are not found."""
+    names are not found. learn: add the last check, the class trained on the synthetic task (seconds to minutes)."""
     torch.manual_seed(seed)
     try:
         layer = build(layer_or_class, d_model=d_model, n_heads=n_heads, d_head=d_head, args=args)
@@ -385,8 +412,9 @@ def layer_contract(layer_or_class, *, d_model: int = 64, n_heads: int = 4, d_hea
         return [Row(check.name, "FAIL" if check.name == "shapes" else "NOTE", str(e) if check.name == "shapes"
                     else "not run: the layer could not be called (see shapes)", {}, check.reads, check.rule,
                     check.cause, check.fix) for check in CHECKS]
-    probe = Probe(layer, mapping=mapping, seed=seed)
-    return [check(probe) for check in CHECKS]
+    probe = Probe(layer, mapping=mapping, seed=seed, spec=layer_or_class, args=args)
+    rows = probe.cache["rows"] = [check(probe) for check in CHECKS]
+    return rows + [LEARN(probe)] if learn else rows
 
 
 def table(rows: list[Row]) -> str:

@@ -87,6 +87,8 @@ class Probe:
     layer: nn.Module
     mapping: dict | None = None
     seed: int = 0
+    spec: object = None  # what the layer was built from ("file.py:Class" trains by name: the learn check)
+    args: dict | None = None  # its constructor arguments beyond the sizes
     cache: dict = field(default_factory=dict)
 
     def __post_init__(self):

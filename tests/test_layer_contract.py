@@ -332,3 +332,26 @@ def test_every_output_on_the_page_is_what_its_command_prints(argv, printed, caps
     monkeypatch.chdir(PAGE.parents[1])
     _, out, _ = run_diagnose(capsys, *argv)
     assert out == printed
+
+
+@pytest.mark.parametrize("accuracy,verdict", [(0.95, "PASS"), (0.55, "FAIL")])
+def test_learn_compares_with_the_built_in_layer_and_names_the_contracts_findings(accuracy, verdict, tmp_path,
+                                                                                 monkeypatch):
+    import training.learning
+
+    trained = []
+
+    def synthetic_accuracy(attention, attention_args=None, epochs=training.learning.EPOCHS, seed=0):
+        trained.append(attention)
+        return accuracy if attention != "full" else 0.96
+
+    monkeypatch.setattr(training.learning, "synthetic_accuracy", synthetic_accuracy)
+    broken = tmp_path / "broken.py"
+    broken.write_text(BROKEN_FILE)
+    rows = layer_contract(f"{broken}:Attention", d_model=64, n_heads=1, learn=True)
+    assert trained == [f"{broken}:Attention", "full"]  # both trained, the user's class by its spec
+    learn = rows[-1]
+    assert learn.check == "learn" and learn.verdict == verdict
+    if verdict == "FAIL":
+        assert learn.evidence.startswith("not-learning") and "formula, scale" in learn.cause
+    assert "learn" not in verdicts(layer_contract(f"{broken}:Attention", d_model=64, n_heads=1))  # only when asked
