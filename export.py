@@ -129,8 +129,14 @@ def export_onnx(classifier, path: Path, names: list[str]) -> None:
     be exported."""
     import torch
 
+    from model.own_attention import OwnAttention
+
     config = classifier.model.config
     for block in classifier.model.blocks:
+        if isinstance(block.attention, OwnAttention) and block.attention.runs_by_length:
+            raise ExportError(f"the attention class {config.attention} takes no mask, so it is run on the texts of "
+                              "each length apart, which a traced graph cannot hold: give its forward a mask "
+                              "(forward(x, mask)) to export it")
         block.attention.kernel = "manual"  # the written formula in the graph, never scaled_dot_product_attention
     inputs = trace_inputs(config.max_length, config.vocab_size)
     axes = {"input_ids": {0: "batch", 1: "length"}, "attention_mask": {0: "batch", 1: "length"}}

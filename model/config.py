@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from model.errors import ConfigError
 from model.kinds import ATTENTION_KINDS, attention_kind
-from model.own_attention import check_attention_args, is_class_spec, resolve_source
+from model.user_class import check_attention_args, is_class_spec, resolve_source
 
 POOLINGS = ("mean", "max", "first", "attention")
 POSITIONS = ("learned", "sinusoidal", "none")

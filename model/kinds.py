@@ -11,7 +11,8 @@ ask a kind's name. A new kind is a MultiHeadSelfAttention subclass and one line 
 
 from model.attention import MultiHeadSelfAttention
 from model.long_attention import LinformerSelfAttention, LocalSelfAttention, SparseSelfAttention
-from model.own_attention import OwnAttention, is_class_spec
+from model.own_attention import OwnAttention
+from model.user_class import is_class_spec
 
 ATTENTION_KINDS: dict[str, type[MultiHeadSelfAttention]] = {
     "full": MultiHeadSelfAttention,

@@ -5,8 +5,9 @@ long, Hugging Face's attention_mask), additive 0 / −∞, 0 / −1e4 or 0 / −
 (B, 1, 1, L) or (B, L, L); passed as forward(x, mask) or by keyword (mask=, key_padding_mask=, attention_mask=,
 attn_mask=). The probe runs a small random batch in which some texts end in padding (random vectors, not zeros)
 under each candidate and keeps the first under which every real token's output equals that of its text run alone
-without padding, and padded keys get weight 0 where weights are returned. A class whose forward takes no mask, or
-under which no candidate works, is "no mask": the adapter then runs texts of one length together.
+without padding, padded keys get weight 0 and nothing is NaN. A class whose forward takes no mask, or under which
+no candidate works, is "no mask": the adapter then runs texts of one length together. A class that returns only its
+output has its weights read from the softmax it computes (SoftmaxSeen): the weights it used, never recomputed.
 
 Letters in the shape comments: B batch, L tokens, H heads, D model width, W the class's output width.
 """
@@ -15,9 +16,12 @@ import inspect
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from model.errors import ConfigError
+from model.user_class import first_line
 
 MASK_NAMES = ("mask", "key_padding_mask", "attention_mask", "attn_mask")
 KINDS = {  # how a convention writes "this key is padding", by name
@@ -54,9 +58,38 @@ class Convention(NamedTuple):
 
 class Found(NamedTuple):
     convention: Convention
-    heads: int  # H of the weights it returns ((B, L, L): 1)
+    heads: int  # H of its weights ((B, L, L): 1)
     width: int  # W, its output width
-    returns_weights: bool
+    returns_weights: bool  # False: its weights are read from the softmax it computes (SoftmaxSeen)
+
+
+SOFTMAXES = (torch.softmax, torch.Tensor.softmax, F.softmax, torch.special.softmax)
+
+
+class SoftmaxSeen(TorchFunctionMode):
+    """Keeps the last softmax a forward computes whose output is (B, L, L) or (B, H, L, L) for L = `length`: the
+    weights of a class that returns only its output, as the class itself computed them."""
+
+    def __init__(self, batch: int, length: int):
+        super().__init__()
+        self.batch, self.length, self.weights = batch, length, None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in SOFTMAXES and isinstance(out, torch.Tensor) and out.dim() in (3, 4) \
+                and out.shape[0] == self.batch and out.shape[-2:] == (self.length, self.length):
+            self.weights = out
+        return out
+
+
+def run_layer(user: nn.Module, x: torch.Tensor, mask: torch.Tensor | None, convention: Convention,
+              read_softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(out, weights) of the class on x; read_softmax: weights it does not return are read from its softmax."""
+    if not read_softmax:
+        return split_output(call_layer(user, x, mask, convention))
+    with SoftmaxSeen(x.shape[0], x.shape[1]) as seen:
+        out, weights = split_output(call_layer(user, x, mask, convention))
+    return out, seen.weights if weights is None else weights
 
 
 def key_mask(padding: torch.Tensor, convention: Convention, dtype: torch.dtype) -> torch.Tensor:
@@ -122,20 +155,24 @@ def find_convention(user: nn.Module, d_model: int, name: str) -> Found:
     user.eval()
     try:
         try:
-            out, weights = plain_run(user, x, calls)
+            out, weights, returned = plain_run(user, x, calls)
         except Exception as error:  # the user's forward
             raise ConfigError(f"attention {name}: forward on x of shape (B, L, D) = {tuple(x.shape)} failed: "
                               f"{first_line(error)}; expected forward(x) or forward(x, mask) returning out "
                               "(B, L, W) or (out, weights (B, [H,] L, L))") from None
         heads, width = read_shapes(out, weights, B, L, name)
+        if weights is None:
+            raise ConfigError(f"attention {name}: forward returns no weights and computes no softmax of shape "
+                              "(B, [H,] L, L) the product can see (a fused kernel?): return (out, weights) so that "
+                              "its heatmaps and figures can be drawn")
         for convention in candidates(calls):
-            if works(user, x, padding, convention):
-                return Found(convention, heads, width, weights is not None)
+            if works(user, x, padding, convention, read_softmax=not returned):
+                return Found(convention, heads, width, returned)
         if calls and mask_required(user, calls[0]):
             raise ConfigError(f"attention {name}: forward needs its mask, but under no convention tried did a text's "
                               "output stay the same with padding added (tried bool True = padding or keep, 1/0 keep, "
                               "additive 0 / -inf, -1e4, -1e9; shapes (B, L), (B, 1, 1, L), (B, L, L))")
-        return Found(Convention("none"), heads, width, weights is not None)
+        return Found(Convention("none"), heads, width, returned)
     finally:
         user.train(was_training)
 
@@ -145,8 +182,15 @@ def candidates(calls: list[str]):
 
 
 def plain_run(user: nn.Module, x: torch.Tensor, calls: list[str]):
-    """(out, weights) of the class on x with no padding: forward(x) when the mask may be left out, else with a mask
-    that keeps every key in the first convention the class accepts."""
+    """(out, weights, returned) of the class on x with no padding: forward(x) when the mask may be left out, else
+    with a mask that keeps every key in the first convention the class accepts. Weights it does not return
+    (returned False) are read from the softmax it computes (None when none is seen)."""
+    with SoftmaxSeen(x.shape[0], x.shape[1]) as seen:
+        out, weights = mask_free_run(user, x, calls)
+    return out, seen.weights if weights is None else weights, weights is not None
+
+
+def mask_free_run(user: nn.Module, x: torch.Tensor, calls: list[str]):
     if not calls or not mask_required(user, calls[0]):
         return split_output(user(x))
     keep_all = torch.zeros(x.shape[:2], dtype=torch.bool, device=x.device)
@@ -166,11 +210,6 @@ def mask_required(user: nn.Module, call: str) -> bool:
     return parameter.default is parameter.empty and parameter.kind is not parameter.VAR_POSITIONAL
 
 
-def first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
-
-
 def read_shapes(out, weights, B: int, L: int, name: str) -> tuple[int, int]:
     """(heads, output width) from a plain run's out and weights; a shape the product cannot read is one line."""
     expected = "expected out (B, L, W) and weights (B, L, L) or (B, H, L, L)"
@@ -187,11 +226,12 @@ def read_shapes(out, weights, B: int, L: int, name: str) -> tuple[int, int]:
                       f"{(B, L)}; {expected}")
 
 
-def works(user: nn.Module, x: torch.Tensor, padding: torch.Tensor, convention: Convention) -> bool:
+def works(user: nn.Module, x: torch.Tensor, padding: torch.Tensor, convention: Convention,
+          read_softmax: bool = False) -> bool:
     """Whether, under `convention`, each real token's output equals that of its text run alone at its own length,
     and padded keys get weight 0 from real queries (where weights are returned)."""
     try:
-        out, weights = split_output(call_layer(user, x, key_mask(padding, convention, x.dtype), convention))
+        out, weights = run_layer(user, x, key_mask(padding, convention, x.dtype), convention, read_softmax)
         for row, length in enumerate((~padding).sum(dim=-1).tolist()):
             alone = x[row:row + 1, :length]
             keep_all = key_mask(padding[row:row + 1, :length] & False, convention, x.dtype)

@@ -2,6 +2,7 @@
 
     load_attention_class(spec)   "file.py:Class", "package.module:Class" or "package.module.Class" → the class
     build_user_layer(cls, ...)   the class built from the network's sizes, its constructor read by parameter names
+                                 (both from model/user_class.py, which also records and checks the class's file)
     OwnAttention(cls_or_spec)    the adapter a Block holds: the interface of model/attention.py's layers around it
 
 What the adapter finds out is found by running the class (model/mask_probe.py), never guessed from names: how its
@@ -9,38 +10,30 @@ forward takes a mask (positional or keyword, which convention, which shape), wha
 weights (B, L, L) or (B, H, L, L)) and its output width (another than d_model gets an output projection the product
 adds, `w_o`). A class that takes no mask is run on texts of one length at a time, so no key it sees is padding.
 
-The class hands out its weights only: the scores it softmaxed are its own business, so AttentionWeights.scores is
-NaN (the score figures of the monitor are then NaN, never a guess). The doctor's formula reference is not defined
-for a user's class here (`reference` is None: monitor/contract.py skips it).
+The class hands out its weights (returned, or read from the softmax it computes when it returns only its output),
+not the scores it softmaxed: AttentionWeights.scores is NaN (the monitor's score figures are then NaN, never a
+guess). The doctor's formula reference is not defined for a user's class here (`reference` is None:
+monitor/contract.py skips it).
 
 Letters in the shape comments: B batch, L tokens, H heads, D model width, W the class's output width, N real tokens.
 """
 
-import hashlib
-import importlib
-import importlib.util
-import inspect
 import logging
 import math
-import os
-import sys
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from model.attention import AttentionWeights, unpack
 from model.errors import ConfigError
-from model.mask_probe import Convention, call_layer, find_convention, first_line, key_mask, split_output
+from model.mask_probe import Convention, find_convention, key_mask, run_layer
+from model.user_class import (  # noqa: F401 (the names callers import from here)
+    ALLOW_CHANGED, build_user_layer, check_attention_args, configured_class, constructor_arguments, is_class_spec,
+    load_attention_class, resolve_source,
+)
 
 log = logging.getLogger(__name__)
 
-# Constructor parameter names the network's sizes fill (tutorials' spellings): d_model, n_heads, the head size.
-SIZE_NAMES = {
-    "d_model": ("d_model", "embed_dim", "hidden_size", "dim", "d_in"),
-    "n_heads": ("n_heads", "num_heads", "num_attention_heads", "heads", "n_head"),
-    "d_head": ("d_k", "d_head", "head_dim", "dim_head", "d_out"),
-}
 # Where a class keeps its output projection, by the names tutorials give it: head gates multiply its input.
 OUTPUT_PROJECTION_NAMES = ("W_O", "w_o", "out_proj", "o_proj", "to_out", "c_proj", "proj", "out")
 # Its query, key and value projections (nn.Linear), read by the monitor's update ratio and head similarity.
@@ -49,173 +42,7 @@ PROJECTION_NAMES = {
     "w_k": ("W_K", "w_k", "k_proj", "key", "to_k", "k"),
     "w_v": ("W_V", "w_v", "v_proj", "value", "to_v", "v"),
 }
-ALLOW_CHANGED = "ATTENTION_ALLOW_CHANGED_CLASS"  # set to 1: load a checkpoint whose class file changed since
-PLAIN = (str, int, float, bool, type(None))  # what attention_args may hold (the checkpoint stores it)
-_loaded: dict[tuple[str, float], type] = {}  # file path, modification time → its class (a file runs once)
 _said: set[str] = set()  # log lines already written (a network builds one adapter per layer)
-
-
-def is_class_spec(name: str) -> bool:
-    """Whether an `attention` setting names a user's class rather than a registered kind (kinds have no . or :)."""
-    return isinstance(name, str) and (":" in name or "." in name)
-
-
-def split_spec(spec: str) -> tuple[str, str]:
-    """(file or module, class name) of "file.py:Class", "package.module:Class" or "package.module.Class"."""
-    where, sep, name = spec.rpartition(":")
-    if not sep:
-        where, _, name = spec.rpartition(".")
-    if not where or not name or not name.isidentifier():
-        raise ConfigError(f"attention {spec!r}: expected path/to/file.py:ClassName, package.module:ClassName or "
-                          "package.module.ClassName")
-    return where, name
-
-
-def is_file(where: str) -> bool:
-    return where.endswith(".py") or "/" in where or "\\" in where
-
-
-def load_attention_class(spec: str, path: str | Path | None = None) -> type[nn.Module]:
-    """The nn.Module subclass a spec names (path, when given, replaces the spec's file: a checkpoint's recorded one).
-    Every failure is one ConfigError line: the file missing, its import failing (with its first error line), no such
-    class, not an nn.Module subclass."""
-    where, name = split_spec(spec)
-    if path is not None or is_file(where):
-        module = _load_file(spec, Path(path if path is not None else where))
-    else:
-        try:
-            module = importlib.import_module(where)
-        except Exception as error:  # the user's module: any error it raises is reported, in one line
-            raise ConfigError(f"attention {spec!r}: importing {where} failed: {first_line(error)}") from None
-    found = getattr(module, name, None)
-    if found is None:
-        classes = sorted(n for n, v in vars(module).items() if inspect.isclass(v) and issubclass(v, nn.Module)
-                         and v.__module__ == module.__name__)
-        raise ConfigError(f"attention {spec!r}: no class {name} in {getattr(module, '__file__', where)} "
-                          f"(its nn.Module classes: {', '.join(classes) or 'none'})")
-    if not (inspect.isclass(found) and issubclass(found, nn.Module)):
-        raise ConfigError(f"attention {spec!r}: {name} is not an nn.Module subclass "
-                          "(expected class Name(nn.Module) with forward(x) or forward(x, mask))")
-    return found
-
-
-def _load_file(spec: str, path: Path) -> object:
-    """The module a .py file defines, run once per version of the file (its modification time)."""
-    if not path.is_file():
-        raise ConfigError(f"attention {spec!r}: file {path} not found")
-    path = path.resolve()
-    key = (str(path), path.stat().st_mtime)
-    if key in _loaded:
-        return _loaded[key]
-    # A name of its own per file, so that two users' files called attention.py do not replace each other.
-    module_name = f"own_attention_{abs(hash(str(path))):x}_{path.stem}"
-    module_spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_name] = module  # dataclasses and pickling look a class's module up here
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as error:  # the user's file: any error it raises is reported, in one line
-        del sys.modules[module_name]
-        raise ConfigError(f"attention {spec!r}: importing {path} failed: {first_line(error)}") from None
-    _loaded[key] = module
-    return module
-
-
-def class_file(cls: type) -> Path | None:
-    """The .py file a class was defined in (None for a class without one)."""
-    try:
-        return Path(inspect.getfile(cls)).resolve()
-    except (TypeError, OSError):
-        return None
-
-
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def resolve_source(spec: str, recorded: dict | None = None) -> dict:
-    """{"spec", "path", "sha256"}: the class's file (absolute) and its hash, recorded in the network config.
-
-    `recorded` (a checkpoint's, for the same spec) says which file the network was trained with: a relative path is
-    looked for from the working directory first, then at the recorded absolute path; a file whose hash differs is
-    refused (one ConfigError line) unless ATTENTION_ALLOW_CHANGED_CLASS=1. A module spec is hashed by its file."""
-    if recorded is not None:
-        if not (isinstance(recorded, dict) and all(isinstance(recorded.get(k), str) for k in ("spec", "path", "sha256"))):
-            raise ConfigError(f"attention_source must be {{'spec', 'path', 'sha256'}} strings (recorded by the "
-                              f"product; leave it unset), got {recorded!r}")
-        if recorded["spec"] != spec:
-            recorded = None  # another class than the one recorded: recorded afresh
-    where, _ = split_spec(spec)
-    if is_file(where):
-        tried = [Path(where)] + ([Path(recorded["path"])] if recorded is not None else [])
-        path = next((p for p in tried if p.is_file()), None)
-        if path is None:
-            also = f" (recorded as {recorded['path']})" if recorded is not None and recorded["path"] != where else ""
-            raise ConfigError(f"attention {spec!r}: file {where}{also} not found: this network needs its class file")
-        path = path.resolve()
-    else:
-        path = class_file(load_attention_class(spec))
-        if path is None:
-            raise ConfigError(f"attention {spec!r}: its class has no source file to record")
-    digest = file_sha256(path)
-    if recorded is not None and recorded["sha256"] != digest and os.environ.get(ALLOW_CHANGED) != "1":
-        raise ConfigError(f"attention {spec!r}: {path} changed since this network was trained (sha256 "
-                          f"{recorded['sha256'][:12]}… recorded, {digest[:12]}… now); restore it, or set "
-                          f"{ALLOW_CHANGED}=1 to load it anyway")
-    return {"spec": spec, "path": str(path), "sha256": digest}
-
-
-def check_attention_args(args) -> None:
-    """attention_args: None or a dict of names to plain values (the checkpoint stores it as plain data)."""
-    if args is None:
-        return
-    if not isinstance(args, dict) or not all(isinstance(k, str) for k in args) or not all(
-            isinstance(v, PLAIN) or isinstance(v, list) and all(isinstance(e, PLAIN) for e in v) for v in args.values()):
-        raise ConfigError(f"attention_args must be a dict of names to numbers, strings, booleans or lists of them, "
-                          f"got {args!r}")
-
-
-def configured_class(config) -> type[nn.Module]:
-    """The class a NetworkConfig's attention names, from the file its attention_source records."""
-    source = config.attention_source
-    where, _ = split_spec(config.attention)
-    return load_attention_class(config.attention, source["path"] if is_file(where) else None)
-
-
-def constructor_arguments(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None) -> dict:
-    """The keyword arguments cls(**them) is built with: each parameter named like a size (SIZE_NAMES) gets the
-    network's, `args` (attention_args) gives or overrides any; a required one nobody fills is a ConfigError line."""
-    args = dict(args or {})
-    sizes = {name: value for size, value in (("d_model", d_model), ("n_heads", n_heads), ("d_head", d_head))
-             for name in SIZE_NAMES[size]}
-    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]  # after self
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters)
-    named = {p.name: p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    unknown = sorted(set(args) - set(named)) if not takes_any else []
-    if unknown:
-        raise ConfigError(f"attention_args {unknown[0]!r}: {cls.__name__}.__init__ takes no such argument "
-                          f"(it takes {', '.join(named) or 'none'})")
-    chosen = {}
-    for name, parameter in named.items():
-        if name in args:
-            chosen[name] = args[name]
-        elif name in sizes:
-            chosen[name] = sizes[name]
-        elif parameter.default is parameter.empty:
-            raise ConfigError(f"attention: {cls.__name__}.__init__ needs {name!r}, which no network setting fills: "
-                              f"give it with --model.network.attention_args '{{\"{name}\": ...}}'")
-    return chosen
-
-
-def build_user_layer(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None) -> nn.Module:
-    """cls built from the network's sizes and attention_args (constructor_arguments); a constructor that raises is
-    one ConfigError line."""
-    arguments = constructor_arguments(cls, d_model, n_heads, d_head, args)
-    try:
-        return cls(**arguments)
-    except Exception as error:  # the user's constructor
-        shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
-        raise ConfigError(f"attention: {cls.__name__}({shown}) failed: {first_line(error)}") from None
 
 
 def say_once(level: int, message: str) -> None:
@@ -273,7 +100,8 @@ class OwnAttention(nn.Module):
         self._convention: Convention = found.convention
         self.n_heads = found.heads  # the heads its weights show: (B, L, L) is one head
         self.width = found.width  # its output width W
-        self.returns_weights = found.returns_weights
+        # A class that returns only its output: its weights are read from the softmax it computes, when asked for.
+        self.reads_softmax = not found.returns_weights
         self.d_model, self.d_head = d_model, d_head or d_model // n_heads
         self.look_ahead = False  # a user's class blocks what it blocks; the product adds no look-ahead mask
         self.head_gate: torch.Tensor | None = None  # (H,): head importance and ablation (inference/heads.py)
@@ -284,6 +112,9 @@ class OwnAttention(nn.Module):
                                    f"adds an output projection nn.Linear({self.width}, {d_model}, bias=False)")
         say_once(logging.WARNING if found.convention.call == "none" else logging.INFO,
                  f"attention {name}: {self.convention}")
+        if self.reads_softmax:
+            say_once(logging.INFO, f"attention {name}: forward returns no weights: they are read from the softmax it "
+                                   "computes")
         # Whether head_gate acts inside the class (on its output projection's input) or on its output.
         self._gate_inside = False
         self._gate_inside = self._find_gate()
@@ -303,13 +134,16 @@ class OwnAttention(nn.Module):
         if isinstance(projection, nn.Sequential):
             projection = projection[0] if len(projection) and isinstance(projection[0], nn.Linear) else None
         if projection is not None and projection.in_features % self.n_heads == 0:
-            projection.register_forward_pre_hook(lambda module, args: (self._gated(args[0]), *args[1:]))
+            projection.register_forward_pre_hook(self._gate_hook)  # a bound method: a deep copy gates its own
             self._gate_inside = True
         elif projection is not None or self.width % self.n_heads:
             self.gates_heads = False
             return False
         self.gates_heads = self._gate_works()
         return self._gate_inside
+
+    def _gate_hook(self, module, args):
+        return (self._gated(args[0]), *args[1:])
 
     def _gated(self, t: torch.Tensor) -> torch.Tensor:
         """t (..., H·d) with each head's d columns times its gate, when one is set."""
@@ -332,6 +166,11 @@ class OwnAttention(nn.Module):
             self.head_gate = None
             self.train(was_training)
 
+    @property
+    def runs_by_length(self) -> bool:
+        """Whether the class takes no mask, so that a padded batch is run text length by text length."""
+        return self._convention.call == "none"
+
     def projection(self, role: str) -> nn.Linear | None:
         """The class's own nn.Linear for "w_q", "w_k" or "w_v" by its usual names (PROJECTION_NAMES), or None."""
         return next((m for n in PROJECTION_NAMES[role] if isinstance(m := getattr(self.user, n, None), nn.Linear)),
@@ -346,41 +185,44 @@ class OwnAttention(nn.Module):
                 ) -> tuple[torch.Tensor, AttentionWeights | None]:
         """x (B, L, D); key_padding_mask (B, L) bool, True marks padding. Returns (out (B, L, D), weights or None)."""
         B, L, _ = x.shape
-        if self._convention.call == "none" and key_padding_mask is not None and key_padding_mask.any():
-            out, weights = self._by_length(x, key_padding_mask)
-        else:
-            mask = None if self._convention.call == "none" else key_mask(
-                key_padding_mask if key_padding_mask is not None else x.new_zeros(B, L, dtype=torch.bool),
-                self._convention, x.dtype)
-            out, weights = split_output(call_layer(self.user, x, mask, self._convention))
         if self.head_gate is not None and not self.gates_heads:
             raise RuntimeError(f"head ablation: {type(self.user).__name__}'s heads cannot be told apart in its output "
                                "(no output projection found by name, e.g. out_proj / W_O): it has no per-head gate")
+        if self.runs_by_length and key_padding_mask is not None and key_padding_mask.any():
+            out, weights = self._by_length(x, key_padding_mask, need_weights)
+        else:
+            mask = None if self.runs_by_length else key_mask(
+                key_padding_mask if key_padding_mask is not None else x.new_zeros(B, L, dtype=torch.bool),
+                self._convention, x.dtype)
+            out, weights = run_layer(self.user, x, mask, self._convention, self.reads_softmax and need_weights)
         if not self._gate_inside:
             out = self._gated(out)  # (B, L, W), each head's slice times its gate
         if self.w_o is not None:
             out = self.w_o(out)  # (B, L, D)
-        if not need_weights or weights is None:
+        if not need_weights:
             return out, None
         weights = weights if weights.dim() == 4 else weights.unsqueeze(1)  # (B, H, L, L)
         blocked = None if key_padding_mask is None else key_padding_mask.bool()[:, None, None, :]
         scores = weights.new_full((), math.nan).expand_as(weights)  # the class hands out no scores
         return out, AttentionWeights(weights, scores, blocked)
 
-    def _by_length(self, x: torch.Tensor, key_padding_mask: torch.Tensor):
+    def _by_length(self, x: torch.Tensor, key_padding_mask: torch.Tensor, need_weights: bool):
         """A class that takes no mask, run on the texts of each length apart at that length: no key it sees is
         padding. Returns (out (B, L, W), weights (B, H, L, L) zeros outside each text, or None)."""
         B, L, _ = x.shape
         lengths = (~key_padding_mask.bool()).sum(dim=-1)  # (B,)
-        out, weights = x.new_zeros(B, L, self.width), None
+        out, weights = None, None
         for length in lengths.unique().tolist():
             rows = (lengths == length).nonzero(as_tuple=True)[0]
-            part, part_weights = split_output(call_layer(self.user, x[rows, :length], None, self._convention))
+            part, part_weights = run_layer(self.user, x[rows, :length], None, self._convention,
+                                           self.reads_softmax and need_weights)
+            if out is None:  # the class's dtype (bfloat16 under autocast)
+                out = part.new_zeros(B, L, self.width)
             out = out.index_put((rows,), nn.functional.pad(part, (0, 0, 0, L - length)))
             if part_weights is not None:
                 part_weights = part_weights if part_weights.dim() == 4 else part_weights.unsqueeze(1)
                 if weights is None:
-                    weights = x.new_zeros(B, part_weights.shape[1], L, L)
+                    weights = part_weights.new_zeros(B, part_weights.shape[1], L, L)
                 weights = weights.index_put((rows,), nn.functional.pad(part_weights, (0, L - length, 0, L - length)))
         return out, weights
 

@@ -178,8 +178,7 @@ VERDICTS: dict[str, Verdict] = {
         "nothing"),
     "user-class": Verdict(
         "note", "the layer is a user's own class (--model.network.attention file.py:Class)",
-        "its formula is not recomputed during training (diagnose.py --attention checks the class alone); a class "
-        "that takes no mask is run on texts of one length at a time, so no key it sees is padding",
+        "its formula is not recomputed during training: diagnose.py --attention checks the class alone",
         "diagnose.py --attention file.py:Class"),
     "averaging-head": Verdict(
         "note", f"entropy ≥ {AVERAGING_ENTROPY:g} with no bug-class figure: the head spreads its weight evenly",

@@ -2,6 +2,7 @@
 class read from ../shared/examples (never copied), each mask convention users write found by probing, bad specs in
 one line, a changed class file refused, a checkpoint rebuilt through predict's API, and a short training run."""
 
+import copy
 import math
 import shutil
 import sys
@@ -63,19 +64,17 @@ def test_seed_class_hands_out_its_weights_and_no_scores():
     assert torch.allclose(packed, out[real], atol=1e-6)
 
 
-def test_user_class_is_left_unchanged_and_global_random_stream_untouched():
-    torch.manual_seed(0)
-    expected = torch.rand(3)
-    torch.manual_seed(0)
+def test_user_class_is_built_as_the_user_would_and_the_probe_draws_no_global_random_numbers():
     cls = load_attention_class(SEED)
-    user = build_user_layer(cls, 16, 2, 8)
     torch.manual_seed(0)
-    built = cls(d_model=16, d_k=8)
-    OwnAttention(cls, d_model=16, n_heads=2, d_head=8)  # the probe uses its own generator
-    assert all(torch.equal(a, b) for a, b in zip(user.state_dict().values(), built.state_dict().values()))
+    layer = OwnAttention(cls, d_model=16, n_heads=2, d_head=8)
+    after_adapter = torch.rand(3)
     torch.manual_seed(0)
-    torch.rand(0)
-    assert torch.equal(torch.rand(3), expected)
+    by_hand = cls(d_model=16, d_k=8)
+    nn.Linear(8, 16, bias=False)  # the output projection the adapter adds
+    assert torch.equal(torch.rand(3), after_adapter)  # the probes use their own generator
+    assert all(torch.equal(a, b) for a, b in zip(layer.user.state_dict().values(), by_hand.state_dict().values()))
+    assert type(build_user_layer(cls, 16, 2, 8)) is cls
 
 
 # ---- mask conventions, found by probing ---------------------------------------------------------------------------
@@ -177,6 +176,31 @@ def test_mask_convention_is_found_by_probing(cls, found, caplog):
     assert padded_equals_alone(layer) < 1e-4  # and it is right: padding changes no real token's output
 
 
+def test_weights_a_class_does_not_return_are_read_from_its_softmax():
+    layer = OwnAttention(SingleOutNoWeights, d_model=16, n_heads=2).eval()
+    x, padding = torch.randn(2, 5, 16), padding_mask([5, 3], 5)
+    _, weights = layer(x, padding, need_weights=True)
+    user = layer.user
+    scores = user.to_q(x) @ user.to_k(x).transpose(-2, -1) / 4.0
+    expected = scores.masked_fill(padding[:, None, :], -1e4).softmax(-1)  # what its forward computed
+    assert torch.allclose(weights.weights[:, 0], expected, atol=1e-6)
+
+
+class FusedNoWeights(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x):
+        return F.scaled_dot_product_attention(*self.qkv(x).chunk(3, dim=-1))
+
+
+def test_a_class_whose_weights_cannot_be_seen_is_one_line():
+    with pytest.raises(ConfigError) as error:
+        OwnAttention(FusedNoWeights, d_model=16, n_heads=2)
+    assert "\n" not in str(error.value) and "return (out, weights)" in str(error.value)
+
+
 def test_heads_are_gated_through_the_class_output_projection():
     layer = OwnAttention(PadBool, d_model=16, n_heads=2).eval()
     assert layer.n_heads == 2 and layer.gates_heads
@@ -189,6 +213,9 @@ def test_heads_are_gated_through_the_class_output_projection():
     heads = ((q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(-1) @ v).transpose(1, 2)  # (B, L, H, d)
     expected = layer.user.out_proj(torch.cat([heads[:, :, 0], torch.zeros_like(heads[:, :, 1])], -1))
     assert torch.allclose(only_first, expected, atol=1e-5) and not torch.allclose(whole, only_first)
+    twin = copy.deepcopy(layer)  # an averaged (EMA) copy gates its own heads, not the original's
+    twin.head_gate = torch.tensor([1.0, 0.0])
+    assert torch.allclose(twin(x)[0], expected, atol=1e-5) and torch.allclose(layer(x)[0], whole)
 
 
 # ---- bad specs: one line each -------------------------------------------------------------------------------------
@@ -317,3 +344,89 @@ def test_seed_class_trains_and_draws_heatmaps(tmp_path):
     (best,) = (run / "checkpoints").glob("best-*.ckpt")
     prediction = TextClassifier.from_checkpoint(best, device="cpu").predict(["alpha w1 beta"], attention=True)[0]
     assert len(prediction.tokens) == 3 and torch.as_tensor(prediction.attention).shape[-1] == 3
+
+
+def test_serve_answers_attention_and_explanations(tmp_path):
+    from inference.answers import answer_batch, model_info
+    from inference.request import PredictRequest
+
+    classifier = tiny_classifier(attention=SEED)
+    classifier.label_names = ["neg", "pos"]
+    texts = ["w1 alpha w2 beta", "beta w3"]
+    attention, explained = answer_batch(classifier, [PredictRequest(texts=texts, attention=True),
+                                                     PredictRequest(texts=texts[:1], explain=True)], ig_steps=4)
+    assert "error" not in attention and "error" not in explained
+    rows = attention["predictions"][1]["attention"][0]  # layer 0: the mean over heads, one row per token
+    assert len(rows) == 2 and all(sum(row) == pytest.approx(1.0, abs=1e-5) for row in rows)
+    scores = explained["predictions"][0]["scores"]
+    assert len(scores["attention"]) == len(scores["occlusion"]) == 4  # a weight per token (w1 alpha w2 beta)
+
+
+MASKED_CLASS = '''import math
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, embed_dim, num_heads):
+        super().__init__()
+        self.h = num_heads
+        self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=False)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+
+    def forward(self, x, key_padding_mask=None):
+        B, L, D = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.h, D // self.h).permute(2, 0, 3, 1, 4)
+        s = q @ k.transpose(-2, -1) / math.sqrt(D // self.h)
+        if key_padding_mask is not None:
+            s = s.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+        w = s.softmax(-1)
+        return self.out_proj((w @ v).transpose(1, 2).reshape(B, L, D)), w
+'''
+
+
+@pytest.mark.slow
+def test_export_keeps_a_masked_class_and_refuses_one_without_mask(tmp_path, capsys):
+    import lightning
+    import numpy as np
+    import onnxruntime
+    from tokenizers import Tokenizer
+
+    import export
+
+    path = write_class(tmp_path, MASKED_CLASS)
+    for spec, exported in ((f"{path}:Attention", True), (SEED, False)):
+        classifier = tiny_classifier(attention=spec)
+        ckpt = save_checkpoint(classifier, tmp_path / "own.ckpt")
+        torch.save(torch.load(ckpt, weights_only=True) | {"pytorch-lightning_version": lightning.__version__}, ckpt)
+        out = tmp_path / f"out_{exported}"
+        assert export.main(["--ckpt", str(ckpt), "--out", str(out), "--attention"]) == (0 if exported else 2)
+        if not exported:
+            line = capsys.readouterr().err.strip().splitlines()[-1]
+            assert "takes no mask" in line and "forward(x, mask)" in line
+            continue
+        texts = ["w1 alpha w2 beta w3", "beta w4"]
+        session = onnxruntime.InferenceSession(str(out / "model.onnx"))
+        encodings = Tokenizer.from_file(str(out / "tokenizer.json")).encode_batch(texts)
+        feed = {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+                "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64)}
+        probabilities = session.run(["probabilities"], feed)[0]
+        expected = [p.probabilities for p in classifier.predict(texts)]
+        for got, want in zip(probabilities, expected):
+            assert got.tolist() == pytest.approx([want[name] for name in classifier.label_names], abs=1e-5)
+
+
+def test_the_log_lines_in_docs_are_what_training_prints(monkeypatch, caplog):
+    import model.own_attention
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(model.own_attention, "_said", set())
+    config = NetworkConfig(attention="../shared/examples/seed_self_attention.py:SelfAttention", d_model=32, n_heads=2,
+                           n_layers=2)
+    with caplog.at_level("INFO", logger="model.own_attention"):
+        from model.classifier import AttentionClassifier
+
+        AttentionClassifier(config)  # smoke.yaml's sizes, two layers
+    page = (ROOT / "docs" / "OWN_ATTENTION.md").read_text()
+    lines = [f"{r.levelname} {r.name}: {r.message}" for r in caplog.records]
+    assert len(lines) == 2 and all(line in page for line in lines)  # said once, not once per layer
