@@ -27,6 +27,8 @@ bad input (a missing or broken checkpoint, a bad flag, unreadable data), with a 
 
 EPILOG = """\
 examples:
+  python diagnose.py --attention my_attention.py:SelfAttention            # your own class: the contract alone
+  python diagnose.py --attention my_attention.py:MHA --map q=lin_q,k=lin_k,v=lin_v,o=lin_out
   python diagnose.py --ckpt lightning_logs/version_0                      # the run's best checkpoint
   python diagnose.py --ckpt last.ckpt --data.dataset sst2 --html sst2.html
   python diagnose.py --ckpt run/checkpoints/last.ckpt --data.train_file reviews.csv --data.text_column review
@@ -36,9 +38,29 @@ examples:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = Parser(prog="diagnose.py", description=DESCRIPTION, epilog=EPILOG,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ckpt", required=True, metavar="RUN_OR_CKPT",
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--ckpt", metavar="RUN_OR_CKPT",
                         help="a checkpoint written by train.py, or a run folder (lightning_logs/version_N: its best "
                              "checkpoint)")
+    target.add_argument("--attention", metavar="FILE.py:CLASS",
+                        help="your own attention class alone, no checkpoint, no data: the attention contract on a "
+                             "freshly built layer (shapes, softmax rows, padding, batch neighbours, evaluation "
+                             "passes, permutation, the formula from its own weights, the scale, gradcheck, "
+                             "gradient); exit 1 on any FAIL (docs/OWN_ATTENTION.md)")
+    own = parser.add_argument_group("--attention")
+    own.add_argument("--map", type=projection_map, metavar="q=ATTR,k=ATTR,v=ATTR,o=ATTR",
+                     help="where the class keeps W_Q, W_K, W_V, W_O (or qkv=ATTR for one fused Linear) when their "
+                          "names are not found")
+    own.add_argument("--d-model", type=positive_int, default=64, metavar="N", help="model width D (default: 64)")
+    own.add_argument("--heads", type=positive_int, default=4, metavar="N", help="heads, when the class takes them "
+                                                                                "(default: 4)")
+    own.add_argument("--d-head", type=positive_int, metavar="N", help="head size (default: d_model / heads)")
+    own.add_argument("--learn", action="store_true",
+                     help="add the last check: the class trained in the classifier on the synthetic task "
+                          "(configs/smoke.yaml) must reach the built-in full layer's accuracy in the same epochs "
+                          "(both trained here: minutes)")
+    own.add_argument("--args", type=json_object, metavar="JSON", help="its other constructor arguments, a JSON "
+                                                                      "object: '{\"window\": 8}'")
     data = parser.add_argument_group("data (default: what the checkpoint recorded)")
     for name, help_text in (("dataset", "a registered dataset: sst2, chnsenticorp_htl, ag_news, imdb, synthetic"),
                             ("data_dir", "a local copy of the registered dataset"),
@@ -73,6 +95,33 @@ def fraction(value: str) -> float:
     return number
 
 
+def projection_map(value: str) -> dict[str, str]:
+    """"q=attr,k=attr,v=attr,o=attr" (or "qkv=attr,o=attr") → {role: attribute path}."""
+    found = {}
+    for part in value.split(","):
+        role, sep, path = part.partition("=")
+        role, path = role.strip().lower(), path.strip()
+        if not sep or role not in ("q", "k", "v", "o", "qkv") or not path:
+            raise argparse.ArgumentTypeError(f"expected q=ATTR,k=ATTR,v=ATTR[,o=ATTR] or qkv=ATTR[,o=ATTR], got "
+                                             f"{part!r}")
+        found[role] = path
+    if not ({"q", "k", "v"} <= found.keys() or "qkv" in found):
+        raise argparse.ArgumentTypeError(f"name q, k and v (or qkv), got {value!r}")
+    return found
+
+
+def json_object(value: str) -> dict:
+    import json
+
+    try:
+        found = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e.msg} at character {e.pos}): {value!r}") from None
+    if not isinstance(found, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"window\": 8}}', got {value!r}")
+    return found
+
+
 def positive_int(value: str) -> int:
     number = int(value)
     if number < 1:
@@ -80,9 +129,28 @@ def positive_int(value: str) -> int:
     return number
 
 
+def attention_main(args) -> int:
+    """The contract on a user's class alone: the table, exit 1 on any FAIL, 2 on bad input."""
+    from monitor.layer_contract import layer_contract, table
+
+    try:
+        rows = layer_contract(args.attention, d_model=args.d_model, n_heads=args.heads, d_head=args.d_head,
+                              args=args.args, mapping=args.map, learn=args.learn)
+    except ValueError as e:  # ConfigError: the file, the class, its constructor; a --map attribute not found
+        if args.debug:
+            raise
+        print(f"diagnose.py: error: {e}", file=sys.stderr)
+        return 2
+    print(f"attention contract of {args.attention} (d_model {args.d_model}, {args.heads} heads):")
+    print(table(rows))
+    return 1 if any(row.verdict == "FAIL" for row in rows) else 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.attention:
+        return attention_main(args)
     from tqdm import tqdm
 
     from data.files import WriteError, check_target, make_folder, write_text

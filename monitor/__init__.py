@@ -5,9 +5,12 @@ token views of any kind (views.py), and the Lightning callback that logs both to
 `monitor.health`, `monitor.heatmap` and `monitor.views` import no Lightning and no data module; only the callback
 does, so `from monitor import AttentionMonitor` (what configs name as `monitor.AttentionMonitor`) loads it on first
 use.
+
+`assert_attention_contract(MyAttention(64, 4))` (monitor/layer_contract.py) is for a user's own tests: the
+attention contract on one layer, an AssertionError with its table when a check FAILs.
 """
 
-__all__ = ["AttentionMonitor"]
+__all__ = ["AttentionMonitor", "assert_attention_contract", "layer_contract"]
 
 
 def __getattr__(name):
@@ -15,4 +18,8 @@ def __getattr__(name):
         from monitor.callback import AttentionMonitor
 
         return AttentionMonitor
+    if name in ("assert_attention_contract", "layer_contract"):
+        import monitor.layer_contract
+
+        return getattr(monitor.layer_contract, name)
     raise AttributeError(f"module 'monitor' has no attribute {name!r}")
