@@ -38,8 +38,7 @@ def parser_of_targets() -> tuple[argparse.ArgumentParser, dict]:
                                       formatter_class=argparse.RawDescriptionHelpFormatter)
         threads = getattr(module, "THREADS", None)
         command.add_argument("--threads", type=int, default=threads,
-                             help=f"torch threads (default: {threads or 'torch’s own choice, one per core'}); with "
-                                  "other jobs on the cores, 1 avoids threads waiting on each other")
+                             help=f"torch threads (default: {threads or 'one per core this process may use: model/threads.py'})")
         module.add_arguments(command)
     return parser, modules
 
