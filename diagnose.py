@@ -8,6 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
+import model.threads  # noqa: F401  (before anything loads torch: model/threads.py)
 from inference.limits import Parser
 
 DESCRIPTION = """\

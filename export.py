@@ -16,6 +16,8 @@ import sys
 import warnings
 from pathlib import Path
 
+import model.threads  # noqa: F401  (before anything loads torch: model/threads.py)
+
 log = logging.getLogger("export")
 
 DESCRIPTION = """\

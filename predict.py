@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+import model.threads  # noqa: F401  (before anything loads torch: model/threads.py)
 from tqdm import tqdm
 
 from data.sources import has_text

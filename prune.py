@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 
+import model.threads  # noqa: F401  (before anything loads torch: model/threads.py)
 import torch
 
 from data.files import WriteError, check_target, write_atomically

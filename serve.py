@@ -19,6 +19,8 @@ import signal
 import sys
 from pathlib import Path
 
+import model.threads  # noqa: F401  (the pool's wait, inherited by the workers; before anything loads torch)
+
 try:
     import litserve as ls
 except ModuleNotFoundError as e:  # the serve extra is not installed: one line saying how to install it

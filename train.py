@@ -29,6 +29,8 @@ import math
 import sys
 from pathlib import Path
 
+from model.threads import log_setting  # before anything loads torch: model/threads.py
+
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
@@ -312,6 +314,7 @@ class PretrainCLI(CLI):
 
 def main(args=None):
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    log_setting()
     torch.set_float32_matmul_precision("high")
     name_writer_errors()
     try:

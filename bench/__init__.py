@@ -2,3 +2,5 @@
 
 Run from the repository root as modules: `python -m bench.timing speed --quick` (see bench/README.md).
 """
+
+import model.threads  # noqa: F401  (every bench's thread pool, set before any bench loads torch: model/threads.py)

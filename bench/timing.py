@@ -5,9 +5,10 @@
     python -m bench.timing predict              # TextClassifier throughput, single-text latency, predict.py start-up
     python -m bench.timing onnx --ckpt RUN      # the ONNX export against PyTorch (--kinds: every attention kind)
     python -m bench.timing serve --ckpt RUN     # serve.py under load
+    python -m bench.timing roofline --quick     # a training step against its floor, quiet and beside busy programs
     python -m bench.timing TARGET --help        # the target's own options
 
-A target module (bench/speed.py, long.py, predict_speed.py, onnx_speed.py, serve_load.py) declares its options
+A target module (bench/speed.py, long.py, predict_speed.py, onnx_speed.py, serve_load.py, roofline.py) declares its options
 (`add_arguments`) and measures (`run(args) -> (table, figures)`); the harness sets the thread count, prints the
 table on stderr and, as the last line of stdout, one JSON object: the target's figures and what they were measured
 under (target, torch version, threads, the 1-minute load average: other work on the machine slows every figure).
@@ -24,7 +25,7 @@ import sys
 import torch
 
 TARGETS = {"speed": "bench.speed", "long": "bench.long", "predict": "bench.predict_speed",
-           "onnx": "bench.onnx_speed", "serve": "bench.serve_load"}
+           "onnx": "bench.onnx_speed", "serve": "bench.serve_load", "roofline": "bench.roofline"}
 
 
 def parser_of_targets() -> tuple[argparse.ArgumentParser, dict]:
@@ -37,8 +38,7 @@ def parser_of_targets() -> tuple[argparse.ArgumentParser, dict]:
                                       formatter_class=argparse.RawDescriptionHelpFormatter)
         threads = getattr(module, "THREADS", None)
         command.add_argument("--threads", type=int, default=threads,
-                             help=f"torch threads (default: {threads or 'torch’s own choice, one per core'}); with "
-                                  "other jobs on the cores, 1 avoids threads waiting on each other")
+                             help=f"torch threads (default: {threads or 'one per core this process may use: model/threads.py'})")
         module.add_arguments(command)
     return parser, modules
 

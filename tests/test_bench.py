@@ -275,3 +275,40 @@ def test_ddp_bench_refuses_a_batch_two_ranks_cannot_halve(capsys):
     with pytest.raises(SystemExit):
         ddp.main(["--batch-size", "33", "--seeds", "0"])
     assert "must be even" in capsys.readouterr().err
+
+
+def test_the_roofline_benchs_busy_programs_stop_when_it_is_interrupted():
+    from bench.roofline import busy_programs
+
+    with pytest.raises(KeyboardInterrupt), busy_programs(2) as programs:
+        assert [p.poll() for p in programs] == [None, None]  # running
+        raise KeyboardInterrupt
+    assert all(p.poll() is not None for p in programs)
+
+
+@pytest.mark.slow
+def test_the_roofline_bench_splits_a_step_and_runs_beside_busy_programs():
+    result = subprocess.run([sys.executable, "-m", "bench.roofline", "--smoke"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    figures = json.loads(result.stdout.splitlines()[-1])
+    parts = figures["quiet_ms_per_step"]
+    assert set(parts) == {"data", "forward", "logging", "backward", "optimizer", "monitor", "rest"}
+    assert math.isclose(sum(parts.values()), figures["step_ms"], rel_tol=1e-3)  # the parts are the whole step
+    assert figures["floor_ms_per_step"]["backward"] > figures["floor_ms_per_step"]["forward"] > 0  # FLOPs counted
+    assert set(figures["phases"]) == {"quiet", "1 busy", "2 busy"} and figures["matmul_gflops"] > 0
+    assert figures["inference_tokens_per_s"] > 0 and figures["make_train_estimate"]["seconds"]["quiet"] > 0
+    assert "torch threads" in result.stderr  # the thread setting, logged
+    from bench.roofline import BUSY_LOOP
+
+    def command_line(path: Path) -> bytes:
+        try:
+            return path.read_bytes()
+        except OSError:  # the process ended meanwhile
+            return b""
+
+    def busy_loops() -> list[Path]:
+        return [path for path in Path("/proc").glob("[0-9]*/cmdline") if BUSY_LOOP.encode() in command_line(path)]
+
+    time.sleep(0.5)
+    assert busy_loops() == [], "busy programs left running"
