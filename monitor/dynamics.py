@@ -131,8 +131,11 @@ class TrainingDynamics:
             found |= {name: "the optimizer does not hold it" for name, p in self.named.items() if id(p) not in self.held}
         found |= {name: "no gradient reaches it" for name in sorted(self.no_gradient or ())}
         if self.start is not None and self.ratios:  # at least one optimizer step since the last validation
-            found |= {name: "the optimizer never moved it" for (name, p), before in zip(self.named.items(), self.start)
-                      if name not in found and torch.equal(p.detach(), before)}
+            still = {name for (name, p), before in zip(self.named.items(), self.start) if torch.equal(p.detach(), before)}
+            # Not one parameter moved: the steps themselves were empty (a learning rate at 0, a schedule run out).
+            why = ("the optimizer never moved it, nor any other parameter: a learning rate of 0 (a schedule that has "
+                   "run out?)" if still and len(still) == len(self.named) else "the optimizer never moved it")
+            found |= {name: why for name in self.named if name in still and name not in found}
         return found
 
 
