@@ -28,11 +28,11 @@ from inference.splits import SPLIT_KEYS
 from inference.verdicts import monitor_history
 from data.checkpoint import CheckpointError, open_checkpoint, read_checkpoint
 from data.files import describe
-from monitor.checks import SAMPLE_TEXTS, model_checks
-from monitor.contract import contract_checks, formula_settings
-from monitor.doctor import (NOT_LEARNING_TEXTS, Finding, diagnose, figure_table_markdown, head_titles, not_learning,
+from monitor.checks import SAMPLE_TEXTS
+from monitor.doctor import (NOT_LEARNING_TEXTS, Finding, figure_table_markdown, head_titles, not_learning,
                             verdict_table_markdown, warnings)
 from monitor.health import AttentionHealth, HealthFigures
+from monitor.units import Subject, examine
 from monitor.views import stacked_layers
 
 MAPS = 2  # validation texts drawn in the report
@@ -194,12 +194,11 @@ def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch
         health.update(output.attention, batch["padding_mask"])
         logits.append(output.logits.float())
     figures = health.compute()
-    # The model checks on a spread of the sample's batches (short and long texts alike).
+    # The model checks on a spread of the sample's batches (short and long texts alike), the contract on all.
     step = max(1, len(batches) * batch_size // SAMPLE_TEXTS)
-    checks = model_checks(model, batches[::step])
-    checks |= contract_checks(model, batches) | formula_settings(config)
-    checks["optimizer"] = stored_optimizer_differences(checkpoint)
-    findings = diagnose(figures, checks, None, config)
+    subject = Subject(model=model, sample=batches[::step], figures=figures, config=config, batches=batches,
+                      measured={"optimizer": stored_optimizer_differences(checkpoint)})
+    _, findings = examine(subject)  # every registered check (monitor/units.py), as the monitor runs them
     findings = own_not_learning(checkpoint, history, logits, [b["labels"] for b in batches], findings) + findings
     picks = [order[round(q * (len(order) - 1))] for q in (0.5, 0.75)][:MAPS]
     maps = []

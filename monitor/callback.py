@@ -31,12 +31,12 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from data.datamodule import collate
 from data.tokenizer import UNK_ID
 from model.config import ConfigError
-from monitor.checks import SAMPLE_TEXTS, forward_passes, model_checks
-from monitor.contract import contract_checks, formula_settings, optimizer_differences
-from monitor.doctor import (SHOWN_FIGURES, Finding, diagnose, figure_table_markdown, head_titles,
-                            verdict_table_markdown)
+from monitor.checks import SAMPLE_TEXTS, forward_passes
+from monitor.contract import optimizer_differences
+from monitor.doctor import SHOWN_FIGURES, Finding, figure_table_markdown, head_titles, verdict_table_markdown
 from monitor.dynamics import TrainingDynamics
 from monitor.health import ROWS_PER_BATCH, AttentionHealth
+from monitor.units import Subject, examine
 from monitor.loss_contract import LossContract
 from monitor.heatmap import PLAIN_TEXT, attention_figure, freeze, panel_title, redraw, shown_weights
 from monitor.views import stacked_layers
@@ -293,17 +293,13 @@ class AttentionMonitor(Callback):
         figures = self.figures = self.health.compute()
         self.health.reset()
         network = pl_module.model
-        # The checks need a classifier's loss: a pretraining network has no labels to lose.
+        # The checks that run the model need a classifier's loss: a pretraining network has no labels to lose.
         classifier = getattr(pl_module, "label_names", None) is not None and hasattr(network, "head")
-        checks = model_checks(network, self.check_batches) if classifier and self.check_batches else {}
-        if classifier and self.check_batches:
-            checks |= contract_checks(network, self.check_batches)
-        checks |= formula_settings(getattr(network, "config", None))
+        measured = {}
         configured = getattr(pl_module, "configured_optimizer", None)
         if configured is not None and trainer.state.fn == "fit" and trainer.optimizers:
             trained, settings = configured()
-            checks["optimizer"] = optimizer_differences(trained, trainer.optimizers, settings)
-        self.check_batches = []
+            measured["optimizer"] = optimizer_differences(trained, trainer.optimizers, settings)
         dynamics = self.dynamics.summary()
         if dynamics:
             dynamics["loss"] = self.loss_contract.summary()
@@ -313,7 +309,12 @@ class AttentionMonitor(Callback):
                          "majority_rate": float(self.val_labels.max()) / self.seen,
                          "balanced_accuracy": (self.val_hits / self.val_labels)[self.val_labels > 0].mean().item(),
                          "classes_seen": int((self.val_labels > 0).sum())}
-        self.findings = diagnose(figures, checks, dynamics, getattr(network, "config", None))
+        sample = self.check_batches if classifier and self.check_batches else None
+        subject = Subject(model=network if sample else None, sample=sample, figures=figures, dynamics=dynamics,
+                          config=getattr(network, "config", None), measured=measured)
+        measured_by_check, self.findings = examine(subject)  # every registered check (monitor/units.py)
+        checks = {name: value for each in measured_by_check.values() for name, value in each.items()}
+        self.check_batches = []
         step = trainer.global_step
         # The training figures go with the findings: diagnose.py reads a checkpoint's not-learning cause from them.
         learning = {name: float(dynamics[name]) for name in LEARNING_FIGURES if name in dynamics}

@@ -61,9 +61,9 @@ def model_checks(model, batches: list[dict]) -> dict:
 
 def forward_passes(model) -> int:
     """Forward passes model_checks makes over its texts: the base loss, one per head zeroed, the second identical
-    pass, and two each for the order check (full attention, not causal) and the position check."""
+    pass, and two each for the order check (kinds that say they are order-blind) and the position check."""
     config = model.config
-    order = 2 if config.attention == "full" and not config.causal else 0
+    order = 2 if ATTENTION_KINDS[config.attention].order_blind(config) else 0
     position = 2 if getattr(model, "position_embedding", None) is not None else 0
     return 1 + sum(block.attention.n_heads for block in model.blocks) + 1 + order + position
 

@@ -1,10 +1,11 @@
 """The attention doctor: verdicts that name a cause and a fix, each backed by the figures that led to it.
 
-`VERDICTS` is the one table (verdict → severity, rule, likely cause, what to try); docs/DOCTOR.md prints it with the
-figures measured on healthy runs and on planted bugs that set each threshold. `diagnose()` turns one validation
-pass's figures (monitor/health.py: what the layers computed, against the batch's own lengths), the model checks
-on a validation sample (monitor/checks.py: heads zeroed one at a time, tokens shuffled, the weights' own head
-slices) and the training dynamics (loss, update/weight ratio per optimizer step) into Findings.
+`VERDICTS` is the one table (verdict → severity, rule, likely cause, what to try); the checks of monitor/units.py
+claim its verdicts (and add their own to it), and docs/DOCTOR.md prints it from them, with the figures measured on
+healthy runs and on planted bugs that set each threshold. `diagnose()`, the built-in "verdicts" check, turns one
+validation pass's figures (monitor/health.py: what the layers computed, against the batch's own lengths), the
+model checks on a validation sample (monitor/checks.py: heads zeroed one at a time, tokens shuffled, the weights'
+own head slices) and the training dynamics (loss, update/weight ratio per optimizer step) into Findings.
 
 A warning is a bug class: something the figures show a working layer cannot do (weight on padding, rows that do
 not sum to one, every head's scores far below any initialised layer's). A note is information: a head that
@@ -494,11 +495,4 @@ def figure_table_markdown(figures: HealthFigures) -> str:
         for head in range(figures.heads_of(layer)):
             values = figures.head(layer, head)
             lines.append(f"| {layer} | {head} | " + " | ".join(format_figure(values[n]) for n in names) + " |")
-    return "\n".join(lines)
-
-
-def verdict_reference_markdown() -> str:
-    """VERDICTS as docs/DOCTOR.md prints it (python -m bench.bugs --docs writes it there; a test compares)."""
-    lines = ["| verdict | severity | rule | likely cause | what to try |", "|---|---|---|---|---|"]
-    lines += [f"| `{name}` | {v.severity} | {v.rule} | {v.cause} | {v.fix} |" for name, v in VERDICTS.items()]
     return "\n".join(lines)

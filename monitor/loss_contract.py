@@ -82,7 +82,7 @@ class LossContract:
 
 
 def definition(logits, batch, settings, probabilities=False, reduce="mean") -> float:
-    """The run's loss on these logits (probabilities=True: fed their softmax or sigmoid instead, as the mistake does)."""
+    """The run's loss on these logits (probabilities=True: fed their softmax or sigmoid, as the mistake does)."""
     labels = batch["labels"]
     if settings.multi_label:
         inputs = logits.sigmoid() if probabilities else logits
