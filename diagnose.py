@@ -16,11 +16,12 @@ Run the attention doctor on a checkpoint from train.py: its checks (weight on pa
 nobody asked for, score spread, gradient passed, identical heads, heads zeroed one at a time, tokens shuffled) and
 its contract checks (each layer recomputed from its own input and weights by its kind's definition, stage by stage;
 predictions that more padding or other batch neighbours must not move; the scale setting) on a sample of the run's
-validation texts, plus the verdicts the AttentionMonitor stored in the checkpoint at every validation while it
-trained (a parameter that never learned, a model that never learned). Prints each finding with the figures behind
-it, its likely cause and what to try, and writes a one-page HTML report (the verdicts, every head's map of two
-texts on one 0-1 scale titled with its verdict, the figures, the training history). The verdict table:
-docs/DOCTOR.md.
+validation texts, plus the verdicts the AttentionMonitor stored at every validation while the run trained (in the
+checkpoint and in the run's last.ckpt beside it: a parameter that never learned, a model that never learned), and
+whether the checkpoint itself answers better than a constant (not-learning, once trained past its first
+epochs). Prints each finding with the figures behind it, its likely cause and what to try, and writes a one-page
+HTML report (the verdicts, every head's map of two texts on one 0-1 scale titled with its verdict, the figures, the
+training history). The verdict table: docs/DOCTOR.md.
 
 The data are those the checkpoint recorded (dataset, files, columns); --data.* replaces them, as in train.py.
 Exit status: 0 no warning, 1 a warning here or at any stored validation (a bug class: guard a CI job with it), 2

@@ -2,7 +2,7 @@
 tests/test_planted_bugs.py).
 
     python -m bench.bugs            # lists the catalogue: name, expected verdict, kinds, what the bug does
-    python -m bench.bugs --docs docs/DOCTOR.md    # writes it, and monitor/doctor.py's VERDICTS, into the docs
+    python -m bench.bugs --docs docs/DOCTOR.md    # writes it, and the checks' verdicts (monitor/units.py), into the docs
 
 A bug is a small function registered by name with the verdict the doctor should give. It plants itself through a
 `Plant`, from outside the product code (nothing in model/, training/, monitor/ or inference/ knows about it):
@@ -510,7 +510,7 @@ def bug_table_markdown() -> str:
 
 def doc_tables(text: str) -> str:
     """docs/DOCTOR.md's text with its generated tables (the verdicts, the bugs) made anew between their markers."""
-    from monitor.doctor import verdict_reference_markdown
+    from monitor.units import verdict_reference_markdown
 
     for name, table in (("verdict", verdict_reference_markdown), ("bug", bug_table_markdown)):
         start, end = f"<!-- {name} table: python -m bench.bugs --docs docs/DOCTOR.md -->", f"<!-- end of {name} table -->"

@@ -6,12 +6,14 @@ public report or a textbook, written without reading the doctor's checks or the 
 They plant themselves through bench.bugs' Plant only (network settings, replacements of attention(), edits of the
 built module and its layers), so nothing in the product code knows about them. `expects` is None for all of them:
 any warning is right, silence is wrong. Each docstring's first paragraph says what the bug does, its `Source:` line
-where such a mistake is reported. In four parts, in this order: the formula, the masks, the network around attention,
-the optimizer and training loop.
+where such a mistake is reported. In five parts, in this order: the formula, the masks, the network around attention,
+the optimizer and training loop, and runs that stay at chance (the labels, the schedule, the model validated, the
+loss).
 
 A few need more than one head to mean anything (a head order cannot be wrong with one head); their docstrings say so.
 """
 
+import copy
 import math
 from functools import partial
 
@@ -464,3 +466,124 @@ def zero_grad_after_backward(plant):
     https://velog.io/@rhss10/기본-optimizer.zerograd는-어디에-넣어주어야-할까
     """
     plant.module(lambda module: setattr(module, "on_after_backward", lambda: module.optimizers().zero_grad()))
+
+
+# ---- runs stuck at chance: the labels, the schedule, the model validated, the loss --------------------------------
+
+
+def edit_batches(plant: Plant, change, training: bool) -> None:
+    """Every batch of training (training=True) or of validation becomes change(module, batch) once on its device,
+    before the step and the callbacks read it (the module's on_after_batch_transfer hook)."""
+
+    def edit(module):
+        def on_after_batch_transfer(batch, dataloader_idx=0):
+            trainer = module.trainer
+            return change(module, batch) if (trainer.training if training else trainer.validating) else batch
+
+        module.on_after_batch_transfer = on_after_batch_transfer
+
+    plant.module(edit)
+
+
+@bug(group="heldout")
+def training_labels_out_of_step(plant):
+    """The training labels one text behind their texts: texts and labels read from two lists, one of them shifted by
+    one (a header row dropped from one file only, or the two shuffled apart), so a text's label is its neighbour's.
+
+    Source: https://github.com/udacity/sdc-issue-reports/issues/1326 (features and labels shuffled in different
+    orders), https://github.com/dennybritz/cnn-text-classification-tf/issues/136
+    """
+    edit_batches(plant, lambda module, batch: batch | {"labels": batch["labels"].roll(1, 0)}, training=True)
+
+
+@bug(group="heldout")
+def validation_labels_other_mapping(plant):
+    """The validation split's labels numbered by another mapping than the training split's (the classes in the
+    reverse order: one split numbered by first appearance, the other alphabetically), so the model is scored on
+    classes it was not taught.
+
+    Source: https://github.com/uzh-rpg/rpg_event_representation_learning/issues/2 (train and test label mappings
+    inconsistent), https://github.com/open-mmlab/mmdetection/issues/2361 (category ids differing between the train
+    and the validation file)
+    """
+
+    def renumbered(module, batch):
+        labels = batch["labels"]
+        if labels.ndim == 2:  # several labels a text: the label columns in the reverse order
+            return batch | {"labels": labels.flip(-1)}
+        return batch | {"labels": len(module.label_names) - 1 - labels}
+
+    edit_batches(plant, renumbered, training=False)
+
+
+@bug(group="heldout")
+def cosine_schedule_in_epochs(plant):
+    """The warm-up and cosine schedule sized in epochs (trainer.max_epochs) but stepped after every batch
+    ("interval": "step"): the learning rate reaches 0 after max_epochs optimizer steps and stays there.
+
+    Source: https://github.com/sthalles/SimCLR/issues/8 (CosineAnnealingLR's T_max and where scheduler.step() is
+    called), https://github.com/skorch-dev/skorch/issues/610, https://github.com/pytorch/pytorch/issues/11210
+    """
+
+    def edit(module):
+        configure = module.configure_optimizers
+
+        def configure_optimizers():
+            result = configure()
+            optimizer = result["optimizer"]
+            total = max(1, module.trainer.max_epochs)  # epochs, where the schedule counts optimizer steps
+            warmup = max(1, int(module.hparams.warmup_fraction * total))
+
+            def schedule(step):
+                if step < warmup:
+                    return (step + 1) / warmup
+                return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+        module.configure_optimizers = configure_optimizers
+
+    plant.module(edit)
+
+
+@bug(group="heldout")
+def weight_average_never_updated(plant):
+    """A weight average (EMA) of the trained network kept for validation and prediction, whose update after each
+    optimizer step is never called: the model validated and saved stays at its random start while the one trained
+    learns.
+
+    Source: https://github.com/pengzhiliang/MAE-pytorch/issues/31 (the EMA weights and the model evaluated not the
+    same), https://github.com/lucidrains/DALLE2-pytorch/issues/131 (an EMA model that "refuses to learn")
+    """
+
+    def edit(module):
+        if module._online is None:  # the run as configured keeps no average: add one, as ema_decay would
+            module.hparams["ema_decay"] = 0.999
+            module._online = copy.deepcopy(module.model)
+        module.update_average = lambda: None
+
+    plant.module(edit)
+
+
+@bug(group="heldout")
+def loss_on_probabilities(plant):
+    """The loss written as F.cross_entropy(logits.softmax(-1), y): cross_entropy applies its own log-softmax, so it
+    is fed probabilities. Its gradient is small, and it can never fall below log(1 + (C - 1)/e) (0.31 for two
+    classes).
+
+    Source: https://github.com/ariecattan/SciCo/issues/2 ("Double-softmax in validation loss"),
+    https://github.com/gitabcworld/MatchingNetworks/issues/5, https://github.com/tflearn/tflearn/pull/562
+    """
+
+    def edit(module):
+        loss = module.loss
+
+        def on_probabilities(logits, targets, **settings):
+            if module.hparams.multi_label:
+                return loss(logits.sigmoid(), targets, **settings)
+            return F.cross_entropy(logits.softmax(-1), targets, reduction="none", **settings)
+
+        module.loss = on_probabilities
+
+    plant.module(edit)

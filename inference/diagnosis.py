@@ -26,12 +26,13 @@ from data.tokenizer import pad
 from inference.classifier import TextClassifier
 from inference.splits import SPLIT_KEYS
 from inference.verdicts import monitor_history
-from data.checkpoint import CheckpointError, open_checkpoint
+from data.checkpoint import CheckpointError, open_checkpoint, read_checkpoint
 from data.files import describe
-from monitor.checks import SAMPLE_TEXTS, model_checks
-from monitor.contract import contract_checks, formula_settings
-from monitor.doctor import Finding, diagnose, figure_table_markdown, head_titles, verdict_table_markdown, warnings
+from monitor.checks import SAMPLE_TEXTS
+from monitor.doctor import (NOT_LEARNING_TEXTS, Finding, figure_table_markdown, head_titles, not_learning,
+                            verdict_table_markdown, warnings)
 from monitor.health import AttentionHealth, HealthFigures
+from monitor.units import Subject, examine
 from monitor.views import stacked_layers
 
 MAPS = 2  # validation texts drawn in the report
@@ -47,6 +48,7 @@ class Diagnosis:
     history: list[dict] = field(default_factory=list)  # the monitor's, from the checkpoint: {"step", "epoch", …}
     maps: list[tuple[list[str], list]] = field(default_factory=list)  # (tokens, one AttentionWeights per layer)
     notes: list[str] = field(default_factory=list)  # about the data read (data_changes)
+    history_files: list[Path] = field(default_factory=list)  # where the history was read: it, and the run's last.ckpt
 
     @property
     def warnings(self) -> list[Finding]:
@@ -136,24 +138,67 @@ def stored_history(checkpoint: dict) -> list[dict]:
     verdict this version does not know is a note); CheckpointError (one line) when it is not a history at all."""
     try:
         return [entry | {"step": int(entry["step"]), "epoch": int(entry["epoch"]),
-                         "findings": [Finding.from_dict(f) for f in entry["findings"]]}
+                         "findings": [Finding.from_dict(f) for f in entry["findings"]],
+                         "figures": {str(name): float(value) for name, value in (entry.get("figures") or {}).items()}}
                 for entry in monitor_history(checkpoint)]
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"its AttentionMonitor history is not in a form this version reads ({describe(e)})"
                               ) from None
 
 
+def run_history(path: Path, checkpoint: dict) -> tuple[list[dict], list[Path]]:
+    """Every validation the run logged: the checkpoint's own history, joined by that of the run's last.ckpt beside
+    it (saved after every epoch, so it holds the validations after a best checkpoint was saved), when it is of the
+    same network. Returns (the entries by step, the files they were read from)."""
+    def read(source: Path, stored: dict) -> list[dict]:
+        try:
+            return stored_history(stored)
+        except CheckpointError as e:
+            raise CheckpointError(f"{source}: {e}") from None
+
+    history, sources = read(path, checkpoint), [path]
+    last = path.parent / "last.ckpt"
+    if last.is_file() and last.resolve() != path.resolve():
+        later = read_checkpoint(last)
+        network = (checkpoint.get("hyper_parameters") or {}).get("network")
+        if (later.get("hyper_parameters") or {}).get("network") == network:  # else another run's file
+            seen = {(entry["epoch"], entry["step"]) for entry in history}
+            history += [entry for entry in read(last, later) if (entry["epoch"], entry["step"]) not in seen]
+            sources.append(last)
+    return sorted(history, key=lambda entry: (entry["step"], entry["epoch"])), sources
+
+
+def own_not_learning(checkpoint: dict, history: list[dict], logits: list, labels: list, others) -> list[Finding]:
+    """not-learning judged on the checkpoint itself: its balanced accuracy on the validation sample (one label a
+    text) against a constant answer's 1 / classes, when it was saved at an epoch and step the rule judges and the
+    sample holds NOT_LEARNING_TEXTS texts of two classes or more; the training loss of its step from the history."""
+    if not logits or labels[0].ndim != 1:
+        return []
+    predicted, truth = torch.cat(logits).argmax(-1).cpu(), torch.cat(labels).cpu()
+    if len(truth) < NOT_LEARNING_TEXTS:
+        return []
+    counts = torch.bincount(truth, minlength=int(truth.max()) + 1)
+    hits = torch.bincount(truth[predicted == truth], minlength=len(counts))
+    step, epoch = int(checkpoint.get("global_step", 0)), int(checkpoint.get("epoch", 0))
+    training = next((entry["figures"] for entry in reversed(history) if entry["step"] <= step and entry["figures"]),
+                    {})
+    figures = {"train_loss": training.get("train_loss", math.nan), "prior_loss": training.get("prior_loss", math.nan),
+               "balanced_accuracy": (hits / counts)[counts > 0].double().mean().item(),
+               "classes_seen": int((counts > 0).sum()), "epoch": epoch, "step": step}
+    found = not_learning(figures, others, f"this checkpoint (epoch {epoch}, step {step}) on {len(truth)} validation "
+                                          "texts")
+    return [found] if found else []
+
+
 @torch.no_grad()
 def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch_size: int = 64, device="cpu",
                         progress=lambda batches: batches, before=lambda path, settings: None) -> Diagnosis:
-    """Every check of the attention doctor on a checkpoint (a run folder stands for its best checkpoint).
+    """Every check of the attention doctor on a checkpoint (a run folder stands for its best checkpoint), with every
+    validation the run logged (run_history) and not-learning judged on the checkpoint's own predictions.
     progress wraps the iterable of batches (a progress bar); before(checkpoint path, data settings) is called before
     any data is read (diagnose.py refuses its report's target there)."""
     path, checkpoint = open_checkpoint(path)
-    try:
-        history = stored_history(checkpoint)
-    except CheckpointError as e:
-        raise CheckpointError(f"{path}: {e}") from None
+    history, sources = run_history(path, checkpoint)
     classifier = TextClassifier.from_checkpoint(path, device=device, checkpoint=checkpoint)
     model, config = classifier.model, classifier.model.config
     try:
@@ -172,22 +217,25 @@ def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch
         batches.append({"input_ids": input_ids.to(device), "padding_mask": padding_mask.to(device),
                         "labels": torch.tensor([labels[i] for i in chosen], device=classifier.device)})
     health = AttentionHealth(rows_per_batch=None, causal=config.causal)
+    logits = []
     for batch in progress(batches):
         output = model(batch["input_ids"], batch["padding_mask"], need_weights=True)
         health.update(output.attention, batch["padding_mask"])
+        logits.append(output.logits.float())
     figures = health.compute()
-    # The model checks on a spread of the sample's batches (short and long texts alike).
+    # The model checks on a spread of the sample's batches (short and long texts alike), the contract on all.
     step = max(1, len(batches) * batch_size // SAMPLE_TEXTS)
-    checks = model_checks(model, batches[::step])
-    checks |= contract_checks(model, batches) | formula_settings(config)
-    checks["optimizer"] = stored_optimizer_differences(checkpoint)
-    findings = diagnose(figures, checks, None, config)
+    subject = Subject(model=model, sample=batches[::step], figures=figures, config=config, batches=batches,
+                      measured={"optimizer": stored_optimizer_differences(checkpoint)})
+    _, findings = examine(subject)  # every registered check (monitor/units.py), as the monitor runs them
+    findings = own_not_learning(checkpoint, history, logits, [b["labels"] for b in batches], findings) + findings
     picks = [order[round(q * (len(order) - 1))] for q in (0.5, 0.75)][:MAPS]
     maps = []
     for i in dict.fromkeys(picks):
         output = model(torch.tensor([ids[i]], device=classifier.device), None, need_weights=True)
         maps.append((tokens[i], [layer for layer in output.attention]))
-    return Diagnosis(path, settings, len(sample), figures, findings, history, maps, data_changes(checkpoint, settings))
+    return Diagnosis(path, settings, len(sample), figures, findings, history, maps,
+                     notes=data_changes(checkpoint, settings), history_files=sources)
 
 
 def stored_optimizer_differences(checkpoint: dict) -> list[dict]:
@@ -227,7 +275,8 @@ def text_report(diagnosis: Diagnosis) -> str:
     if not diagnosis.findings:
         lines.append("  ok      every check passed")
     if diagnosis.history:
-        lines.append("training history (the monitor's verdicts at each validation):")
+        lines.append("training history (the monitor's verdicts at each validation, read from "
+                     f"{', '.join(map(str, diagnosis.history_files or [diagnosis.checkpoint]))}):")
         for entry in diagnosis.history:
             notes = sorted({f.verdict for f in entry["findings"] if f.severity == "note"})
             lines.append(f"  epoch {entry['epoch']:>3} step {entry['step']:>6}: warnings: {warned(entry) or 'none'}"

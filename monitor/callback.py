@@ -10,8 +10,8 @@ At the end of every validation epoch (never during the sanity check, whose model
     attention_health/weights/layer<l>           a uniform sample of the attention weights (histogram)
     attention_health/verdicts                   the findings (monitor/doctor.py) and the figures, markdown (text)
 and one `logging` warning per warning-finding (its figures, likely cause and what to try); notes at INFO. Each
-pass's findings are appended to `history` ({"step", "epoch", "findings"}), which the checkpoint keeps (state_dict,
-plain dicts) for diagnose.py.
+pass's findings are appended to `history` ({"step", "epoch", "findings", "figures": the training figures not-learning
+reads}), which the checkpoint keeps (state_dict, plain dicts) for diagnose.py.
 
 The health figures come from the validation pass itself: while the monitor is attached, `validation_step` asks
 the network to hand out the weights and scores its layers computed for that batch (no second forward pass, no
@@ -32,17 +32,19 @@ from data.datamodule import collate
 from data.tokenizer import UNK_ID
 from model.config import ConfigError
 from model.errors import check_whole_number
-from monitor.checks import SAMPLE_TEXTS, forward_passes, model_checks
-from monitor.contract import contract_checks, formula_settings, optimizer_differences
-from monitor.doctor import (SHOWN_FIGURES, Finding, diagnose, figure_table_markdown, head_titles,
-                            verdict_table_markdown)
+from monitor.checks import SAMPLE_TEXTS, forward_passes
+from monitor.contract import optimizer_differences
+from monitor.doctor import SHOWN_FIGURES, Finding, figure_table_markdown, head_titles, verdict_table_markdown
 from monitor.dynamics import TrainingDynamics
 from monitor.health import ROWS_PER_BATCH, AttentionHealth
+from monitor.units import Subject, examine
+from monitor.loss_contract import LossContract
 from monitor.heatmap import PLAIN_TEXT, attention_figure, freeze, panel_title, redraw, shown_weights
 from monitor.views import stacked_layers
 
 log = logging.getLogger(__name__)
 
+LEARNING_FIGURES = ("train_loss", "prior_loss", "balanced_accuracy", "classes_seen")  # kept in the history
 CHECK_SHARE, MIN_CHECK_TEXTS = 0.02, 16  # the model checks' share of the training work, and their fewest texts
 MAX_PROBES, MAX_TOKENS = 64, 256  # probe heatmaps drawn per validation, tokens across one (bounds on figure memory)
 TITLE_CHARACTERS = 70
@@ -115,6 +117,7 @@ class AttentionMonitor(Callback):
         self.warn, self.warn_from_epoch = warn, warn_from_epoch
         self.health = AttentionHealth(rows_per_batch=health_rows)
         self.dynamics = TrainingDynamics()
+        self.loss_contract = LossContract()
         self.check_batches = []  # the validation sample the model checks run on, gathered during the pass
         self.check_limit = check_texts
         self.findings: list[Finding] = []  # the latest validation pass's findings
@@ -295,27 +298,33 @@ class AttentionMonitor(Callback):
         figures = self.figures = self.health.compute()
         self.health.reset()
         network = pl_module.model
-        # The checks need a classifier's loss: a pretraining network has no labels to lose.
+        # The checks that run the model need a classifier's loss: a pretraining network has no labels to lose.
         classifier = getattr(pl_module, "label_names", None) is not None and hasattr(network, "head")
-        checks = model_checks(network, self.check_batches) if classifier and self.check_batches else {}
-        if classifier and self.check_batches:
-            checks |= contract_checks(network, self.check_batches)
-        checks |= formula_settings(getattr(network, "config", None))
+        measured = {}
         configured = getattr(pl_module, "configured_optimizer", None)
         if configured is not None and trainer.state.fn == "fit" and trainer.optimizers:
             trained, settings = configured()
-            checks["optimizer"] = optimizer_differences(trained, trainer.optimizers, settings)
-        self.check_batches = []
+            measured["optimizer"] = optimizer_differences(trained, trainer.optimizers, settings)
         dynamics = self.dynamics.summary()
+        if dynamics:
+            dynamics["loss"] = self.loss_contract.summary()
         if dynamics and self.seen:
             dynamics |= {"epoch": trainer.current_epoch, "step": trainer.global_step,
                          "val_accuracy": self.correct / self.seen,
                          "majority_rate": float(self.val_labels.max()) / self.seen,
                          "balanced_accuracy": (self.val_hits / self.val_labels)[self.val_labels > 0].mean().item(),
                          "classes_seen": int((self.val_labels > 0).sum())}
-        self.findings = diagnose(figures, checks, dynamics, getattr(network, "config", None))
+        sample = self.check_batches if classifier and self.check_batches else None
+        subject = Subject(model=network if sample else None, sample=sample, figures=figures, dynamics=dynamics,
+                          config=getattr(network, "config", None), measured=measured)
+        measured_by_check, self.findings = examine(subject)  # every registered check (monitor/units.py)
+        checks = {name: value for each in measured_by_check.values() for name, value in each.items()}
+        self.check_batches = []
         step = trainer.global_step
-        self.history.append({"step": step, "epoch": trainer.current_epoch, "findings": self.findings})
+        # The training figures go with the findings: diagnose.py reads a checkpoint's not-learning cause from them.
+        learning = {name: float(dynamics[name]) for name in LEARNING_FIGURES if name in dynamics}
+        self.history.append({"step": step, "epoch": trainer.current_epoch, "findings": self.findings,
+                             "figures": learning})
         self.log_scalars(trainer, figures, checks, dynamics)
         writer = self.tensorboard(trainer)
         if writer is not None:
@@ -377,12 +386,17 @@ class AttentionMonitor(Callback):
 
     def on_train_start(self, trainer, pl_module):
         self.dynamics.watch(pl_module)
+        self.loss_contract.watch(pl_module)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.loss_contract.before_batch()
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         self.dynamics.gradients()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.dynamics.update(outputs, trainer.global_step, len(batch["input_ids"]))
+        self.loss_contract.after_batch(outputs, batch, trainer.accumulate_grad_batches)
         config = getattr(pl_module.model, "config", None)
         if "labels" in batch and getattr(pl_module, "label_names", None) is not None and config is not None:
             self.dynamics.count_labels(batch["labels"], config.num_classes)

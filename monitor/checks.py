@@ -64,8 +64,7 @@ def model_checks(model, batches: list[dict]) -> dict:
 
 def forward_passes(model) -> int:
     """Forward passes model_checks makes over its texts: the base loss, one per head zeroed, the second identical
-    pass, and two each for the order check (a kind that is order-blind: full attention, not causal) and the
-    position check."""
+    pass, and two each for the order check (kinds that say they are order-blind) and the position check."""
     config = model.config
     order = 2 if attention_kind(config.attention).order_blind(config) else 0
     position = 2 if getattr(model, "position_embedding", None) is not None else 0

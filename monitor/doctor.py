@@ -1,10 +1,11 @@
 """The attention doctor: verdicts that name a cause and a fix, each backed by the figures that led to it.
 
-`VERDICTS` is the one table (verdict → severity, rule, likely cause, what to try); docs/DOCTOR.md prints it with the
-figures measured on healthy runs and on planted bugs that set each threshold. `diagnose()` turns one validation
-pass's figures (monitor/health.py: what the layers computed, against the batch's own lengths), the model checks
-on a validation sample (monitor/checks.py: heads zeroed one at a time, tokens shuffled, the weights' own head
-slices) and the training dynamics (loss, update/weight ratio per optimizer step) into Findings.
+`VERDICTS` is the one table (verdict → severity, rule, likely cause, what to try); the checks of monitor/units.py
+claim its verdicts (and add their own to it), and docs/DOCTOR.md prints it from them, with the figures measured on
+healthy runs and on planted bugs that set each threshold. `diagnose()`, the built-in "verdicts" check, turns one
+validation pass's figures (monitor/health.py: what the layers computed, against the batch's own lengths), the
+model checks on a validation sample (monitor/checks.py: heads zeroed one at a time, tokens shuffled, the weights'
+own head slices) and the training dynamics (loss, update/weight ratio per optimizer step) into Findings.
 
 A warning is a bug class: something the figures show a working layer cannot do (weight on padding, rows that do
 not sum to one, every head's scores far below any initialised layer's). A note is information: a head that
@@ -16,6 +17,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from monitor.health import HealthFigures
+from monitor.loss_contract import LOSS_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ CHANCE_MARGIN = 0.01  # ... or validation balanced accuracy (mean recall of the 
 NOT_LEARNING_EPOCH = 2  # ... at a validation of this epoch (from 0) or later: a healthy slow start is past by then
 NOT_LEARNING_STEPS = 200  # ... and of this optimizer step or later: epochs cut short (limit_train_batches) reach
 # epoch 2 within a few dozen steps; healthy no-config IMDB runs of 40-batch epochs were at 0.55-0.65 at step 120
+NOT_LEARNING_TEXTS = 100  # diagnose.py judges a checkpoint's own balanced accuracy on at least this many texts: a
+# model at 0.65 falls to the chance line (0.51 with two classes) on 100 texts about once in 400 draws (3 sd)
 
 VERDICTS: dict[str, Verdict] = {
     "padding-leak": Verdict(
@@ -158,6 +162,16 @@ VERDICTS: dict[str, Verdict] = {
         "parameter groups built by hand (layer-wise rates), or a run resumed with other settings",
         "build the optimizer from the configured model.lr and model.weight_decay (training/module.py "
         "adamw_with_warmup); change settings in the config, not in the running module"),
+    "loss-broken": Verdict(
+        "warning", f"the loss a training step used differs by ≥ {LOSS_TOLERANCE:g} (relative) from its definition "
+        "recomputed on the step's own logits and labels (cross-entropy of the logits for one label a text, binary "
+        "cross-entropy of the logits for several, with the run's class weights, label smoothing and distillation), "
+        "or the logits are probabilities already; the form it matches is named",
+        "the loss is not the one the figures say: cross_entropy fed probabilities (softmax applied twice: its "
+        "gradient is small and it cannot fall below log(1 + (C − 1)/e)), a sum where a mean is meant (the learning "
+        "rate grows with the batch), a log left out",
+        "give cross_entropy the raw logits (no softmax before it, none at the end of the network), reduction "
+        "\"mean\"; softmax only where probabilities are shown"),
     "invariance-broken": Verdict(
         "warning", f"a prediction moves by ≥ {INVARIANCE:g} when its text's batch is padded further (padding) or "
         "when the text is run alone instead of with its batch (neighbours)",
@@ -167,10 +181,14 @@ VERDICTS: dict[str, Verdict] = {
     "not-learning": Verdict(
         "warning", f"from epoch {NOT_LEARNING_EPOCH} and step {NOT_LEARNING_STEPS}: the training loss ≥ {PRIOR_LOSS:g} × "
         f"the entropy of the class prior (guessing the prior), or validation balanced accuracy within {CHANCE_MARGIN:g} of "
-        "a constant answer's (1 / classes seen; judged when the validation texts hold more than one class)",
-        "the model does not learn: see the other warnings (formula-broken, weight-not-learning) for the cause; "
-        "without them, the learning rate or the data",
-        "read the contract warnings first; then check the labels and the learning rate"),
+        "a constant answer's or below it (1 / classes seen; judged when the validation texts hold more than one class; "
+        f"diagnose.py also judges the checkpoint itself on ≥ {NOT_LEARNING_TEXTS} texts). The cause is read from the "
+        "figures: other warnings of the same pass → those; a training loss below guessing while validation stays at "
+        "chance → the model validated is not the one trained, or the splits' labels disagree; both flat → the "
+        "learning rate, the schedule, the optimizer, or training labels out of step with their texts",
+        "the model does not learn: the finding's detail names the cause its figures point to",
+        "read the contract warnings first; then compare the model trained with the one validated and both splits' "
+        "labels, or the learning rate and its schedule over the steps actually taken"),
     "computes-formula": Verdict(
         "note", f"every stage of the layer matches its kind's definition recomputed from its own input and weights "
         f"(largest difference < {FORMULA_TOLERANCE:g})",
@@ -253,7 +271,8 @@ def diagnose(figures: HealthFigures | None, checks: dict | None = None, dynamics
     findings = model_findings(checks or {}, dynamics or {}, config) + contract_findings(checks or {}, dynamics or {},
                                                                                        config)
     if figures is None or figures.rows == 0:
-        return findings + [Finding("no-data", None, None, {})]
+        stuck = not_learning(dynamics or {}, findings)
+        return findings + [stuck] * bool(stuck) + [Finding("no-data", None, None, {})]
     if not all(math.isfinite(v) for layer in range(len(figures.entropy))
                for v in figures.row_sum_error[layer, : figures.heads_of(layer)].tolist()):
         findings.append(Finding("something-wrong", None, None, {"row_sum_error": math.nan}))
@@ -263,6 +282,8 @@ def diagnose(figures: HealthFigures | None, checks: dict | None = None, dynamics
         bug_layers |= {layer} if layer_findings else set()
         findings += layer_findings
     findings += head_notes(figures, checks or {}, bug_layers)
+    stuck = not_learning(dynamics or {}, findings)
+    findings += [stuck] if stuck else []
     return sorted(findings, key=lambda f: f.severity != "warning")
 
 
@@ -315,6 +336,11 @@ def contract_findings(checks: dict, dynamics: dict, config) -> list[Finding]:
     if factor >= SCALE_FACTOR or factor <= 1 / SCALE_FACTOR:
         found.append(Finding("formula-setting", None, None, {"scale_factor": factor, "scale": checks["scale"]},
                              f"--model.network.scale {checks['scale']:g} is {factor:.3g} × 1/√d_k"))
+    loss = dynamics.get("loss") or {}
+    if loss:
+        found.append(Finding("loss-broken", None, None, {"loss_difference": loss["difference"],
+                                                          "loss_used": loss["used"], "loss_defined": loss["expected"]},
+                             loss["how"]))
     for name, reason in dynamics.get("parameters", {}).items():
         found.append(Finding("weight-not-learning", None, None, {}, f"{name}: {reason}"))
     for name, delta in checks.get("invariance", {}).items():
@@ -323,17 +349,40 @@ def contract_findings(checks: dict, dynamics: dict, config) -> list[Finding]:
                                  {"padding": "padding the batch further changes predictions",
                                   "neighbours": "a text alone is predicted otherwise than with its batch"}.get(name,
                                                                                                               name)))
-    if dynamics.get("epoch", -1) >= NOT_LEARNING_EPOCH and dynamics.get("step", math.inf) >= NOT_LEARNING_STEPS:
-        loss, prior = dynamics.get("train_loss", math.nan), dynamics.get("prior_loss", math.nan)
-        balanced, classes = dynamics.get("balanced_accuracy", math.nan), dynamics.get("classes_seen", 0)
-        # Balanced, not plain accuracy: a validation sample that is mostly one class (a pass cut short on a file
-        # sorted by label, or imbalanced data) puts a learning model's accuracy near the majority rate. Texts of one
-        # class only say nothing about telling classes apart.
-        if loss >= PRIOR_LOSS * prior or (classes >= 2 and balanced <= 1 / classes + CHANCE_MARGIN):
-            found.append(Finding("not-learning", None, None, {"train_loss": loss, "prior_loss": prior,
-                                                               "balanced_accuracy": balanced,
-                                                               "classes_seen": classes}))
     return found
+
+
+def not_learning(figures: dict, others: list[Finding], where: str = "") -> Finding | None:
+    """The not-learning rule on one validation's figures ({"epoch", "step", "train_loss", "prior_loss",
+    "balanced_accuracy", "classes_seen"}; a missing one is not judged), its cause read from them and from the other
+    warnings of the same pass (`others`). where: how the figures were taken, said in the finding's detail."""
+    if not (figures.get("epoch", -1) >= NOT_LEARNING_EPOCH and figures.get("step", math.inf) >= NOT_LEARNING_STEPS):
+        return None
+    loss, prior = figures.get("train_loss", math.nan), figures.get("prior_loss", math.nan)
+    balanced, classes = figures.get("balanced_accuracy", math.nan), figures.get("classes_seen", 0)
+    # Balanced, not plain accuracy: a validation sample that is mostly one class (a pass cut short on a file
+    # sorted by label, or imbalanced data) puts a learning model's accuracy near the majority rate. Texts of one
+    # class only say nothing about telling classes apart.
+    flat = loss >= PRIOR_LOSS * prior
+    at_chance = classes >= 2 and balanced <= 1 / classes + CHANCE_MARGIN
+    if not (flat or at_chance):
+        return None
+    contract = list(dict.fromkeys(f.verdict for f in warnings(others) if f.verdict != "not-learning"))
+    if contract:
+        cause = f"the cause is what {', '.join(contract)} say{'s' * (len(contract) == 1)}"
+    elif at_chance and loss < PRIOR_LOSS * prior:
+        cause = ("the training loss fell below guessing the prior while validation stays at or below chance: the "
+                 "model validated is not the one trained, or the splits' labels disagree")
+    elif flat:
+        cause = ("the training loss stays at guessing the prior" + (" and validation at chance" if at_chance else "")
+                 + ": the learning rate, the schedule or the optimizer (or training labels out of step with the "
+                 "texts)")
+    else:  # at chance, and no training loss to read (a checkpoint without the monitor's history)
+        cause = ("validation at chance, no training loss recorded to tell the model validated from the one trained: "
+                 "check the learning rate, the schedule, the optimizer and both splits' labels")
+    numbers = {"train_loss": loss, "prior_loss": prior, "balanced_accuracy": balanced, "classes_seen": classes}
+    return Finding("not-learning", None, None, {name: float(value) for name, value in numbers.items()},
+                   f"{where}{'; ' * bool(where)}{cause}")
 
 
 def layer_warnings(figures: HealthFigures, layer: int, checks: dict) -> list[Finding]:
@@ -452,11 +501,4 @@ def figure_table_markdown(figures: HealthFigures) -> str:
         for head in range(figures.heads_of(layer)):
             values = figures.head(layer, head)
             lines.append(f"| {layer} | {head} | " + " | ".join(format_figure(values[n]) for n in names) + " |")
-    return "\n".join(lines)
-
-
-def verdict_reference_markdown() -> str:
-    """VERDICTS as docs/DOCTOR.md prints it (python -m bench.bugs --docs writes it there; a test compares)."""
-    lines = ["| verdict | severity | rule | likely cause | what to try |", "|---|---|---|---|---|"]
-    lines += [f"| `{name}` | {v.severity} | {v.rule} | {v.cause} | {v.fix} |" for name, v in VERDICTS.items()]
     return "\n".join(lines)

@@ -14,7 +14,8 @@
                     gradient reached it at the steps looked at (GRADIENT_STEPS after each validation), the optimizer
                     does not hold it, it did not move since the last validation, requires_grad is off (frozen by
                     design: the fixed position table of positions sinusoidal or none), or it is kept where the
-                    network does not register it (a module or tensor in a plain list, dict or tuple attribute)
+                    network does not register it (a module or tensor in a plain list, dict or tuple attribute); and
+                    the network validated (a weight average) when none of its weights followed the one trained
 
 Nothing is moved to the CPU per step: the sums stay tensors on the training device until `summary()`.
 """
@@ -31,6 +32,7 @@ class TrainingDynamics:
     def __init__(self):
         self.parameters, self.before, self.last_step = [], None, None
         self.named, self.held, self.frozen, self.hidden, self.start = {}, set(), set(), [], None
+        self.validated, self.validated_start = [], None  # the network validated, when it is not the one trained
         self.label_counts, self.labelled = None, 0  # over the whole run: the prior the loss is compared with
         self.loss_weights, self.multi_label, self.distillation = None, False, 0.0
         self.reset()
@@ -40,6 +42,7 @@ class TrainingDynamics:
         self.texts = 0  # training texts since the last summary
         self.gradient_steps, self.no_gradient = 0, None  # names with no gradient at every step looked at
         self.start = None if not self.named else [p.detach().clone() for p in self.named.values()]
+        self.validated_start = [p.detach().clone() for p in self.validated] or None
 
     def watch(self, pl_module) -> None:
         """The attention projections of the network the optimizer trains (`online_model` when there is one)."""
@@ -57,6 +60,9 @@ class TrainingDynamics:
         self.frozen = {name for name, p in self.named.items() if not p.requires_grad and name not in fixed}
         self.named = {name: p for name, p in self.named.items() if p.requires_grad}
         self.hidden = unregistered(network)
+        # A weight average (ema_decay) is validated and saved instead of the network trained: it must follow it.
+        validated = getattr(pl_module, "model", network)
+        self.validated = [] if validated is network else list(validated.parameters())
         # What the training loss is made of, so that guessing the prior is measured by the same loss.
         hparams = getattr(pl_module, "hparams", {})
         self.loss_weights = getattr(pl_module, "loss_weights", None)
@@ -132,8 +138,17 @@ class TrainingDynamics:
             found |= {name: "the optimizer does not hold it" for name, p in self.named.items() if id(p) not in self.held}
         found |= {name: "no gradient reaches it" for name in sorted(self.no_gradient or ())}
         if self.start is not None and self.ratios:  # at least one optimizer step since the last validation
-            found |= {name: "the optimizer never moved it" for (name, p), before in zip(self.named.items(), self.start)
-                      if name not in found and torch.equal(p.detach(), before)}
+            still = {name for (name, p), before in zip(self.named.items(), self.start)
+                     if torch.equal(p.detach(), before)}
+            # Not one parameter moved: the steps themselves were empty (a learning rate at 0, a schedule run out).
+            why = ("the optimizer never moved it, nor any other parameter: a learning rate of 0 (a schedule that has "
+                   "run out?)" if still and len(still) == len(self.named) else "the optimizer never moved it")
+            found |= {name: why for name in self.named if name in still and name not in found}
+            if self.validated_start and all(torch.equal(p.detach(), before)
+                                            for p, before in zip(self.validated, self.validated_start)):
+                found["model (the network validated and saved)"] = (
+                    "not one of its weights moved while the network trained did: the copy validated is never "
+                    "updated from the one trained (a weight average whose update is not called?)")
         return found
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import ROOT
+from data.checkpoint import CheckpointError
 from model.attention import AttentionWeights
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
@@ -305,3 +306,50 @@ def test_the_verdict_and_bug_tables_of_the_docs_are_made_from_verdicts_and_bugs(
 
     text = (ROOT / "docs" / "DOCTOR.md").read_text(encoding="utf-8")
     assert doc_tables(text) == text, "run: python -m bench.bugs --docs docs/DOCTOR.md"
+
+
+# --- not-learning: the rule, its cause read from the figures, and the whole run's history -------------------------
+
+LEARNING = {"epoch": 3, "step": 300, "prior_loss": 0.693, "classes_seen": 2}
+
+
+def test_not_learning_reads_its_cause_from_the_figures():
+    from monitor.doctor import not_learning
+
+    fell = not_learning(LEARNING | {"train_loss": 0.26, "balanced_accuracy": 0.48}, [])
+    assert "not the one trained" in fell.detail and "labels disagree" in fell.detail
+    flat = not_learning(LEARNING | {"train_loss": 0.69, "balanced_accuracy": 0.50}, [])
+    assert "learning rate, the schedule or the optimizer" in flat.detail
+    stuck = Finding("weight-not-learning", None, None, {}, "head.weight: the optimizer never moved it")
+    assert "weight-not-learning" in not_learning(LEARNING | {"train_loss": 0.69, "balanced_accuracy": 0.5},
+                                                 [stuck]).detail
+    assert not_learning(LEARNING | {"train_loss": 0.1, "balanced_accuracy": 0.9}, []) is None  # it learns
+    assert not_learning(LEARNING | {"epoch": 1, "train_loss": 0.69, "balanced_accuracy": 0.5}, []) is None  # too early
+    below = not_learning(LEARNING | {"train_loss": 0.2, "balanced_accuracy": 0.05}, [])  # below chance counts too
+    assert below is not None and "not the one trained" in below.detail
+
+
+def test_the_run_history_joins_the_last_checkpoint_of_the_same_run(tiny_checkpoint, tmp_path):
+    from inference.diagnosis import run_history
+
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    early = [{"step": 10, "epoch": 0, "findings": []}]
+    stuck = {"verdict": "not-learning", "layer": None, "head": None, "figures": {"balanced_accuracy": 0.5}}
+    later = early + [{"step": 300, "epoch": 3, "findings": [stuck], "figures": {"train_loss": 0.26}}]
+    best = with_history(tiny_checkpoint, early).rename(folder / "best-epoch0.ckpt")
+    checkpoint = torch.load(best, weights_only=True)
+    torch.save(checkpoint | {"callbacks": {"AttentionMonitor": {"history": later}}}, folder / "last.ckpt")
+    history, sources = run_history(best, checkpoint)
+    assert [entry["step"] for entry in history] == [10, 300] and sources == [best, folder / "last.ckpt"]
+    assert history[1]["findings"][0].verdict == "not-learning" and history[1]["figures"] == {"train_loss": 0.26}
+    assert run_history(folder / "last.ckpt", torch.load(folder / "last.ckpt", weights_only=True))[1] == [
+        folder / "last.ckpt"]  # the last checkpoint itself: read once
+
+    other = checkpoint | {"callbacks": {"AttentionMonitor": {"history": later}},
+                          "hyper_parameters": checkpoint["hyper_parameters"] | {"network": {"d_model": 8}}}
+    torch.save(other, folder / "last.ckpt")  # another run's file: left out
+    assert [entry["step"] for entry in run_history(best, checkpoint)[0]] == [10]
+    (folder / "last.ckpt").write_bytes(b"broken")
+    with pytest.raises(CheckpointError, match="last.ckpt"):
+        run_history(best, checkpoint)

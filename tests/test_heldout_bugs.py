@@ -22,7 +22,10 @@ HELDOUT = [entry for entry in BUGS.values() if entry.group == "heldout"]
 # Bugs that leave the forward pass as it is and act only through training: the optimizer never moves some weights,
 # or moves them wrongly.
 TRAINING = {"key-projection-detached", "heads-in-python-list", "query-requires-grad-off", "weight-decay-one",
-            "layer-decay-zero", "zero-grad-after-backward"}
+            "layer-decay-zero", "zero-grad-after-backward", "training-labels-out-of-step", "cosine-schedule-in-epochs",
+            "weight-average-never-updated", "loss-on-probabilities"}
+# Bugs that change neither the forward pass nor training: what validation reads.
+VALIDATION = {"validation-labels-other-mapping"}
 
 # Three texts of 8, 5 and 3 tokens (id 1 is [UNK], 0 [PAD]): padding, a token id equal to another tokenizer's padding
 # id, more than one window of the local kinds.
@@ -63,8 +66,9 @@ def evaluated(module, plant=None) -> torch.Tensor:
 
 
 def trained(module, plant=None) -> torch.Tensor:
-    """The logits after two optimizer steps on the tiny batch (a real Trainer: its hooks are what the bugs edit)."""
-    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+    """The logits after three optimizer steps on the tiny batch (a real Trainer: its hooks are what the bugs edit;
+    three, since a schedule sized for one step and one sized for two give the same first two learning rates)."""
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                         limit_val_batches=0)
     with plant.applied() if plant is not None else nullcontext():
@@ -75,7 +79,7 @@ def trained(module, plant=None) -> torch.Tensor:
 
 def cases(training: bool):
     return [pytest.param(entry, kind, id=f"{entry.name}-{kind}") for entry in HELDOUT
-            if (entry.name in TRAINING) == training for kind in entry.kinds]
+            if (entry.name in TRAINING) == training and entry.name not in VALIDATION for kind in entry.kinds]
 
 
 def test_heldout_bugs_are_registered_with_sources():
@@ -120,7 +124,7 @@ def test_training_bugs_leave_the_forward_pass_alone(entry, kind):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("entry", [entry for entry in HELDOUT if entry.name in TRAINING], ids=lambda e: e.name)
-def test_training_bugs_change_the_weights_two_steps_on(entry):
+def test_training_bugs_change_the_weights_three_steps_on(entry):
     kind = entry.kinds[0]
     healthy, _ = module_for(entry, kind, planted=False)
     again, _ = module_for(entry, kind, planted=False)
@@ -128,3 +132,80 @@ def test_training_bugs_change_the_weights_two_steps_on(entry):
     healthy_logits = trained(healthy)
     assert torch.equal(healthy_logits, trained(again))  # same seed, same numbers: a difference below is the bug's
     assert not torch.allclose(healthy_logits, trained(planted, plant), atol=1e-6, rtol=0)
+
+
+class SeenLabels(L.Callback):
+    """The labels of every batch as the steps and the callbacks receive them."""
+
+    def __init__(self):
+        self.labels = {"train": [], "val": []}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.labels["train"].append(batch["labels"].tolist())
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.labels["val"].append(batch["labels"].tolist())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", [entry for entry in HELDOUT if entry.name in VALIDATION], ids=lambda e: e.name)
+def test_validation_bugs_change_the_labels_validation_reads_and_nothing_else(entry):
+    def seen(planted: bool):
+        pl_module, plant = module_for(entry, entry.kinds[0], planted)
+        labels = SeenLabels()
+        trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                            callbacks=[labels])
+        with plant.applied():
+            trainer.fit(pl_module, train_dataloaders=DataLoader([BATCH], batch_size=None),
+                        val_dataloaders=DataLoader([BATCH], batch_size=None))
+        return labels.labels
+
+    healthy, planted = seen(False), seen(True)
+    assert healthy["train"] == planted["train"] == [BATCH["labels"].tolist()]
+    assert healthy["val"] == [BATCH["labels"].tolist()] and planted["val"] != healthy["val"]
+
+
+# ---- runs stuck at chance, and the loss fed probabilities: diagnose.py on the run folder ---------------------------
+# (On 3 short epochs the never-updated average's fixed random answers can land above the chance line; what names it
+# then is the contract: the network validated never moves while the one trained does.)
+
+STUCK = {  # bug → what the not-learning finding (or the warning) must say about its cause
+    "training-labels-out-of-step": ("not-learning", "stays at guessing the prior"),
+    "validation-labels-other-mapping": ("not-learning", "not the one trained"),
+    "cosine-schedule-in-epochs": ("not-learning", "weight-not-learning"),
+    "weight-average-never-updated": ("weight-not-learning", "the copy validated is never updated"),
+    "loss-on-probabilities": ("loss-broken", "softmax(logits)"),
+}
+
+
+@pytest.fixture(scope="module")
+def short_data(tmp_path_factory):
+    from bench.diagnosis import subset_files
+
+    # 1,200 texts in batches of 16: epoch 2 ends at step 225, past the step not-learning is judged from (200)
+    return subset_files("synthetic", 1200, tmp_path_factory.mktemp("stuck") / "data", validation_rows=200)
+
+
+def diagnosed_run(short_data, root, name):
+    from bench.diagnosis import SHIPPED, fit, run_args
+    from inference.diagnosis import diagnose_checkpoint
+
+    args = run_args(SHIPPED["synthetic"], *short_data, root, root / "cache", ["--data.batch_size", "16"], epochs=3)
+    fit(args, BUGS[name] if name else None)
+    return diagnose_checkpoint(root / "lightning_logs" / "version_0", texts=200)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(STUCK))
+def test_diagnose_on_the_run_folder_names_a_run_stuck_at_chance_and_its_cause(short_data, tmp_path, name):
+    verdict, cause = STUCK[name]
+    diagnosis = diagnosed_run(short_data, tmp_path, name)
+    told = [f for f in diagnosis.warnings if f.verdict == verdict]
+    assert told and cause in told[0].detail, [f.line() for f in diagnosis.warnings]
+
+
+@pytest.mark.slow
+def test_diagnose_on_a_healthy_short_run_gives_no_warning(short_data, tmp_path):
+    diagnosis = diagnosed_run(short_data, tmp_path, None)
+    assert diagnosis.warnings == [] and len(diagnosis.history) == 3
