@@ -238,3 +238,11 @@ def open_checkpoint(path) -> tuple[Path, dict]:
     """A classifier checkpoint file, or a run folder's best checkpoint, and its dict: found and read once."""
     path = Path(path)
     return best_in(path) if path.is_dir() else (path, read_checkpoint(path))
+
+
+def calibrated(logits: torch.Tensor, multi_label: bool, temperature: float) -> torch.Tensor:
+    """The probabilities every face gives, (B, C) of logits (B, C): a sigmoid per label (several labels a text), or
+    softmax(logits / temperature), the temperature fitted on validation (training/calibration.py)."""
+    if multi_label:
+        return logits.float().sigmoid()
+    return (logits.float() / temperature).softmax(dim=-1)

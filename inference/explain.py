@@ -37,7 +37,7 @@ from captum.attr import FeatureAblation, InputXGradient, IntegratedGradients
 from scipy.stats import spearmanr
 
 from data.tokenizer import UNK_ID
-from inference.classifier import calibrated
+from data.checkpoint import calibrated
 from inference.limits import IG_STEPS, IG_STEPS_DEFAULT
 from inference.texts import check_texts, length_is_lower_bound
 from model.kinds import attention_kind

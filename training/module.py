@@ -12,6 +12,7 @@ from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, MultilabelF1Score
 
 from data.checkpoint import stored_calibration
+from data.checkpoint import calibrated
 from data.labels import balanced_weights, class_counts, describe_counts, is_imbalanced
 from data.tokenizer import UNK_ID
 from model.classifier import AttentionClassifier
@@ -214,9 +215,7 @@ class ClassifierModule(L.LightningModule):
 
     def probabilities(self, logits):
         """Calibrated probabilities: sigmoid per label, or softmax of the logits divided by the temperature."""
-        if self.hparams.multi_label:
-            return logits.float().sigmoid()
-        return (logits.float() / self.temperature).softmax(-1)
+        return calibrated(logits, self.hparams.multi_label, self.temperature)
 
     def predict_step(self, batch, batch_idx):
         probabilities = self.probabilities(self(batch["input_ids"], batch["padding_mask"]).logits)
