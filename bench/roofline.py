@@ -210,9 +210,7 @@ class StepClock(Callback):
         self.last = time.perf_counter()  # starting or stopping busy programs is no part of any step
 
     def next_phase(self) -> None:
-        if self.busy_context is not None:
-            self.busy_context.__exit__(None, None, None)
-            self.busy_context = None
+        self.stop_busy_programs()
         self.phase_index, self.step_in_phase = self.phase_index + 1, 0
         if self.phase_index < len(self.phases):
             count = BUSY_PROGRAMS.get(self.phases[self.phase_index][0], 0)
@@ -221,10 +219,16 @@ class StepClock(Callback):
                 self.busy_context.__enter__()
                 time.sleep(0.2)  # let them start before the phase's first step
 
-    def teardown(self, trainer, pl_module, stage):
-        if self.busy_context is not None:  # the run ended early (an error, Ctrl-C)
+    def stop_busy_programs(self) -> None:
+        if self.busy_context is not None:
             self.busy_context.__exit__(None, None, None)
             self.busy_context = None
+
+    def on_exception(self, trainer, pl_module, exception):  # Ctrl-C or an error: Lightning's own handling first
+        self.stop_busy_programs()
+
+    def teardown(self, trainer, pl_module, stage):
+        self.stop_busy_programs()
 
     def on_train_end(self, trainer, pl_module):
         self.figures["inference_tokens_per_s"] = inference_tokens_per_s(pl_module.model, trainer.datamodule)
