@@ -37,11 +37,9 @@ import math
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -50,6 +48,7 @@ from lightning.pytorch import Callback
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench.common import CONFIGS, ROOT, read_config
+from bench.machine import bandwidth_gbs, busy_programs, matmul_gflops, median_seconds, sigterm_as_interrupt
 from model.threads import SETTING
 
 log = logging.getLogger("bench.roofline")
@@ -58,8 +57,6 @@ CONFIG = CONFIGS / "sst2.yaml"
 PARTS = ("data", "forward", "logging", "backward", "optimizer", "monitor", "rest")
 PHASES = ("warm-up", "quiet", "1 busy", "2 busy")
 BUSY_PROGRAMS = {"quiet": 0, "1 busy": 1, "2 busy": 2}
-# A busy program: a Python loop that also stops when the process that started it is gone (even after kill -9).
-BUSY_LOOP = "import os, sys\nparent = int(sys.argv[1])\nwhile os.getppid() == parent:\n    for _ in range(10**6): pass"
 FLOP_BATCHES = 8  # training batches whose FLOPs are counted (the mean is the floor's)
 
 
@@ -70,56 +67,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quick", action="store_true", help="100 steps a phase, 10 warm-up: about a minute")
     parser.add_argument("--smoke", action="store_true", help="configs/smoke.yaml, 6 steps a phase: does it run?")
     parser.add_argument("--no-busy", action="store_true", help="the quiet phase only")
-
-
-# ---- the machine ------------------------------------------------------------------------------------------------
-
-
-def median_seconds(work, repeats: int = 5, least: float = 0.05) -> float:
-    """Median seconds of work(), each timing repeating it until at least `least` seconds have passed."""
-    work()
-    times = []
-    for _ in range(repeats):
-        count, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < least or count == 0:
-            work()
-            count += 1
-        times.append(elapsed / count)
-    return statistics.median(times)
-
-
-def matmul_gflops(shapes: list[tuple[int, int, int]]) -> float:
-    """GFLOPS of F.linear over these (tokens, in, out) shapes together: 2·tokens·in·out each."""
-    tensors = [(torch.randn(t, i), torch.randn(o, i)) for t, i, o in shapes]
-    seconds = median_seconds(lambda: [F.linear(x, w) for x, w in tensors])
-    return sum(2 * t * i * o for t, i, o in shapes) / seconds / 1e9
-
-
-def bandwidth_gbs(megabytes: int = 256) -> float:
-    """GB/s of a large float copy (read + write), past every cache."""
-    source = torch.randn(megabytes * 2**20 // 4)
-    target = torch.empty_like(source)
-    return 2 * source.numel() * 4 / median_seconds(lambda: target.copy_(source), repeats=5) / 1e9
-
-
-# ---- busy programs --------------------------------------------------------------------------------------------------
-
-
-@contextmanager
-def busy_programs(count: int):
-    """`count` busy Python loops beside this process, stopped on leaving (an exception, Ctrl-C or SIGTERM too)."""
-    programs = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(os.getpid())]) for _ in range(count)]
-    try:
-        yield programs
-    finally:
-        for program in programs:
-            program.kill()
-        for program in programs:
-            program.wait()
-
-
-def sigterm_as_interrupt(signum, frame):
-    raise KeyboardInterrupt  # so that `finally` stops the busy programs when the bench is terminated
 
 
 # ---- the training run -------------------------------------------------------------------------------------------
@@ -140,10 +87,6 @@ class StepClock(Callback):
         self.inside = {}  # seconds spent in wrapped hooks since the last mark, by part
         self.last, self.current, self.phase_index, self.step_in_phase = None, None, 0, 0
         self.busy_context, self.figures = None, {}
-
-    @property
-    def total_steps(self) -> int:
-        return sum(steps for _, steps in self.phases)
 
     # what the monitor and the logger do is timed from inside their own methods
     def wrap(self, owner, name: str, part: str) -> None:
@@ -210,9 +153,7 @@ class StepClock(Callback):
         self.last = time.perf_counter()  # starting or stopping busy programs is no part of any step
 
     def next_phase(self) -> None:
-        if self.busy_context is not None:
-            self.busy_context.__exit__(None, None, None)
-            self.busy_context = None
+        self.stop_busy_programs()
         self.phase_index, self.step_in_phase = self.phase_index + 1, 0
         if self.phase_index < len(self.phases):
             count = BUSY_PROGRAMS.get(self.phases[self.phase_index][0], 0)
@@ -221,10 +162,16 @@ class StepClock(Callback):
                 self.busy_context.__enter__()
                 time.sleep(0.2)  # let them start before the phase's first step
 
-    def teardown(self, trainer, pl_module, stage):
-        if self.busy_context is not None:  # the run ended early (an error, Ctrl-C)
+    def stop_busy_programs(self) -> None:
+        if self.busy_context is not None:
             self.busy_context.__exit__(None, None, None)
             self.busy_context = None
+
+    def on_exception(self, trainer, pl_module, exception):  # Ctrl-C or an error: Lightning's own handling first
+        self.stop_busy_programs()
+
+    def teardown(self, trainer, pl_module, stage):
+        self.stop_busy_programs()
 
     def on_train_end(self, trainer, pl_module):
         self.figures["inference_tokens_per_s"] = inference_tokens_per_s(pl_module.model, trainer.datamodule)
@@ -290,9 +237,9 @@ class StepClock(Callback):
             label = {"quiet": "nothing", "1 busy": "1 busy program", "2 busy": "2 busy programs"}[name]
             lines.append(f"{label:<18} {ms:8.1f} {ms / (1000 * step):7.2f}×   "
                          + ("" if name == "quiet" else f"{worst} +{1000 * grown[worst]:.1f} ms"))
+            parts = {p: round(1000 * statistics.mean(r.get(p, 0.0) for r in records), 3) for p in PARTS}
             figures["phases"][name] = {"ms_per_step": round(ms, 2), "x_quiet": round(ms / (1000 * step), 3),
-                                       "ms_per_part": {p: round(1000 * statistics.mean(r.get(p, 0.0) for r in records), 3)
-                                                       for p in PARTS}}
+                                       "ms_per_part": parts}
         return "\n".join(lines), figures
 
 

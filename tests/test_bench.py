@@ -278,7 +278,7 @@ def test_ddp_bench_refuses_a_batch_two_ranks_cannot_halve(capsys):
 
 
 def test_the_roofline_benchs_busy_programs_stop_when_it_is_interrupted():
-    from bench.roofline import busy_programs
+    from bench.machine import busy_programs
 
     with pytest.raises(KeyboardInterrupt), busy_programs(2) as programs:
         assert [p.poll() for p in programs] == [None, None]  # running
@@ -299,7 +299,7 @@ def test_the_roofline_bench_splits_a_step_and_runs_beside_busy_programs():
     assert set(figures["phases"]) == {"quiet", "1 busy", "2 busy"} and figures["matmul_gflops"] > 0
     assert figures["inference_tokens_per_s"] > 0 and figures["make_train_estimate"]["seconds"]["quiet"] > 0
     assert "torch threads" in result.stderr  # the thread setting, logged
-    from bench.roofline import BUSY_LOOP
+    from bench.machine import BUSY_LOOP
 
     def command_line(path: Path) -> bytes:
         try:

@@ -51,6 +51,11 @@ def test_a_container_quota_caps_the_cores(tmp_path, monkeypatch):
     assert threads.available_cores(cpu_max) == (16, "the cores this process may run on")
 
 
+def test_this_test_process_got_the_setting_before_torch():
+    """conftest.py imports model.threads first: no pytest plugin loaded torch before it."""
+    assert not threads.SETTING.torch_first and os.environ["OMP_WAIT_POLICY"] == threads.SETTING.wait_policy
+
+
 def test_the_setting_is_logged_once(caplog, monkeypatch):
     monkeypatch.setattr(threads, "_logged", False)
     with caplog.at_level(logging.INFO, logger="model.threads"):
