@@ -5,8 +5,6 @@ import pytest
 
 import train
 
-pytestmark = pytest.mark.slow  # each builds train.py's whole parser (about 2 s on 2 cores)
-
 
 def refused(capsys, *args) -> str:
     with pytest.raises(SystemExit) as stop:
