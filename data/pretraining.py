@@ -53,8 +53,8 @@ class PretrainDataModule(TextDataModule):
         # TextDataModule saved its own arguments; these are the whole set (the cache key is made from them).
         self.save_hyperparameters()
 
-    def cache_path(self):
-        path = super().cache_path()
+    def cache_path(self, **chosen):
+        path = super().cache_path(**chosen)
         return path.with_name("pretrain-" + path.name)
 
     def _extra_files(self) -> list[str]:

@@ -137,10 +137,11 @@ def datamodule(tmp_path, **kwargs):
 def test_one_lock_file_beside_each_cache_file_and_nothing_else(tmp_path):
     datamodule(tmp_path).state, datamodule(tmp_path, vocab_size=30).state  # noqa: B018  (two cache keys)
     cache = tmp_path / "cache"
-    caches = sorted(p.stem for p in cache.glob("*.pt"))
+    caches = {p.stat().st_ino for p in cache.glob("*.pt")}  # each also linked under the sizes it chose
     assert len(caches) == 2
-    assert sorted(p.stem for p in cache.iterdir() if not p.name.endswith(".pt")) == caches  # <name>.lock each
-    assert all(p.suffix == ".lock" for p in cache.iterdir() if p.suffix != ".pt")
+    locked = [p.stem for p in cache.iterdir() if p.suffix == ".lock"]  # <name>.lock beside each cache file
+    assert len(locked) == 2 and {(cache / f"{stem}.pt").stat().st_ino for stem in locked} == caches
+    assert all(p.suffix in (".lock", ".pt") for p in cache.iterdir())
 
 
 def test_a_cache_dir_that_cannot_be_written_encodes_in_memory_with_a_warning(tmp_path, caplog):
