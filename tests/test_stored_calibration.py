@@ -147,3 +147,12 @@ def test_show_thresholds_on_a_one_label_model_is_one_line(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == "" and "has no thresholds" in captured.err and captured.err.count("\n") == 1
     assert model_info([path])["thresholds"] is None
+
+
+@pytest.mark.parametrize("settings", [{"temperature": math.nan}, {"temperature": math.inf}, {"temperature": 0.0},
+                                      {"thresholds": [0.5, 1.5]}, {"thresholds": [math.nan, 0.5]}, {"thresholds": [0.5]}])
+def test_the_api_constructor_takes_the_same_rule(settings):
+    classifier = tiny_classifier()
+    with pytest.raises(ValueError, match=r"need one threshold in \[0, 1\] a label and a temperature in \[0.01, 100\]"):
+        TextClassifier(classifier.model, classifier.tokenizer, ["neg", "pos"], device="cpu", multi_label=True,
+                       **settings)
