@@ -18,6 +18,7 @@ from data.tokenizer import CHARS_PER_TOKEN_BOUND, UNK_ID, cut, pad
 from data.checkpoint import (TEMPERATURE_RANGE, CheckpointError, network_weights, open_checkpoint, stored_calibration,
                              stored_label_names)
 from inference.limits import IG_STEPS_DEFAULT, PREDICT_BATCH
+from inference.probabilities import calibrated
 from inference.texts import COUNT_CHARACTERS, check_texts
 from model.classifier import AttentionClassifier
 from model.config import network_config
@@ -63,14 +64,6 @@ class Prediction:
             weights = self.global_attention if all_heads else self.global_attention.mean(dim=1)
             out["global_attention"] = weights.double().round(decimals=decimals).tolist()
         return out
-
-
-def calibrated(logits: torch.Tensor, multi_label: bool, temperature: float) -> torch.Tensor:
-    """The probabilities every face gives, (B, C) of logits (B, C): a sigmoid per label (several labels a text), or
-    softmax(logits / temperature), the temperature fitted on validation (training/calibration.py)."""
-    if multi_label:
-        return logits.float().sigmoid()
-    return (logits.float() / temperature).softmax(dim=-1)
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

@@ -37,8 +37,8 @@ from captum.attr import FeatureAblation, InputXGradient, IntegratedGradients
 from scipy.stats import spearmanr
 
 from data.tokenizer import UNK_ID
-from inference.classifier import calibrated
 from inference.limits import IG_STEPS, IG_STEPS_DEFAULT
+from inference.probabilities import calibrated
 from inference.texts import check_texts, length_is_lower_bound
 from model.kinds import ATTENTION_KINDS
 from monitor.views import token_window
