@@ -143,8 +143,8 @@ def answer(classifier, pairs: list[tuple]) -> dict:
 def model_info(paths: list) -> dict:
     """What GET /info says about the model, read from the checkpoints (safely: data/checkpoint.py), with the
     attention doctor's latest verdicts each carries (inference/verdicts.py; the page's badges)."""
-    from data.checkpoint import CheckpointError, open_checkpoint, stored_calibration, stored_label_names
-    from inference.ensemble import layout_difference
+    from data.checkpoint import open_checkpoint, stored_calibration, stored_label_names
+    from inference.ensemble import check_same_layout
     from inference.verdicts import latest_verdicts
     from model.config import network_config
 
@@ -156,10 +156,7 @@ def model_info(paths: list) -> dict:
         multi_label = bool(checkpoint["hyper_parameters"].get("multi_label", False))
         temperature, thresholds = stored_calibration(checkpoint, file)
         if members:  # one line before any worker starts, as the Ensemble the workers build would say it
-            difference = layout_difference(labels, multi_label, members[0]["labels"], members[0]["multi_label"])
-            if difference:
-                raise CheckpointError(f"{path}: {difference} of {paths[0]}; an ensemble averages the same classes "
-                                      "answered the same way")
+            check_same_layout(path, labels, multi_label, paths[0], members[0]["labels"], members[0]["multi_label"])
         members.append({"checkpoint": Path(file).name, "labels": labels, "attention": config.attention,
                         "max_length": config.max_length, "network": config.to_dict(), "multi_label": multi_label,
                         "temperature": temperature,

@@ -15,8 +15,8 @@ import torch
 from tokenizers import Tokenizer
 
 from data.tokenizer import CHARS_PER_TOKEN_BOUND, UNK_ID, cut, pad
-from data.checkpoint import (CheckpointError, calibrated, network_weights, open_checkpoint, stored_calibration,
-                             stored_label_names)
+from data.checkpoint import (TEMPERATURE_RANGE, CheckpointError, calibrated, network_weights, open_checkpoint,
+                             stored_calibration, stored_label_names)
 from inference.limits import IG_STEPS_DEFAULT, PREDICT_BATCH
 from inference.texts import COUNT_CHARACTERS, check_texts
 from model.classifier import AttentionClassifier
@@ -87,10 +87,13 @@ class TextClassifier:
         self.multi_label, self.temperature = multi_label, float(temperature)
         # Explanations read both (inference/explain.py): they explain the probabilities predict gives.
         self.model.multi_label, self.model.temperature = multi_label, self.temperature
-        self.thresholds = list(thresholds) if thresholds else [0.5] * len(self.label_names)
-        if len(self.thresholds) != len(self.label_names) or self.temperature <= 0:
-            raise ValueError(f"{len(self.thresholds)} thresholds for {len(self.label_names)} labels, temperature "
-                             f"{self.temperature}: need one threshold a label and a temperature > 0")
+        self.thresholds = [float(cut) for cut in thresholds] if thresholds else [0.5] * len(self.label_names)
+        low, high = TEMPERATURE_RANGE  # the rule a checkpoint's stored calibration is read by (data/checkpoint.py)
+        if len(self.thresholds) != len(self.label_names) or not low <= self.temperature <= high \
+                or not all(0 <= cut <= 1 for cut in self.thresholds):
+            raise ValueError(f"thresholds {self.thresholds} for {len(self.label_names)} labels, temperature "
+                             f"{self.temperature}: need one threshold in [0, 1] a label and a temperature in "
+                             f"[{low:g}, {high:g}]")
         # Texts are cut to the network's max_length here rather than by the tokenizer, so the full length of a cut
         # text is known (a tokenizer handed in, as train_tokenizer makes one, may carry a truncation).
         self.max_length = model.max_length

@@ -23,11 +23,8 @@ class Ensemble:
             raise ValueError("an ensemble needs at least one checkpoint")
         names = [str(name) for name in names] if names else [f"checkpoint {i}" for i in range(len(members))]
         for name, member in zip(names[1:], members[1:]):
-            difference = layout_difference(member.label_names, member.multi_label, members[0].label_names,
-                                           members[0].multi_label)
-            if difference:
-                raise CheckpointError(f"{name}: {difference} of {names[0]}; an ensemble averages the same classes "
-                                      "answered the same way")
+            check_same_layout(name, member.label_names, member.multi_label, names[0], members[0].label_names,
+                              members[0].multi_label)
         self.members = members
         self.label_names = members[0].label_names
         self.multi_label = members[0].multi_label
@@ -68,12 +65,15 @@ class Ensemble:
         return predictions
 
 
-def layout_difference(labels, multi_label: bool, first_labels, first_multi_label: bool) -> str | None:
-    """What makes two models' probabilities not averageable, in words, or None: other label names, or one label a
-    text (a softmax over the labels) beside several (a sigmoid per label)."""
+def check_same_layout(name, labels, multi_label: bool, first_name, first_labels, first_multi_label: bool) -> None:
+    """CheckpointError (one line naming `name` and what differs) unless two models' probabilities can be averaged:
+    the same label names, and both one label a text (a softmax over the labels) or both several (a sigmoid each)."""
     if list(labels) != list(first_labels):
-        return f"labels {list(labels)} differ from the labels {list(first_labels)}"
-    if multi_label != first_multi_label:
+        difference = f"labels {list(labels)} differ from the labels {list(first_labels)}"
+    elif multi_label != first_multi_label:
         layout = {False: "one label a text (softmax)", True: "several labels a text (a sigmoid per label)"}
-        return f"{layout[multi_label]} differs from {layout[first_multi_label]}"
-    return None
+        difference = f"{layout[multi_label]} differs from {layout[first_multi_label]}"
+    else:
+        return
+    raise CheckpointError(f"{name}: {difference} of {first_name}; an ensemble averages the same classes answered "
+                          "the same way")

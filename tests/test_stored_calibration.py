@@ -147,3 +147,43 @@ def test_show_thresholds_on_a_one_label_model_is_one_line(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == "" and "has no thresholds" in captured.err and captured.err.count("\n") == 1
     assert model_info([path])["thresholds"] is None
+
+
+@pytest.mark.parametrize("settings", [{"temperature": math.nan}, {"temperature": math.inf}, {"temperature": 0.0},
+                                      {"thresholds": [0.5, 1.5]}, {"thresholds": [math.nan, 0.5]}, {"thresholds": [0.5]}])
+def test_the_api_constructor_takes_the_same_rule(settings):
+    classifier = tiny_classifier()
+    with pytest.raises(ValueError, match=r"need one threshold in \[0, 1\] a label and a temperature in \[0.01, 100\]"):
+        TextClassifier(classifier.model, classifier.tokenizer, ["neg", "pos"], device="cpu", multi_label=True,
+                       **settings)
+
+
+def test_a_seeded_fuzzer_over_stored_calibration_finds_no_other_error():
+    """10,000 drawn calibration entries: each is read (and then within the rule) or refused with CheckpointError,
+    never another exception."""
+    import random
+
+    from data.checkpoint import TEMPERATURE_RANGE, stored_calibration
+
+    rng = random.Random(0)
+    odd = [math.nan, math.inf, -math.inf, -1, 0, 0.5, 1, 1.5, 1e300, True, None, "0.5", b"1", [], {}, [0.5], (0.2,),
+           torch.tensor(0.5), torch.tensor([0.5, 0.5])]
+
+    def value():
+        return rng.choice(odd) if rng.random() < 0.5 else rng.uniform(-2, 200)
+
+    read = 0
+    for _ in range(10_000):
+        labels = ["a", "b", "c"][: rng.randint(1, 3)]
+        entry = rng.choice([value(), {"temperature": value(), "thresholds": value()},
+                            {"temperature": value(), "thresholds": [value() for _ in range(rng.randint(0, 4))]}])
+        try:
+            temperature, thresholds = stored_calibration({"hyper_parameters": {"label_names": labels},
+                                                          "calibration": entry})
+        except CheckpointError as e:
+            assert "\n" not in str(e)
+            continue
+        read += 1
+        assert TEMPERATURE_RANGE[0] <= temperature <= TEMPERATURE_RANGE[1]
+        assert thresholds is None or (len(thresholds) == len(labels) and all(0 <= c <= 1 for c in thresholds))
+    assert read > 100  # the draws also reach valid entries
