@@ -242,8 +242,8 @@ def open_checkpoint(path) -> tuple[Path, dict]:
 
 def calibrated(logits: torch.Tensor, multi_label: bool, temperature: float) -> torch.Tensor:
     """The probabilities every face gives (predict, serve, the ensemble's members, the explanations and their page,
-    the ONNX export, the Lightning module's figures), (B, C) of logits (B, C): a sigmoid per label (several labels a text), or
-    softmax(logits / temperature), the temperature fitted on validation (training/calibration.py)."""
+    the ONNX export, the Lightning module's figures), (B, C) of logits (B, C): a sigmoid per label (several labels
+    a text), or softmax(logits / temperature), the temperature fitted on validation (training/calibration.py)."""
     if multi_label:
         return logits.float().sigmoid()
     return (logits.float() / temperature).softmax(dim=-1)
