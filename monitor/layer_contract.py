@@ -351,8 +351,10 @@ def learning(probe: Probe) -> Outcome:
 
     found = learns(probe.spec, probe.args)
     figures = {"accuracy": found["accuracy"], "built_in_accuracy": found["built_in"]}
+    shape = found["shape"]
+    same = f" of the same shape ({shape['n_heads']} head(s) of {shape['d_head']})" if shape else ""
     evidence = (f"validation accuracy {found['accuracy']:.3f} on the synthetic task after {EPOCHS} epochs, the "
-                f"built-in full layer {found['built_in']:.3f} (learns: within {MARGIN:g} of it)")
+                f"built-in full layer{same} {found['built_in']:.3f} (learns: within {MARGIN:g} of it)")
     if found["learns"]:
         return Outcome("PASS", evidence, figures)
     failed = [row.check for row in probe.cache.get("rows", []) if row.verdict == "FAIL"]
