@@ -189,6 +189,24 @@ CATALOGUE = (
         ("formula",),
     ),
     _buggy(
+        "annotated_masked_fill_discarded.py",
+        "MultiHeadAttention",
+        "scores.masked_fill(...) is called without assigning its result, so the mask never reaches the scores.",
+        ("padding",),
+    ),
+    _buggy(
+        "course_stored_weights_detached.py",
+        "SelfAttention",
+        "The weights are detached (to keep them for plotting) before they multiply V, so W_Q and W_K get no gradient.",
+        ("gradient",),
+    ),
+    _buggy(
+        "numpy_scale_after_softmax.py",
+        "SelfAttention",
+        "The 1/√d_k factor divides the softmax output instead of the scores, so rows sum to 1/√d_k.",
+        ("softmax-rows", "formula"),
+    ),
+    _buggy(
         "mha_not_batch_first.py",
         "SelfAttention",
         "nn.MultiheadAttention is built without batch_first=True and given (batch, seq_len, dim), so it attends "

@@ -7,15 +7,15 @@ import torch.nn as nn
 
 
 class MultiHeadAttention(nn.Module):
-    def __init__(self, d_model, num_heads):
+    def __init__(self, d_model, num_heads, d_head):
         super().__init__()
-        assert d_model % num_heads == 0
         self.num_heads = num_heads
-        self.d_head = d_model // num_heads
-        self.w_q = nn.Parameter(torch.empty(d_model, d_model))
-        self.w_k = nn.Parameter(torch.empty(d_model, d_model))
-        self.w_v = nn.Parameter(torch.empty(d_model, d_model))
-        self.w_o = nn.Parameter(torch.empty(d_model, d_model))
+        self.d_head = d_head
+        inner = num_heads * d_head
+        self.w_q = nn.Parameter(torch.empty(d_model, inner))
+        self.w_k = nn.Parameter(torch.empty(d_model, inner))
+        self.w_v = nn.Parameter(torch.empty(d_model, inner))
+        self.w_o = nn.Parameter(torch.empty(inner, d_model))
         for w in (self.w_q, self.w_k, self.w_v, self.w_o):
             nn.init.xavier_uniform_(w)
 

@@ -1,6 +1,5 @@
 # One fused Linear for queries, keys and values, the timm / ViT way (`self.qkv = nn.Linear(dim, 3 * dim)`,
 # reshaped to (3, B, heads, N, head_dim)); mask (B, N) bool given positionally, True for real tokens.
-import torch
 import torch.nn as nn
 
 

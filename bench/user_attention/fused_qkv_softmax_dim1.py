@@ -1,6 +1,5 @@
 # One fused qkv Linear, timm / ViT style (reshape to (3, B, heads, N, head_dim)), attention weights kept for
 # plotting; no mask.
-import torch
 import torch.nn as nn
 
 

@@ -2,7 +2,6 @@
 # (B, L) bool, True where the token is padding, filled with -1e9 before the softmax.
 import math
 
-import torch
 import torch.nn as nn
 
 

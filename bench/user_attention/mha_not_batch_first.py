@@ -1,5 +1,5 @@
 # torch's nn.MultiheadAttention wrapped as self-attention, the way older tutorials build it; the input comes in
-# as (batch, seq_len, embed_dim) like everywhere else in the model, weights averaged over heads for plotting.
+# as (batch, seq_len, embed_dim) like everywhere else in the model; no mask, weights averaged over heads for plotting.
 import torch.nn as nn
 
 

@@ -1,5 +1,5 @@
 # One attention "Head" as the build-a-GPT-from-scratch video writes it (key/query/value Linears,
-# wei = q @ kᵀ * C ** -0.5 with B, T, C = x.shape), without the causal tril; returns only the output.
+# wei = q @ kᵀ * C ** -0.5 with B, T, C = x.shape), without the causal tril, no mask; returns only the output.
 import torch
 import torch.nn as nn
 

@@ -1,5 +1,5 @@
 # nanoGPT's CausalSelfAttention without the causal mask (for a classifier), with dim / heads in place of
-# n_embd / n_head: one c_attn Linear split in three, c_proj out; returns only the output, no weights.
+# n_embd / n_head: one c_attn Linear split in three, c_proj out; no mask; returns only the output, no weights.
 import math
 
 import torch.nn as nn

@@ -8,14 +8,14 @@ import torch.nn.functional as F
 
 
 class Attention(nn.Module):
-    def __init__(self, d_model, n_heads):
+    def __init__(self, d_model, n_heads, head_dim):
         super().__init__()
         self.n_heads = n_heads
-        self.head_dim = d_model // n_heads
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.head_dim = head_dim
+        self.q_proj = nn.Linear(d_model, n_heads * head_dim)
+        self.k_proj = nn.Linear(d_model, n_heads * head_dim)
+        self.v_proj = nn.Linear(d_model, n_heads * head_dim)
+        self.out_proj = nn.Linear(n_heads * head_dim, d_model)
 
     def forward(self, x, attn_mask=None):
         B, L, _ = x.shape

@@ -2,7 +2,6 @@
 # padding; heads made with one view call, as in short "multi-head attention explained" posts.
 import math
 
-import torch
 import torch.nn as nn
 
 
