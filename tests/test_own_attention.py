@@ -250,6 +250,17 @@ def test_bad_spec_is_one_line(tmp_path, case):
     assert "\n" not in message and says in message
 
 
+def test_train_py_refuses_a_bad_spec_in_one_line_before_reading_data(tmp_path):
+    import train
+
+    with pytest.raises(SystemExit) as stop:
+        train.main(["fit", "--config", str(ROOT / "configs" / "smoke.yaml"), "--model.network.attention",
+                    str(tmp_path / "missing.py:Attention"), "--trainer.default_root_dir", str(tmp_path)])
+    assert stop.value.code == f"error: attention '{tmp_path / 'missing.py:Attention'}': file {tmp_path / 'missing.py'} " \
+                              "not found: this network needs its class file"
+    assert not (tmp_path / "lightning_logs").exists()
+
+
 def test_unknown_attention_args_and_unreadable_output_are_one_line(tmp_path):
     with pytest.raises(ConfigError, match="attention_args 'nope'"):
         NetworkConfig(attention=SEED, d_model=16, n_heads=2, attention_args={"nope": 1})
