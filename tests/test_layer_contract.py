@@ -356,3 +356,14 @@ def test_learn_compares_with_the_built_in_layer_and_names_the_contracts_findings
     if verdict == "FAIL":
         assert learn.evidence.startswith("not-learning") and "formula, scale" in learn.cause
     assert "learn" not in verdicts(layer_contract(f"{broken}:Attention", d_model=64, n_heads=1))  # only when asked
+
+
+def test_the_held_out_bench_judges_a_class_by_the_property_its_mistake_breaks():
+    from bench.own_attention import judge, summary
+    from bench.user_attention.catalogue import CATALOGUE
+
+    entries = {entry["file"]: entry for entry in CATALOGUE}
+    results = [judge(entries[name], 64, 4, command=False) for name in ("course_self_attention.py", "course_no_scale.py")]
+    assert results[0]["failed"] == [] and results[1]["right"] == ["formula", "scale"]
+    totals = summary(results)
+    assert (totals["buggy_right_check"], totals["correct_failed"]) == (1, 0)
