@@ -49,7 +49,7 @@ def judge(entry: dict, d_model: int, heads: int, command: bool) -> dict:
         argv += ["--args", json.dumps(entry["args"])] if entry["args"] else []
         done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
         table = done.stdout.splitlines()
-        failed = [line.split()[0] for line in table if len(line.split()) > 1 and line.split()[1] == "FAIL"]
+        failed = [words[0] for words in map(str.split, table) if words[1:2] == ["FAIL"] and words[0] in RIGHT]
         error = done.stderr.strip().splitlines()[-1] if done.returncode == 2 else ""
     else:
         try:

@@ -214,7 +214,7 @@ def scale(probe: Probe) -> Outcome:
         if math.isnan(factor):
             return Outcome("NOTE", "the scale could not be read: the layer's scores are not a multiple of the "
                            "formula's (see formula)")
-    # ≥ 4 or ≤ 1/4 as the doctor's formula-setting, up to rounding: "divided by d_k" with heads of 16 reads 0.2500001
+    # ≥ 4 or ≤ 1/4 as the doctor's formula-setting, up to rounding ("divided by d_k", heads of 16: 0.2500001)
     far = factor * (1 + MATCH) >= SCALE_FACTOR or factor <= (1 + MATCH) / SCALE_FACTOR
     return Outcome("FAIL" if far else "PASS", f"the scores spread {figure(factor)} × what 1/√d_k gives ({how})",
                    {"scale_factor": factor})
@@ -272,7 +272,8 @@ def directional_error(f, x: torch.Tensor, step: float, generator, directions: in
 def gradient(probe: Probe) -> Outcome:
     layer = probe.layer
     key_bias = probe.projections[0].key_bias if probe.projections else None
-    listed = [name for name, value in vars(probe.user).items() if not name.startswith("_") and isinstance(value, (list, tuple, dict))
+    listed = [name for name, value in vars(probe.user).items()
+              if not name.startswith("_") and isinstance(value, (list, tuple, dict))
               and any(isinstance(v, nn.Module) for v in (value.values() if isinstance(value, dict) else value))]
     before = {name: p.grad for name, p in layer.named_parameters()}
     for p in layer.parameters():
@@ -313,7 +314,8 @@ CHECKS: list[Check] = [
           f"a real query gives a padded key any weight, or its output moves by ≥ {INVARIANCE:g} (relative) with "
           "more padding", "the mask not applied, inverted (True = keep read as True = pad), or broadcast along the "
           "queries", "fill the padded keys' scores with -inf before softmax, mask shape (B, 1, 1, L)"),
-    Check("neighbours", neighbours, "each text alone against the batch", f"a text's output moves by ≥ {INVARIANCE:g} (relative)",
+    Check("neighbours", neighbours, "each text alone against the batch",
+          f"a text's output moves by ≥ {INVARIANCE:g} (relative)",
           "something mixes the texts of a batch (a mean or softmax over the batch axis, a mask of the wrong text)",
           "keep every operation within one text: the batch axis is never reduced"),
     Check("eval-steady", eval_steady, "two evaluation passes", f"they differ by ≥ {STEADY:g} (relative)",
@@ -349,8 +351,10 @@ def learning(probe: Probe) -> Outcome:
 
     found = learns(probe.spec, probe.args)
     figures = {"accuracy": found["accuracy"], "built_in_accuracy": found["built_in"]}
+    shape = found["shape"]
+    same = f" of the same shape ({shape['n_heads']} head(s) of {shape['d_head']})" if shape else ""
     evidence = (f"validation accuracy {found['accuracy']:.3f} on the synthetic task after {EPOCHS} epochs, the "
-                f"built-in full layer {found['built_in']:.3f} (learns: within {MARGIN:g} of it)")
+                f"built-in full layer{same} {found['built_in']:.3f} (learns: within {MARGIN:g} of it)")
     if found["learns"]:
         return Outcome("PASS", evidence, figures)
     failed = [row.check for row in probe.cache.get("rows", []) if row.verdict == "FAIL"]

@@ -341,17 +341,29 @@ def test_learn_compares_with_the_built_in_layer_and_names_the_contracts_findings
 
     trained = []
 
-    def synthetic_accuracy(attention, attention_args=None, epochs=training.learning.EPOCHS, seed=0):
-        trained.append(attention)
-        return accuracy if attention != "full" else 0.96
+    def synthetic_accuracy(attention, attention_args=None, epochs=training.learning.EPOCHS, seed=0, **network):
+        trained.append((attention, network))
+        return (accuracy, {"n_heads": 1, "d_head": 16}) if attention != "full" else (0.96, {})
 
     monkeypatch.setattr(training.learning, "synthetic_accuracy", synthetic_accuracy)
     broken = tmp_path / "broken.py"
     broken.write_text(BROKEN_FILE)
     rows = layer_contract(f"{broken}:Attention", d_model=64, n_heads=1, learn=True)
-    assert trained == [f"{broken}:Attention", "full"]  # both trained, the user's class by its spec
+    # both trained, the user's class by its spec, the built-in layer in the class's shape
+    assert trained == [(f"{broken}:Attention", {}), ("full", {"n_heads": 1, "d_head": 16})]
     learn = rows[-1]
-    assert learn.check == "learn" and learn.verdict == verdict
+    assert learn.check == "learn" and learn.verdict == verdict and "1 head(s) of 16" in learn.evidence
     if verdict == "FAIL":
         assert learn.evidence.startswith("not-learning") and "formula, scale" in learn.cause
     assert "learn" not in verdicts(layer_contract(f"{broken}:Attention", d_model=64, n_heads=1))  # only when asked
+
+
+def test_the_held_out_bench_judges_a_class_by_the_property_its_mistake_breaks():
+    from bench.own_attention import judge, summary
+    from bench.user_attention.catalogue import CATALOGUE
+
+    entries = {entry["file"]: entry for entry in CATALOGUE}
+    results = [judge(entries[name], 64, 4, command=False) for name in ("course_self_attention.py", "course_no_scale.py")]
+    assert results[0]["failed"] == [] and results[1]["right"] == ["formula", "scale"]
+    totals = summary(results)
+    assert (totals["buggy_right_check"], totals["correct_failed"]) == (1, 0)

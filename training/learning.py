@@ -2,8 +2,8 @@
 attention sees it) trained a few epochs with a given attention, against the built-in full layer trained alike.
 `diagnose.py --attention FILE.py:Class --learn` reads it as the contract's last check.
 
-    from training.learning import synthetic_accuracy
-    synthetic_accuracy("my_attention.py:MyAttention", epochs=4)   # validation accuracy after 4 epochs
+    from training.learning import learns
+    learns("my_attention.py:MyAttention")  # its accuracy, the same-shape built-in layer's, whether it learns
 """
 
 import logging
@@ -16,6 +16,7 @@ import yaml
 
 from data.datamodule import TextDataModule
 from model.config import NetworkConfig
+from monitor.layer_formula import find_projections
 from training.module import ClassifierModule
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
@@ -25,11 +26,13 @@ MARGIN = 0.05  # a class learns when it reaches the built-in layer's accuracy le
 
 
 def synthetic_accuracy(attention: str = "full", attention_args: dict | None = None, epochs: int = EPOCHS,
-                       seed: int = 0) -> float:
+                       seed: int = 0, **network) -> tuple[float, dict]:
     """Validation accuracy of the classifier of configs/smoke.yaml with this attention (a kind's name or
-    "file.py:Class") after `epochs` epochs, in this process, nothing written but a temporary cache."""
+    "file.py:Class") after `epochs` epochs, in this process, nothing written but a temporary cache; and the shape of
+    its layer ({"n_heads", "d_head"} as its own projections show them; {} when not found). `network` overrides
+    smoke.yaml's network settings."""
     config = yaml.safe_load(SMOKE.read_text())
-    network = dict(config["model"]["network"])
+    network = {**config["model"]["network"], **network}
     L.seed_everything(seed, verbose=False)
     with tempfile.TemporaryDirectory() as cache, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's advice on workers and logging, not about the layer
@@ -42,15 +45,28 @@ def synthetic_accuracy(attention: str = "full", attention_args: dict | None = No
             NetworkConfig(**network, vocab_size=data.vocab_size, num_classes=len(data.label_names),
                           max_length=data.max_length, attention=attention, attention_args=attention_args),
             label_names=data.label_names, lr=config["model"]["lr"])
+        shape = shape_of(module.model.blocks[0].attention)
         trainer = L.Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                             enable_model_summary=False, accelerator="cpu", devices=1, num_sanity_val_steps=0)
         trainer.fit(module, data)
-        return float(trainer.callback_metrics["val/acc"])
+        return float(trainer.callback_metrics["val/acc"]), shape
+
+
+def shape_of(layer) -> dict:
+    """{"n_heads", "d_head"} of a user's class as its own projections show them (the course's class: 1 head of d_k,
+    whatever the network's n_heads); {} for a built-in kind or projections not found by name."""
+    user = getattr(layer, "user", None)
+    found = find_projections(user, layer.d_model, layer.n_heads) if user is not None else []
+    if not found:
+        return {}
+    heads = found[0].heads
+    return {"n_heads": heads, "d_head": found[0].q[0].shape[0] // heads}
 
 
 def learns(attention: str, attention_args: dict | None = None, epochs: int = EPOCHS) -> dict:
-    """{"accuracy", "built_in", "learns"}: this attention's validation accuracy and the built-in full layer's, both
-    after `epochs` epochs of the synthetic task from the same seed."""
-    own = synthetic_accuracy(attention, attention_args, epochs)
-    built_in = synthetic_accuracy("full", None, epochs)
-    return {"accuracy": own, "built_in": built_in, "learns": own >= built_in - MARGIN}
+    """{"accuracy", "built_in", "shape", "learns"}: this attention's validation accuracy, and that of the built-in
+    full layer of the same heads and head size (one head of 16 learns this task slower than two: the comparison is
+    of the formula, not of the size), both after `epochs` epochs of the synthetic task from the same seed."""
+    own, shape = synthetic_accuracy(attention, attention_args, epochs)
+    built_in, _ = synthetic_accuracy("full", None, epochs, **shape)
+    return {"accuracy": own, "built_in": built_in, "shape": shape, "learns": own >= built_in - MARGIN}
