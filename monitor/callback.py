@@ -37,9 +37,9 @@ from monitor.contract import optimizer_differences
 from monitor.doctor import SHOWN_FIGURES, Finding, figure_table_markdown, head_titles, verdict_table_markdown
 from monitor.dynamics import TrainingDynamics
 from monitor.health import ROWS_PER_BATCH, AttentionHealth
-from monitor.units import Subject, examine
-from monitor.loss_contract import LossContract
 from monitor.heatmap import PLAIN_TEXT, attention_figure, freeze, panel_title, redraw, shown_weights
+from monitor.loss_contract import LossContract
+from monitor.units import Subject, examine
 from monitor.views import stacked_layers
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,9 @@ end of the network), a sum where a mean is meant, a negative log left out.
 import math
 
 import torch
-import torch.nn.functional as F
+# Bound when this module loads: a function patched on torch.nn.functional later (a test's, a planted bug's) changes
+# the step's loss, not its definition.
+from torch.nn.functional import binary_cross_entropy_with_logits, cross_entropy, nll_loss
 
 LOSS_STEPS = 4  # training batches after each validation whose loss is recomputed
 LOSS_TOLERANCE = 1e-3  # relative: float32 rounding of the same loss ≤ 1e-6; cross-entropy of probabilities 0.013
@@ -86,16 +88,16 @@ def definition(logits, batch, settings, probabilities=False, reduce="mean") -> f
     labels = batch["labels"]
     if settings.multi_label:
         inputs = logits.sigmoid() if probabilities else logits
-        per_text = F.binary_cross_entropy_with_logits(inputs, labels.float(), pos_weight=settings.weights,
+        per_text = binary_cross_entropy_with_logits(inputs, labels.float(), pos_weight=settings.weights,
                                                       reduction="none").mean(-1)
     else:
         inputs = logits.softmax(-1) if probabilities else logits
-        per_text = F.cross_entropy(inputs, labels, weight=settings.weights, label_smoothing=settings.smoothing,
+        per_text = cross_entropy(inputs, labels, weight=settings.weights, label_smoothing=settings.smoothing,
                                    reduction="none")
     loss = per_text.sum() if reduce == "sum" else per_text.mean()
     if settings.distillation:
         alpha = settings.distillation
-        teacher = F.cross_entropy(inputs, batch["teacher_probs"].float(), reduction="none")
+        teacher = cross_entropy(inputs, batch["teacher_probs"].float(), reduction="none")
         loss = (1 - alpha) * loss + alpha * (teacher.sum() if reduce == "sum" else teacher.mean())
     return float(loss)
 
@@ -119,7 +121,7 @@ def compare(used: float, logits: torch.Tensor, batch: dict, settings) -> dict | 
     }
     if not settings.multi_label:
         forms["the negative log left out: nll_loss of probabilities"] = float(
-            F.nll_loss(logits.softmax(-1), batch["labels"]))
+            nll_loss(logits.softmax(-1), batch["labels"]))
     how = next((name for name, value in forms.items()
                 if abs(used - value) <= LOSS_TOLERANCE * max(abs(value), 1e-12)), None)
     detail = how or "it matches none of the usual slips (probabilities, a sum, a missing log)"
