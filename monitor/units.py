@@ -157,7 +157,7 @@ register(Check("contract", ("model", "sample"), _contract, summary="each layer a
                "input and weights by its definition; weights shared; invariances (monitor/contract.py)",
                figures=("formula", "blocks", "shared", "invariance"),
                verdicts=_group("formula-broken", "block-broken", "shared-weight", "invariance-broken",
-                               "computes-formula")))
+                               "computes-formula", "user-class")))
 register(Check("settings", ("config",), _settings, summary="the settings that change the formula; the "
                "optimizer's parameter groups against the configured ones", figures=("scale_factor", "optimizer"),
                verdicts=_group("formula-setting", "optimizer-setting")))
