@@ -5,7 +5,8 @@ long, Hugging Face's attention_mask), additive 0 / −∞, 0 / −1e4 or 0 / −
 (B, 1, 1, L) or (B, L, L); passed as forward(x, mask) or by keyword (mask=, key_padding_mask=, attention_mask=,
 attn_mask=). The probe runs a small random batch in which some texts end in padding (random vectors, not zeros)
 under each candidate and keeps the first under which every real token's output equals that of its text run alone
-without padding, padded keys get weight 0 and nothing is NaN. A class whose forward takes no mask, or under which
+without padding (and, where the mask may be left out, equals it run with no mask at all: a mask that keeps every
+key changes nothing), padded keys get weight 0 and nothing is NaN. A class whose forward takes no mask, or under which
 no candidate works, is "no mask": the adapter then runs texts of one length together. A class that returns only its
 output has its weights read from the softmax it computes (SoftmaxSeen): the weights it used, never recomputed.
 
@@ -37,6 +38,10 @@ SHAPES = ("(B, L)", "(B, 1, 1, L)", "(B, L, L)")
 PROBE_LENGTHS = (7, 5, 2)  # a batch of 3 texts of 7 places: B, L and the heads rarely coincide, so a wrong
 # broadcast fails instead of passing by chance
 TOLERANCE = 1e-4  # float32 rounding of a tiny layer is ~1e-6
+
+
+class NoConvention(ConfigError):
+    """forward must be given a mask, and under no convention tried does padding leave a text's output alone."""
 
 
 def additive(padding: torch.Tensor, dtype: torch.dtype, value: float) -> torch.Tensor:
@@ -169,7 +174,7 @@ def find_convention(user: nn.Module, d_model: int, name: str) -> Found:
             if works(user, x, padding, convention, read_softmax=not returned):
                 return Found(convention, heads, width, returned)
         if calls and mask_required(user, calls[0]):
-            raise ConfigError(f"attention {name}: forward needs its mask, but under no convention tried did a text's "
+            raise NoConvention(f"attention {name}: forward needs its mask, but under no convention tried did a text's "
                               "output stay the same with padding added (tried bool True = padding or keep, 1/0 keep, "
                               "additive 0 / -inf, -1e4, -1e9; shapes (B, L), (B, 1, 1, L), (B, L, L))")
         return Found(Convention("none"), heads, width, returned)
@@ -197,9 +202,13 @@ def mask_free_run(user: nn.Module, x: torch.Tensor, calls: list[str]):
     first_error = None
     for convention in candidates(calls):
         try:
-            return split_output(call_layer(user, x, key_mask(keep_all, convention, x.dtype), convention))
+            out, weights = split_output(call_layer(user, x, key_mask(keep_all, convention, x.dtype), convention))
         except Exception as error:  # a convention it refuses; the first error is the one reported
             first_error = first_error or error
+            continue
+        if out.dim() == 3 and out.shape[:2] == x.shape[:2]:  # a mask of another shape can broadcast without error
+            return out, weights
+        first_error = first_error or ValueError(f"out of shape {tuple(out.shape)} under {convention.describe()}")
     raise first_error
 
 
@@ -232,12 +241,18 @@ def works(user: nn.Module, x: torch.Tensor, padding: torch.Tensor, convention: C
     and padded keys get weight 0 from real queries (where weights are returned)."""
     try:
         out, weights = run_layer(user, x, key_mask(padding, convention, x.dtype), convention, read_softmax)
+        if out.shape[:2] != x.shape[:2]:  # the mask broadcast into the batch or token axis
+            return False
         for row, length in enumerate((~padding).sum(dim=-1).tolist()):
             alone = x[row:row + 1, :length]
             keep_all = key_mask(padding[row:row + 1, :length] & False, convention, x.dtype)
             expected, _ = split_output(call_layer(user, alone, keep_all, convention))
             if not torch.allclose(out[row, :length], expected[0], atol=TOLERANCE, rtol=TOLERANCE):
                 return False
+            if not mask_required(user, convention.call):  # a mask that keeps every key must change nothing
+                bare, _ = split_output(user(alone))
+                if not torch.allclose(bare, expected, atol=TOLERANCE, rtol=TOLERANCE):
+                    return False
         if weights is not None:
             weights = weights if weights.dim() == 4 else weights.unsqueeze(1)  # (B, H, L, L)
             on_padding = weights.masked_fill(~padding[:, None, None, :], 0.0)  # the padded keys' columns

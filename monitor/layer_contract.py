@@ -25,7 +25,7 @@ from torch.autograd.gradcheck import GradcheckError
 
 from model.attention import MultiHeadSelfAttention
 from model.errors import ConfigError
-from model.mask_probe import mask_calls
+from model.mask_probe import NoConvention, mask_calls
 from monitor.contract import MATCH, compare
 from monitor.layer_formula import SCALE_FACTOR, compare_layer, score_factor
 from monitor.layer_probe import (MORE_PADDING, Check, Outcome, Probe, Row, Unusable, changed, figure, model_width,
@@ -389,6 +389,8 @@ def build(layer_or_class, *, d_model: int, n_heads: int, d_head: int | None, arg
         user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, args)
     try:
         return OwnAttention(built(user), d_model=d_model, n_heads=n_heads, d_head=d_head)
+    except NoConvention as e:  # it needs a mask and no convention keeps padding out: the padding check FAILs
+        raise Unusable(str(e), "padding") from None
     except ConfigError as e:  # the adapter could not call its forward: the layer's fault, not the input's
         raise Unusable(str(e)) from None
 
@@ -413,8 +415,9 @@ def layer_contract(layer_or_class, *, d_model: int = 64, n_heads: int = 4, d_hea
     try:
         layer = build(layer_or_class, d_model=d_model, n_heads=n_heads, d_head=d_head, args=args)
     except Unusable as e:
-        return [Row(check.name, "FAIL" if check.name == "shapes" else "NOTE", str(e) if check.name == "shapes"
-                    else "not run: the layer could not be called (see shapes)", {}, check.reads, check.rule,
+        failed = e.args[1] if len(e.args) > 1 else "shapes"  # the check the reason belongs to
+        return [Row(check.name, "FAIL" if check.name == failed else "NOTE", e.args[0] if check.name == failed
+                    else f"not run: the layer could not be called (see {failed})", {}, check.reads, check.rule,
                     check.cause, check.fix) for check in CHECKS]
     probe = Probe(layer, mapping=mapping, seed=seed, spec=layer_or_class, args=args)
     rows = probe.cache["rows"] = [check(probe) for check in CHECKS]

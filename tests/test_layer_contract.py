@@ -367,3 +367,22 @@ def test_the_held_out_bench_judges_a_class_by_the_property_its_mistake_breaks():
     assert results[0]["failed"] == [] and results[1]["right"] == ["formula", "scale"]
     totals = summary(results)
     assert (totals["buggy_right_check"], totals["correct_failed"]) == (1, 0)
+
+
+class NeedsMaskFilledWithZero(nn.Module):
+    """forward must be given its mask, and it fills blocked scores with 0 instead of a huge negative number: no
+    convention keeps padding out, which is the padding check's finding, not a shape problem."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.w_q, self.w_k, self.w_v = (nn.Linear(d_model, d_model, bias=False) for _ in range(3))
+
+    def forward(self, x, mask):
+        scores = self.w_q(x) @ self.w_k(x).transpose(-2, -1) / math.sqrt(x.shape[-1])
+        weights = scores.masked_fill(mask[:, None, :] == 0, 0).softmax(-1)
+        return weights @ self.w_v(x), weights
+
+
+def test_a_required_mask_no_convention_keeps_out_is_a_padding_fail():
+    verdicts = {row.check: row.verdict for row in layer_contract(NeedsMaskFilledWithZero, d_model=16, n_heads=2)}
+    assert verdicts["padding"] == "FAIL" and verdicts["shapes"] == "NOTE"

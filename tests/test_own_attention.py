@@ -154,6 +154,35 @@ class SingleOutNoWeights(nn.Module):  # returns out only; positional mask
         return s.masked_fill(m[:, None, :], -1e4).softmax(-1) @ self.to_v(x)
 
 
+class KeepSquareOnly(nn.Module):
+    """Needs a (B, L, L) mask, True = may see: a (B, L) mask broadcasts into its batch axis without an error."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.to_q, self.to_k, self.to_v = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+
+    def forward(self, x, mask):
+        s = self.to_q(x) @ self.to_k(x).transpose(-2, -1) / math.sqrt(x.shape[-1])
+        return s.unsqueeze(1).masked_fill(mask.unsqueeze(1) == 0, -1e9).softmax(-1).squeeze(1) @ self.to_v(x)
+
+
+class KeepOnlyForTheOutput(nn.Module):
+    """Reads attention_mask two ways: 1 = padding in the scores, 1 = keep on the output. Under "True = padding" the
+    padding is right, and every real token's output is zeroed, its text alone as well: a keep-all mask must change
+    nothing, so no convention is this class's."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.to_q, self.to_k, self.to_v = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+
+    def forward(self, x, attention_mask=None):
+        s = self.to_q(x) @ self.to_k(x).transpose(-2, -1) / math.sqrt(x.shape[-1])
+        if attention_mask is None:
+            return s.softmax(-1) @ self.to_v(x)
+        s = s + attention_mask[:, None, :].float() * -1e4
+        return (s.softmax(-1) @ self.to_v(x)) * attention_mask[:, :, None].float()
+
+
 CONVENTIONS = [  # class, what the probe must find
     (PadBool, "forward(x, key_padding_mask=mask), bool True = padding, shape (B, L)"),
     (KeepBool, "forward(x, mask=mask), bool True = keep, shape (B, L)"),
@@ -164,6 +193,8 @@ CONVENTIONS = [  # class, what the probe must find
     (PadSquare, "forward(x, mask=mask), bool True = padding, shape (B, L, L)"),
     (SingleOutNoWeights, "forward(x, mask), bool True = padding, shape (B, L)"),
     (IgnoresItsMask, "takes no mask"),
+    (KeepSquareOnly, "forward(x, mask=mask), bool True = keep, shape (B, L, L)"),
+    (KeepOnlyForTheOutput, "takes no mask"),
 ]
 
 
