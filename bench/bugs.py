@@ -510,6 +510,7 @@ def bug_table_markdown() -> str:
 
 def doc_tables(text: str) -> str:
     """docs/DOCTOR.md's text with its generated tables (the verdicts, the bugs) made anew between their markers."""
+    import monitor.layer_contract  # noqa: F401  (registers the checks of one layer alone: diagnose.py --attention)
     from monitor.units import verdict_reference_markdown
 
     for name, table in (("verdict", verdict_reference_markdown), ("bug", bug_table_markdown)):

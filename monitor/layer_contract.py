@@ -27,9 +27,11 @@ from model.attention import MultiHeadSelfAttention
 from model.errors import ConfigError
 from model.mask_probe import NoConvention, mask_calls
 from monitor.contract import MATCH, compare
+from monitor.doctor import Finding, Verdict
 from monitor.layer_formula import SCALE_FACTOR, compare_layer, score_factor
 from monitor.layer_probe import (MORE_PADDING, Check, Outcome, Probe, Row, Unusable, changed, figure, model_width,
                                  rounding)
+from monitor.units import Check as Unit, Subject, examine, register
 
 INVARIANCE = 1e-4  # relative change of a real token's output: float32 rounding gives ≤ 1e-6
 STEADY = 1e-6  # relative change between two identical evaluation passes: exactly 0 for a deterministic layer
@@ -420,8 +422,36 @@ def layer_contract(layer_or_class, *, d_model: int = 64, n_heads: int = 4, d_hea
                     else f"not run: the layer could not be called (see {failed})", {}, check.reads, check.rule,
                     check.cause, check.fix) for check in CHECKS]
     probe = Probe(layer, mapping=mapping, seed=seed, spec=layer_or_class, args=args)
-    rows = probe.cache["rows"] = [check(probe) for check in CHECKS]
+    figures, _ = examine(Subject(layer=probe))  # the doctor's one runner: every registered check that reads a layer
+    rows = probe.cache["rows"] = [measured["row"] for measured in figures.values() if "row" in measured]
     return rows + [LEARN(probe)] if learn else rows
+
+
+def registered(check: Check) -> Unit:
+    """A layer check as a unit of the doctor's registry (monitor/units.py): it reads the subject's layer (a Probe:
+    the layer and its seeded inputs); a FAIL is its warning, a NOTE the shared layer note."""
+    verdict = f"attention-{check.name}"
+
+    def run(subject: Subject, measured: dict):
+        row = check(subject.layer)
+        found = {"FAIL": [Finding(verdict, None, None, row.figures, row.evidence)],
+                 "NOTE": [Finding(NOTE, None, None, row.figures, f"{check.name}: {row.evidence}")]}
+        return {"row": row, **row.figures}, found.get(row.verdict, [])
+
+    return register(Unit(verdict, ("layer",), run, {verdict: Verdict("warning", row_rule(check), check.cause,
+                                                                     check.fix), NOTE: LAYER_NOTE},
+                         summary=f"diagnose.py --attention: {check.reads}"))
+
+
+def row_rule(check: Check) -> str:
+    return f"{check.name} FAILs when {check.rule}"
+
+
+NOTE = "attention-note"
+LAYER_NOTE = Verdict("note", "a layer check could not judge fully (no mask taken, projections not found by name, "
+                     "computed in lower precision inside)", "what the check's evidence says", "what the NOTE says")
+for _check in CHECKS:
+    registered(_check)
 
 
 def table(rows: list[Row]) -> str:

@@ -8,7 +8,8 @@ A check reads a Subject, the thing examined, and runs when every field it `reads
     model, sample   a classifier and a validation sample of its batches (input_ids, padding_mask, labels)
     figures         the health figures of what its layers computed over a validation pass (monitor/health.py)
     dynamics        the training figures since the last validation (monitor/dynamics.py; absent without training)
-    layer           one attention layer alone, with probe inputs (a user's class: diagnose.py --attention)
+    layer           one attention layer alone with its seeded probe inputs (monitor/layer_probe.Probe; the
+                    checks of monitor/layer_contract.py, diagnose.py --attention)
     config          the network's settings (NetworkConfig)
 
 Your own check, in your own module (imported before the run; registering it twice replaces it):
@@ -43,7 +44,7 @@ class Subject:
     sample: list[dict] | None = None  # validation batches for the checks that run the model again
     figures: object = None  # monitor.health.HealthFigures of a validation pass
     dynamics: dict | None = None  # monitor.dynamics summary, with epoch, step, balanced accuracy (training only)
-    layer: object = None  # one attention layer alone
+    layer: object = None  # one attention layer alone: a monitor.layer_probe.Probe
     config: object = None  # the NetworkConfig (positions, kind, causal), when there is one
     batches: list[dict] | None = None  # every validation batch read (the contract's invariances); else `sample`
     measured: dict = field(default_factory=dict)  # figures measured outside the checks (the optimizer's groups)

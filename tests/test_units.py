@@ -72,14 +72,18 @@ def test_unregistering_a_check_takes_its_verdicts_out_and_a_clash_is_refused(own
 def test_a_check_of_one_layer_alone_runs_on_a_layer_subject():
     from model.attention import MultiHeadSelfAttention
 
+    from monitor.layer_probe import Probe
+
     def width(subject, measured):
-        return {"d_model": float(subject.layer.w_q.in_features)}, []
+        return {"d_model": float(subject.layer.layer.w_q.in_features)}, []
 
     register(Check("layer-width", ("layer",), width))
     try:
         layer = next(iter(tiny_subject().model.blocks)).attention
-        measured, findings = examine(Subject(layer=layer))
-        assert measured == {"layer-width": {"d_model": 16.0}} and findings == []  # the model's checks did not run
+        measured, findings = examine(Subject(layer=Probe(layer)))
+        assert measured["layer-width"] == {"d_model": 16.0}
+        assert not {"model-checks", "contract", "settings", "verdicts"} & set(measured)  # the model's did not run
+        assert all(check.reads == ("layer",) for name, check in CHECKS.items() if name in measured)
         assert isinstance(layer, MultiHeadSelfAttention)
     finally:
         unregister("layer-width")
