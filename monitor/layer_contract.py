@@ -449,7 +449,10 @@ def row_rule(check: Check) -> str:
 
 NOTE = "attention-note"
 LAYER_NOTE = Verdict("note", "a layer check could not judge fully (no mask taken, projections not found by name, "
-                     "computed in lower precision inside)", "what the check's evidence says", "what the NOTE says")
+                     "computed in lower precision inside)", "the class leaves out what the check reads: it takes no "
+                     "mask, names its projections otherwise, or computes in lower precision inside",
+                     "name the projections with --map q=…,k=…,v=…,o=…; give forward a mask argument; or nothing, "
+                     "where the NOTE says the layer is right as it is used")
 for _check in CHECKS:
     registered(_check)
 
