@@ -17,6 +17,7 @@ import warnings
 from pathlib import Path
 
 import model.threads  # noqa: F401  (before anything loads torch: model/threads.py)
+from inference.faces import notes_to_stderr, run_face
 
 log = logging.getLogger("export")
 
@@ -222,18 +223,8 @@ class ExportError(ValueError):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    log.handlers[:] = [handler]
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    try:
-        return run(args)
-    except ValueError as e:  # CheckpointError, ExportError, WriteError: one line
-        if args.debug:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    notes_to_stderr(log)
+    return run_face(run, args)  # CheckpointError, ExportError, WriteError: one line
 
 
 def run(args) -> int:

@@ -7,7 +7,6 @@ The Python API behind this script is `inference.TextClassifier` (inference/class
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import model.threads  # noqa: F401  (before anything loads torch: model/threads.
 from tqdm import tqdm
 
 from data.sources import has_text
+from inference.faces import notes_to_stderr, run_face
 from inference.limits import BATCH_SIZE, IG_STEPS, IG_STEPS_DEFAULT, POSITIVE, PREDICT_BATCH
 from inference.texts import EMPTY
 
@@ -172,21 +172,8 @@ class InputError(ValueError):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("note: %(message)s"))
-    log.handlers[:] = [handler]
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    try:
-        return run(args)
-    except BrokenPipeError:  # e.g. `| head`: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except ValueError as e:  # CheckpointError, InputError, a bad --device: one line, no traceback
-        if args.debug:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    notes_to_stderr(log, "note: ")
+    return run_face(run, args)  # CheckpointError, InputError, a bad --device: one line, no traceback
 
 
 def run(args) -> int:

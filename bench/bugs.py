@@ -433,6 +433,8 @@ def head_learning_rate(plant):
         configure = module.configure_optimizers
 
         def configure_optimizers():
+            from training.schedule import WarmupThenCosine  # here: the catalogue loads no Lightning
+
             result = configure()
             scheduler = result["lr_scheduler"]["scheduler"]
             head = {id(p) for p in module.online_model.head.parameters()}
@@ -445,7 +447,8 @@ def head_learning_rate(plant):
                         groups.append({**settings, "params": params, "lr": group["initial_lr"] * scale})
             optimizer = type(scheduler.optimizer)(groups)
             result["optimizer"] = optimizer
-            result["lr_scheduler"]["scheduler"] = torch.optim.lr_scheduler.LambdaLR(optimizer, scheduler.lr_lambdas[0])
+            result["lr_scheduler"]["scheduler"] = WarmupThenCosine(  # the same schedule over the new groups
+                optimizer, module.trainer.estimated_stepping_batches, module.hparams.warmup_fraction)
             return result
 
         module.configure_optimizers = configure_optimizers

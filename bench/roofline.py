@@ -274,10 +274,10 @@ def inference_tokens_per_s(network, datamodule, repeats: int = 3) -> int:
 
 def config_callbacks(config: Path) -> list:
     """The config's own trainer.callbacks (train.py's default ones when it lists none)."""
-    import train  # only here: the bench trains through the face, as `make train` does
+    from training.commands import DEFAULT_CALLBACKS
 
     callbacks = (read_config(config).get("trainer") or {}).get("callbacks")
-    return list(callbacks) if callbacks else list(train.DEFAULT_CALLBACKS)
+    return list(callbacks) if callbacks else list(DEFAULT_CALLBACKS)
 
 
 def make_train_estimate(config: Path, cli, figures: dict, set_up: float) -> dict:

@@ -11,6 +11,7 @@ import yaml
 
 import predict
 import train
+import training.length
 from conftest import ONE_PROBE, QUIET, SMOKE
 from data import DataError, TextDataModule
 from data.datamodule import MAX_LENGTH_CAP, RARE_WORD_SHARE
@@ -123,7 +124,7 @@ def test_training_length_with_no_max_epochs_gives_small_data_enough_steps(tmp_pa
     assert cli.trainer.max_epochs == 36 == cli.config["trainer"]["max_epochs"]
     cli = train.cli(["--config", SMOKE, "--data.cache_dir", str(tmp_path), "--trainer.max_epochs", "null",
                      "--data.batch_size", "8"], run=False)
-    assert cli.trainer.max_epochs == train.MIN_EPOCHS  # 450 steps per epoch: the epoch minimum
+    assert cli.trainer.max_epochs == training.length.MIN_EPOCHS  # 450 steps per epoch: the epoch minimum
     cli = train.cli(["--config", SMOKE, "--data.cache_dir", str(tmp_path)], run=False)
     assert cli.trainer.max_epochs == 10  # set by the config: kept
 
@@ -137,7 +138,8 @@ def stopper(cli):
 def test_chosen_training_length_gives_early_stopping_enough_steps(tmp_path):
     # 57 steps per epoch: patience 5 epochs (285 steps) is raised to ceil(300 / 57) = 6, in config.yaml too.
     cli = train.cli(["--config", SMOKE, "--data.cache_dir", str(tmp_path), "--trainer.max_epochs", "null"], run=False)
-    assert train.PATIENCE_STEPS == 300 and stopper(cli).patience == 6 == cli.config["early_stopping"]["patience"]
+    assert training.length.PATIENCE_STEPS == 300
+    assert stopper(cli).patience == 6 == cli.config["early_stopping"]["patience"]
     cli = train.cli(["--config", SMOKE, "--data.cache_dir", str(tmp_path), "--trainer.max_epochs", "null",
                      "--data.batch_size", "8"], run=False)
     assert stopper(cli).patience == 5  # 450 steps per epoch: 5 epochs are plenty

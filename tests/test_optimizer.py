@@ -1,8 +1,10 @@
 """The training optimizer (training/module.py: adamw_with_warmup) takes the fused AdamW kernel where torch has one,
 and moves the weights as torch's plain AdamW does: the same update, one pass over memory instead of several."""
 
+import math
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from model.classifier import AttentionClassifier
@@ -39,3 +41,48 @@ def test_the_fused_optimizer_moves_the_weights_as_plain_adamw():
     for (name, a), b, before in zip(fused_network.named_parameters(), plain_network.parameters(), start.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
         assert not a.requires_grad or not torch.equal(a, before), f"{name} did not move"
+
+
+def hand_schedule(step: int, total: int, warmup: int) -> float:
+    """The schedule the published figures were trained with: linear warm-up to the full rate over `warmup` steps,
+    then a cosine to zero at step `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+
+@pytest.mark.parametrize(("total", "warmup_fraction"), [(1, 0.05), (2, 0.5), (10, 0.0), (10, 0.3), (7, 1.0),
+                                                         (100, 0.05), (1000, 0.05), (2001, 0.1)])
+def test_the_schedule_is_the_warmup_then_cosine_of_the_published_figures(total, warmup_fraction):
+    module = SimpleNamespace(hparams=SimpleNamespace(lr=3e-3, weight_decay=0.1, warmup_fraction=warmup_fraction),
+                             trainer=SimpleNamespace(estimated_stepping_batches=total))
+    configured = adamw_with_warmup(module, network())
+    optimizer, scheduler = configured["optimizer"], configured["lr_scheduler"]["scheduler"]
+    warmup = max(1, int(warmup_fraction * total))  # (1, 0.05) and (10, 0.0): a warm-up of one step
+    for step in range(total + 1):  # the rate of every step, and the one after the last (zero)
+        expected = 3e-3 * hand_schedule(step, total, warmup)
+        for group in optimizer.param_groups:
+            assert math.isclose(group["lr"], expected, rel_tol=1e-6, abs_tol=1e-12), (step, group["lr"], expected)
+        optimizer.step()
+        scheduler.step()
+
+
+def test_a_schedule_saved_by_hand_resumes_at_its_step():
+    """Checkpoints of an earlier version hold the schedule as a LambdaLR's state (its step only): a fit resumed from
+    one goes on at the rate of that step."""
+    total, warmup, step = 50, 5, 17
+    module = SimpleNamespace(hparams=SimpleNamespace(lr=3e-3, weight_decay=0.1, warmup_fraction=0.1),
+                             trainer=SimpleNamespace(estimated_stepping_batches=total))
+    earlier = adamw_with_warmup(module, network())["optimizer"]
+    by_hand = torch.optim.lr_scheduler.LambdaLR(earlier, lambda s: hand_schedule(s, total, warmup))
+    for _ in range(step):
+        earlier.step()
+        by_hand.step()
+    configured = adamw_with_warmup(module, network())
+    configured["optimizer"].load_state_dict(earlier.state_dict())
+    configured["lr_scheduler"]["scheduler"].load_state_dict(by_hand.state_dict())
+    for moment in range(step, total + 1):
+        for group in configured["optimizer"].param_groups:
+            assert math.isclose(group["lr"], 3e-3 * hand_schedule(moment, total, warmup), rel_tol=1e-6, abs_tol=1e-12)
+        configured["optimizer"].step()
+        configured["lr_scheduler"]["scheduler"].step()

@@ -329,13 +329,14 @@ print(mapped(6 << 20), map_large_blocks(1 << 20), mapped(6 << 20))
 
 
 def test_memory_callback_is_on_with_no_config_and_in_the_imdb_configs(capsys):
-    """A run whose config lists no callbacks gets ReturnFreedMemory beside the monitor (train.py DEFAULT_CALLBACKS);
-    the IMDB configs, which list their own, list it too."""
+    """A run whose config lists no callbacks gets ReturnFreedMemory beside the monitor (DEFAULT_CALLBACKS,
+    training/commands.py); the IMDB configs, which list their own, list it too."""
     import yaml
 
     import train
+    from training.commands import DEFAULT_CALLBACKS
 
-    names = [c["class_path"] for c in train.DEFAULT_CALLBACKS]
+    names = [c["class_path"] for c in DEFAULT_CALLBACKS]
     assert names == ["monitor.AttentionMonitor", "training.memory.ReturnFreedMemory"]
     with pytest.raises(SystemExit):
         train.main(["fit", "--print_config"])

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import train
+import training.commands
 from conftest import LABELS, ONE_PROBE, QUIET, ROOT, SMOKE, fit
 from inference import TextClassifier
 from training.module import ClassifierModule
@@ -41,8 +42,8 @@ def test_checkpoints_best_and_last_load_without_running_code(smoke_run):
 def test_fit_from_a_checkpoint_reads_it_once_before_lightning_does(smoke_run, tmp_path, monkeypatch):
     last = smoke_run.last
     reads = []
-    read = train.read_checkpoint
-    monkeypatch.setattr(train, "read_checkpoint", lambda path: reads.append(path) or read(path))
+    read = training.commands.read_checkpoint
+    monkeypatch.setattr(training.commands, "read_checkpoint", lambda path: reads.append(path) or read(path))
     cli = fit(tmp_path, "--data.train_file", str(smoke_run.train_file), "--trainer.max_epochs", "5",
               "--trainer.limit_train_batches", "1",
               "--trainer.limit_val_batches", "1", "--ckpt_path", str(last))

@@ -11,7 +11,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from data.files import write_atomically
 from data.checkpoint import OLDER_LAYOUT, CheckpointError, stored_label_names
-from model.config import network_config
+from model.config import NetworkConfig, network_config
 
 SPECIAL_NAMES = ("last", "best", "hpc", "registry")  # Lightning resolves these itself
 
@@ -62,13 +62,22 @@ def check_fits(path, checkpoint: dict, network, label_names, resume: bool = Fals
     hint = "use the config it was trained with (its run's config.yaml: --config <run>/config.yaml)"
     if labels != list(label_names):
         raise CheckpointError(f"{path}: trained on label names {labels}, but this data has {list(label_names)}; {hint}")
-    differences = [
-        f"{name} {value!r} (this config: {getattr(network, name)!r})"
-        for name, value in trained.to_dict().items()
-        if getattr(network, name) != value
-    ]
-    if differences:
-        raise CheckpointError(f"{path}: trained with {', '.join(differences)}; {hint}")
+    if differs := differences(trained, network):
+        raise CheckpointError(f"{path}: trained with {differs}; {hint}")
+
+
+def check_pretraining_fits(path, checkpoint: dict, network) -> None:
+    """As check_fits, for a pretraining checkpoint (train.py pretrain --ckpt_path): no labels, the network alone."""
+    if differs := differences(NetworkConfig.from_dict(checkpoint["hyper_parameters"]["network"]), network):
+        raise CheckpointError(f"{path}: pretrained with {differs}; use the config it was trained with (its run's "
+                              "config.yaml: --config <run>/config.yaml)")
+
+
+def differences(trained: NetworkConfig, network: NetworkConfig) -> str:
+    """What the checkpoint's network config `trained` sets otherwise than this config's `network`, as
+    "name value (this config: value), ..."; "" when they agree."""
+    return ", ".join(f"{name} {value!r} (this config: {getattr(network, name)!r})"
+                     for name, value in trained.to_dict().items() if getattr(network, name) != value)
 
 
 def main(argv=None) -> int:

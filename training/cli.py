@@ -17,6 +17,8 @@ import yaml
 from jsonargparse._common import debug_mode_active  # jsonargparse's JSONARGPARSE_DEBUG: its own long message
 from lightning.pytorch.cli import LightningArgumentParser
 
+from model.config import ConfigError
+
 MAX_MESSAGE = 300  # characters of jsonargparse's own reason kept in the line
 
 
@@ -149,3 +151,16 @@ def find_key(config, key: str, path: str = "", class_path: str | None = None):
             if (found := find_key(value, key, f"{path}[{index}]", class_path)) is not None:
                 return found
     return None
+
+
+def wrapped_config_error(error: BaseException) -> ConfigError | None:
+    """The ConfigError behind an error jsonargparse raised while building a class (its "Does not validate against
+    any of the Union subtypes" lists it among other lines), or None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, ConfigError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+

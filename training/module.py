@@ -19,6 +19,7 @@ from model.classifier import AttentionClassifier
 from model.config import ConfigError, NetworkConfig
 from training import calibration as calib
 from training.encoder import load_encoder
+from training.schedule import WarmupThenCosine
 
 log = logging.getLogger(__name__)
 
@@ -365,8 +366,8 @@ class ClassifierModule(L.LightningModule):
 
 def adamw_with_warmup(module: L.LightningModule, network: torch.nn.Module) -> dict:
     """AdamW on `network` with module.hparams' lr and weight_decay, a linear warm-up over warmup_fraction of the
-    steps, then a cosine decay to zero. Weight decay on matrices only: decaying embeddings, biases and LayerNorm
-    gains only hurts."""
+    steps, then a cosine decay to zero (training/schedule.py). Weight decay on matrices only: decaying embeddings,
+    biases and LayerNorm gains only hurts."""
     hparams = module.hparams
     parameters = list(network.named_parameters())
     decay = [p for name, p in parameters if decays(name, p)]
@@ -379,15 +380,7 @@ def adamw_with_warmup(module: L.LightningModule, network: torch.nn.Module) -> di
         optimizer = torch.optim.AdamW(groups, lr=hparams.lr, fused=fused or None)
     except RuntimeError:  # a torch without the fused kernel for these weights
         optimizer = torch.optim.AdamW(groups, lr=hparams.lr)
-    total = max(1, module.trainer.estimated_stepping_batches)
-    warmup = max(1, int(hparams.warmup_fraction * total))
-
-    def schedule(step):
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    scheduler = WarmupThenCosine(optimizer, module.trainer.estimated_stepping_batches, hparams.warmup_fraction)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
