@@ -19,7 +19,7 @@ def test_a_given_test_file_is_scored_and_testing_the_run_reuses_its_data_teacher
                                                                                             monkeypatch):
     train_file, test_file = write_csv(tmp_path / "train.csv", marker_rows(120)), write_csv(
         tmp_path / "test.csv", marker_rows(30, seed=5))
-    with caplog.at_level(logging.INFO, logger="train"):  # its own level: a bench run in this process may have raised it
+    with caplog.at_level(logging.INFO, logger="train"):  # its level: a bench in this process raises it
         cli = fit(tmp_path, "--data.train_file", str(train_file), "--data.test_file", str(test_file),
                   "--data.teacher", "ngram", "--model.distillation", "0.5", "--data.vocab_size", "null",
                   "--data.max_length", "null", "--trainer.max_epochs", "2")
