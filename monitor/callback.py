@@ -37,7 +37,8 @@ from monitor.contract import optimizer_differences
 from monitor.doctor import SHOWN_FIGURES, Finding, figure_table_markdown, head_titles, verdict_table_markdown
 from monitor.dynamics import TrainingDynamics
 from monitor.health import ROWS_PER_BATCH, AttentionHealth
-from monitor.heatmap import PLAIN_TEXT, attention_figure, freeze, panel_title, redraw, shown_weights
+from monitor.heatmap import (PLAIN_TEXT, attention_figure, fitted_heading, freeze, panel_title, redraw,
+                             shown_weights)
 from monitor.loss_contract import LossContract
 from monitor.units import Subject, examine
 from monitor.views import stacked_layers
@@ -240,7 +241,7 @@ class AttentionMonitor(Callback):
         # The heading keeps the place the layout gave it: a new suptitle() would go back to matplotlib's default height
         # and run into the panel titles.
         heading = self.still_parts[i][1][0]
-        heading.set_text(title)
+        heading.set_text(fitted_heading(title, figure.get_figwidth()))
         return figure
 
     # ---- health -------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import functools
 import logging
 import math
 import re
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -197,8 +198,15 @@ def attention_figure(
         axes[-1, 0].set_xlabel("key", fontsize=8)
         axes[-1, 0].set_ylabel("query", fontsize=8)
         fig.colorbar(image, ax=axes.ravel().tolist(), shrink=min(1.0, 0.9 / math.sqrt(n_layers)), label="weight")
-        fig.suptitle(heading, fontsize=10, **PLAIN_TEXT)
+        fig.suptitle(fitted_heading(heading, size[0]), fontsize=10, **PLAIN_TEXT)
     return fig
+
+
+def fitted_heading(heading: str, figure_width: float) -> str:
+    """The figure's heading broken into lines that fit its width (10-point text, ~12 characters an inch): a one-head
+    figure is narrower than a probe text's heading, which would otherwise be cut at both sides."""
+    width = max(20, int(figure_width * 12))
+    return "\n".join(textwrap.fill(line, width) for line in heading.split("\n"))
 
 
 def panel_title(layer: int, head: int, verdicts: list[list[str]] | None = None) -> str:

@@ -160,3 +160,14 @@ def test_user_text_with_dollar_signs_is_drawn_as_typed_never_as_a_formula():
     figure_to_array(fig)  # draws every text
     assert fig.get_suptitle() == "paid $5 ^_^ worth $10"
     assert [label.get_text() for label in heatmap_axes(fig)[0].get_yticklabels()] == PRICES
+
+
+def test_a_long_heading_is_broken_into_lines_a_one_head_figure_can_hold():
+    from monitor.heatmap import fitted_heading
+
+    heading = "the chateau cleverly probes the cross - cultural differences between them — validation #331, step 3159"
+    figure = attention_figure(torch.rand(2, 1, 6, 6).softmax(-1), [f"t{i}" for i in range(6)], heading)
+    lines = figure.get_suptitle().split("\n")
+    assert len(lines) > 1 and " ".join(lines) == heading  # every word kept, in order
+    assert max(map(len, lines)) <= int(figure.get_figwidth() * 12)
+    assert fitted_heading("short", 4.0) == "short"
