@@ -34,14 +34,31 @@ from model.user_class import (  # noqa: F401 (the names callers import from here
 
 log = logging.getLogger(__name__)
 
-# Where a class keeps its output projection, by the names tutorials give it: head gates multiply its input.
-OUTPUT_PROJECTION_NAMES = ("W_O", "w_o", "out_proj", "o_proj", "to_out", "c_proj", "proj", "out")
-# Its query, key and value projections (nn.Linear), read by the monitor's update ratio and head similarity.
-PROJECTION_NAMES = {
-    "w_q": ("W_Q", "w_q", "q_proj", "query", "to_q", "q"),
-    "w_k": ("W_K", "w_k", "k_proj", "key", "to_k", "k"),
-    "w_v": ("W_V", "w_v", "v_proj", "value", "to_v", "v"),
+# The attribute names tutorials give a layer's projections, lower case without "_" (normal()): the adapter finds
+# the class's W_Q, W_K, W_V and W_O by them, and so does the doctor's formula check (monitor/layer_formula.py).
+ROLE_NAMES = {
+    "q": {"wq", "q", "qproj", "query", "queries", "toq", "qlinear", "linearq", "wquery", "queryproj", "projq",
+          "qprojweight", "weightq", "wqs"},
+    "k": {"wk", "k", "kproj", "key", "keys", "tok", "klinear", "lineark", "wkey", "keyproj", "projk", "kprojweight",
+          "weightk", "wks"},
+    "v": {"wv", "v", "vproj", "value", "values", "tov", "vlinear", "linearv", "wvalue", "valueproj", "projv",
+          "vprojweight", "weightv", "wvs"},
+    "o": {"wo", "o", "oproj", "out", "outproj", "toout", "output", "cproj", "proj", "outlinear", "linearo", "wout",
+          "projout", "outputproj", "dense", "fcout"},
+    "qkv": {"qkv", "toqkv", "cattn", "inproj", "inprojweight", "wqkv", "qkvproj", "qkvlinear", "projqkv"},
 }
+
+
+def normal(name: str) -> str:
+    """An attribute path's last name, lower case without "_": W_Q, w_q and wq read alike."""
+    return name.rsplit(".", 1)[-1].lower().replace("_", "")
+
+
+def named_projection(user: nn.Module, role: str, kinds=nn.Linear):
+    """The user's own submodule of one of `kinds` named like the role's projection (ROLE_NAMES), or None."""
+    return next((m for n, m in user.named_children() if normal(n) in ROLE_NAMES[role] and isinstance(m, kinds)), None)
+
+
 _said: set[str] = set()  # log lines already written (a network builds one adapter per layer)
 
 
@@ -129,8 +146,7 @@ class OwnAttention(nn.Module):
         output must be the same at every token (only a bias left), else the layer refuses head ablation."""
         if self.n_heads == 1:
             return False
-        projection = next((m for n in OUTPUT_PROJECTION_NAMES
-                           if isinstance(m := getattr(self.user, n, None), (nn.Linear, nn.Sequential))), None)
+        projection = named_projection(self.user, "o", (nn.Linear, nn.Sequential))
         if isinstance(projection, nn.Sequential):
             projection = projection[0] if len(projection) and isinstance(projection[0], nn.Linear) else None
         if projection is not None and projection.in_features % self.n_heads == 0:
@@ -172,9 +188,8 @@ class OwnAttention(nn.Module):
         return self._convention.call == "none"
 
     def projection(self, role: str) -> nn.Linear | None:
-        """The class's own nn.Linear for "w_q", "w_k" or "w_v" by its usual names (PROJECTION_NAMES), or None."""
-        return next((m for n in PROJECTION_NAMES[role] if isinstance(m := getattr(self.user, n, None), nn.Linear)),
-                    None)
+        """The class's own nn.Linear for "w_q", "w_k" or "w_v" by its usual names (ROLE_NAMES), or None."""
+        return named_projection(self.user, role[-1])
 
     # Read, not registered again: a second registration would make the monitor see one weight in two places.
     w_q = property(lambda self: self.projection("w_q"))

@@ -21,23 +21,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.attention import dense_reference
+from model.own_attention import ROLE_NAMES, normal
 from monitor.contract import (MATCH, centred, compare_mask, compare_scores, compare_weights, differ,
                               factor_of, first_difference, operands, relative)
 
 SCALE_FACTOR = 4.0  # a score spread this many times what 1/√d_k gives, or 1/this, is a scale far off (as
 # monitor/doctor.py's formula-setting: "no scaling" with heads of 16 is 4×, "divided by d_k" ¼×)
 
-ROLE_NAMES = {  # leaf attribute names, lower case without "_"
-    "q": {"wq", "q", "qproj", "query", "queries", "toq", "qlinear", "linearq", "wquery", "queryproj", "projq",
-          "qprojweight", "weightq", "wqs"},
-    "k": {"wk", "k", "kproj", "key", "keys", "tok", "klinear", "lineark", "wkey", "keyproj", "projk", "kprojweight",
-          "weightk", "wks"},
-    "v": {"wv", "v", "vproj", "value", "values", "tov", "vlinear", "linearv", "wvalue", "valueproj", "projv",
-          "vprojweight", "weightv", "wvs"},
-    "o": {"wo", "o", "oproj", "out", "outproj", "toout", "output", "cproj", "proj", "outlinear", "linearo", "wout",
-          "projout", "outputproj", "dense", "fcout"},
-    "qkv": {"qkv", "toqkv", "cattn", "inproj", "inprojweight", "wqkv", "qkvproj", "qkvlinear", "projqkv"},
-}
 HEAD_ATTRIBUTES = ("n_heads", "num_heads", "heads", "n_head", "nhead", "num_attention_heads", "h", "head_count")
 
 
@@ -57,10 +47,6 @@ class Projections:
 
     def describe(self) -> str:
         return ", ".join(f"{role}={name}" for role, name in self.names.items())
-
-
-def normal(name: str) -> str:
-    return name.rsplit(".", 1)[-1].lower().replace("_", "")
 
 
 def resolve(user: nn.Module, path: str):
