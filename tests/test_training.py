@@ -113,6 +113,8 @@ def test_ema_model_is_the_average_the_checkpoint_keeps(tmp_path):
     assert not torch.equal(averaged["head.weight"], online["head.weight"])  # an average, not a copy
     checkpoint = torch.load(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
     torch.testing.assert_close(checkpoint["state_dict"]["model.head.weight"], averaged["head.weight"])
+    # The network trained beside it under `_online.`: the layout every EMA checkpoint has, so older ones resume.
+    torch.testing.assert_close(checkpoint["state_dict"]["_online.head.weight"], online["head.weight"])
 
 
 @pytest.mark.slow
