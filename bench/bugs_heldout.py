@@ -564,7 +564,7 @@ def weight_average_never_updated(plant):
         if module._online is None:  # the run as configured keeps no average: add one, as ema_decay would
             module.hparams["ema_decay"] = 0.999
             module._online = copy.deepcopy(module.model)
-        module.update_average = lambda: None
+        module.average = None  # the module then never updates `model` from the network trained
 
     plant.module(edit)
 

@@ -160,7 +160,7 @@ VERDICTS: dict[str, Verdict] = {
         "biases, LayerNorm gains and embeddings by design)",
         "the optimizer is not the configured one: a setting changed in the module after the run was configured, "
         "parameter groups built by hand (layer-wise rates), or a run resumed with other settings",
-        "build the optimizer from the configured model.lr and model.weight_decay (training/module.py "
+        "build the optimizer from the configured model.lr and model.weight_decay (training/optimizer.py "
         "adamw_with_warmup); change settings in the config, not in the running module"),
     "loss-broken": Verdict(
         "warning", f"the loss a training step used differs by ≥ {LOSS_TOLERANCE:g} (relative) from its definition "

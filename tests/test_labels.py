@@ -282,14 +282,9 @@ def test_the_teacher_is_balanced_and_shifted_only_when_the_commonest_class_is_3_
 
 
 def loss_weights_under(data, class_weights):
-    from types import SimpleNamespace
+    from training.class_weights import choose_loss_weights
 
-    from training.module import ClassifierModule
-
-    module = ClassifierModule(class_weights=class_weights, label_names=["0", "1"])
-    module._trainer = SimpleNamespace(datamodule=data)  # choose_loss_weights reads the training labels there
-    module.choose_loss_weights()
-    return module.loss_weights
+    return choose_loss_weights(class_weights, False, data, ["0", "1"], "cpu")
 
 
 def test_the_balanced_sampler_and_class_weights_never_both_balance_the_classes(tmp_path):

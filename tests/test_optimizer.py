@@ -1,4 +1,4 @@
-"""The training optimizer (training/module.py: adamw_with_warmup) takes the fused AdamW kernel where torch has one,
+"""The training optimizer (training/optimizer.py: adamw_with_warmup) takes the fused AdamW kernel where torch has one,
 and moves the weights as torch's plain AdamW does: the same update, one pass over memory instead of several."""
 
 import math
@@ -9,7 +9,7 @@ import torch
 
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
-from training.module import adamw_with_warmup, decays
+from training.optimizer import adamw_with_warmup, decays
 
 
 def network() -> AttentionClassifier:

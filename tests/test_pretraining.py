@@ -18,6 +18,7 @@ from model.config import NetworkConfig
 from model.kinds import ATTENTION_KINDS
 from model.pretraining import PretrainingNetwork, choose, corrupt
 from training.encoder import ENCODER_PARTS, encoder_state
+from training.starting import StartOfFit
 
 IDS = dict(mask_id=MASK_ID, first_word_id=FIRST_WORD_ID)  # the tokenizer's, as training/pretraining.py passes them
 TINY = ["--model.network.d_model", "16", "--model.network.n_heads", "2", "--model.network.d_ff", "16"]
@@ -259,7 +260,7 @@ def test_fine_tuning_starts_from_exactly_the_pretrained_weights_and_tokenizer(pr
     checkpoint = torch.load(last, weights_only=True)
     assert stored_form(cli.datamodule.state["tokenizer"]) == checkpoint["PretrainDataModule"]["tokenizer"]
     assert cli.model.network.vocab_size == checkpoint["hyper_parameters"]["network"]["vocab_size"]
-    cli.model.setup("fit")
+    StartOfFit().setup(cli.trainer, cli.model, "fit")  # what a fit does before it restores a --ckpt_path
     own = cli.model.model.state_dict()
     shared = encoder_state(checkpoint)
     assert shared and set(shared) == {name for name in own if name.startswith(ENCODER_PARTS)}

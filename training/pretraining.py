@@ -8,7 +8,8 @@ from torchmetrics import MeanMetric
 from data.tokenizer import FIRST_WORD_ID, MASK_ID
 from model.config import ConfigError, NetworkConfig
 from model.pretraining import OBJECTIVES, PretrainingNetwork, corrupt
-from training.module import NonFiniteLossError, adamw_with_warmup, optimizer_settings
+from training.module import NonFiniteLossError
+from training.optimizer import adamw_with_warmup, optimizer_settings
 
 
 class PretrainModule(L.LightningModule):

@@ -134,3 +134,15 @@ def starting_embedding(split, network, epochs: int = 5, seed: int = 0) -> torch.
     network expects. Deterministic: the same texts, settings and seed give the same table (on one machine)."""
     table = skipgram_vectors(split.ids, split.offsets, network.vocab_size, network.d_model, epochs=epochs, seed=seed)
     return table / table.std() * network.embedding_std
+
+
+def start_from_word_vectors(networks, split, config, epochs: int) -> None:
+    """Before the first step of a fresh fit (model.word_vectors): skip-gram vectors of the training texts (split:
+    an EncodedSplit; config: the NetworkConfig) as the token embedding's start of each of `networks`."""
+    log.info("word vectors: %d skip-gram epochs on the %d training texts (%d tokens) before the first step",
+             epochs, len(split), len(split.ids))
+    seed = int(torch.randint(2**31 - 1, ()))  # from the run's seed (seed_everything)
+    table = starting_embedding(split, config, epochs=epochs, seed=seed)
+    with torch.no_grad():
+        for network in networks:
+            network.token_embedding.weight.copy_(table)
