@@ -1,6 +1,6 @@
 """The picture of a contract failure in docs/DOCTOR.md: what one attention layer handed out, stage by stage, against
 its kind's definition recomputed from the layer's own input and weights (monitor/contract.py), for a healthy layer
-and for planted bugs (bench/bugs.py). A layer that computes the formula lies on the diagonal at every stage; a bug
+and for planted bugs (monitor/catalogue/bugs.py). A layer that computes the formula lies on the diagonal at every stage; a bug
 leaves it at the first stage it changes.
 
     python -m bench.contract_figure docs/doctor_contract.png [--bugs tiny-scale values-are-keys]
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import torch
 
-from bench.bugs import BUGS, Plant
+from monitor.catalogue.bugs import BUGS, Plant
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
 from monitor.contract import captured, compare, dense_handout

@@ -1,4 +1,4 @@
-"""The proof of the attention doctor: each planted bug (bench/bugs.py) trained into short runs, and what the doctor
+"""The proof of the attention doctor: each planted bug (monitor/catalogue/bugs.py) trained into short runs, and what the doctor
 said about them; healthy runs, which must get no warning.
 
     python -m bench.diagnosis                                     # every bug × synthetic, SST-2, ChnSentiCorp
@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 import train
-from bench.bugs import GROUPS, Bug, Plant, every_bug, load_bug
+from monitor.catalogue.bugs import GROUPS, Bug, Plant, every_bug, load_bug
 from bench.common import CONFIGS, ROOT, check_writable
 from bench.subsets import subset, write
 from data.files import WriteError, check_target, describe, write_text
@@ -55,7 +55,7 @@ SHIPPED = {"synthetic": CONFIGS / "smoke.yaml", "sst2": CONFIGS / "sst2.yaml",
            "chnsenticorp_htl": CONFIGS / "chnsenticorp_htl.yaml"}
 NO_CONFIG = "no config"
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
-HELD_OUT = "heldout"  # the group of bugs written by someone who never read monitor/ (bench/bugs_heldout.py)
+HELD_OUT = "heldout"  # the group of bugs written by someone who never read monitor/ (monitor/catalogue/bugs_heldout.py)
 FIRST_STEPS = 200  # the goal: each verdict within this many optimizer steps
 
 
@@ -377,7 +377,7 @@ def main(argv=None):
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", nargs="+", default=list(SHIPPED), choices=list(SHIPPED))
     parser.add_argument("--bugs", nargs="+", default=["all"],
-                        help="bug names (python -m bench.bugs lists them), module:function, 'all', 'none', or a "
+                        help="bug names (python -m monitor.catalogue.bugs lists them), module:function, 'all', 'none', or a "
                              f"group: {', '.join(GROUPS)}")
     parser.add_argument("--rows", type=POSITIVE.argument(), default=3000, help="training rows of each subset")
     parser.add_argument("--check-every", type=POSITIVE.argument(), default=25,

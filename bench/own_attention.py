@@ -1,4 +1,4 @@
-"""The attention contract (`diagnose.py --attention`) on user-written classes it never saw: bench/user_attention's
+"""The attention contract (`diagnose.py --attention`) on user-written classes it never saw: monitor/catalogue/user_attention's
 catalogue, correct and buggy, written by someone who had not read the checks. Per class its verdicts, whether it
 FAILs and with which checks, and whether a FAIL names the property the class's mistake breaks; then recall (buggy
 classes that FAIL with a right check / buggy classes), the FAILs on correct classes, and the runtime.
@@ -7,7 +7,7 @@ classes that FAIL with a right check / buggy classes), the FAILs on correct clas
     python -m bench.own_attention --command            # each class through `python diagnose.py --attention` (timed)
     python -m bench.own_attention --d-model 32 --heads 4
 
-The catalogue names properties of attention (bench/user_attention/catalogue.py CATEGORIES), not the checks; RIGHT
+The catalogue names properties of attention (monitor/catalogue/user_attention/catalogue.py CATEGORIES), not the checks; RIGHT
 says which categories each check's FAIL is evidence of. Nothing here sets a threshold: the checks are those of
 monitor/layer_contract.py as they are.
 """
@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 from bench.common import ROOT
-from bench.user_attention.catalogue import CATALOGUE
+from monitor.catalogue.user_attention.catalogue import CATALOGUE
 from monitor.layer_contract import layer_contract
 
-FOLDER = Path("bench") / "user_attention"
+FOLDER = Path("monitor") / "catalogue" / "user_attention"
 RIGHT = {  # a check's FAIL → the catalogue's categories it is evidence of
     "shapes": {"shapes"},
     "softmax-rows": {"softmax-rows"},

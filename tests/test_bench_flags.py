@@ -148,7 +148,7 @@ def test_diagnosis_refuses_a_healthy_checkpoint_that_does_not_read(capsys, tmp_p
 
 def test_diagnosis_records_a_bug_that_raised_or_did_not_load_in_out_and_exits_1(user_bugs, monkeypatch):
     import bench.diagnosis
-    from bench.bugs import Plant
+    from monitor.catalogue.bugs import Plant
 
     monkeypatch.setattr(bench.diagnosis, "subset_files", lambda *a, **k: (user_bugs / "t.csv", user_bugs / "v.csv"))
     monkeypatch.setattr(bench.diagnosis, "fit", lambda args, bug, every: (bug.plant(Plant()) if bug else None) or (

@@ -1,4 +1,4 @@
-"""The held-out bugs (bench/bugs_heldout.py) are well-formed, checked without the doctor: each plants into a tiny
+"""The held-out bugs (monitor/catalogue/bugs_heldout.py) are well-formed, checked without the doctor: each plants into a tiny
 ClassifierModule the way a run is built (network settings, then edit(module), the forward inside applied()), every
 attention kind it names takes it without crashing, and it changes what the model computes: its output at the same
 seed, or for a bug of the optimizer or the training loop, the weights after two training steps on a tiny batch."""
@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import bench.bugs
-import bench.bugs_heldout  # noqa: F401 (registers the held-out bugs)
-from bench.bugs import BUGS, GROUPS, Plant
+import monitor.catalogue.bugs
+import monitor.catalogue.bugs_heldout  # noqa: F401 (registers the held-out bugs)
+from monitor.catalogue.bugs import BUGS, GROUPS, Plant
 from model.config import NetworkConfig
 from model.kinds import ATTENTION_KINDS
 from training.module import ClassifierModule
@@ -95,7 +95,7 @@ def test_heldout_bugs_are_registered_with_sources():
 
 def test_heldout_names_leave_the_other_bugs_registered():
     # The registry is keyed by name: a held-out bug named like a catalogued one would silently replace it.
-    for function in vars(bench.bugs).values():
+    for function in vars(monitor.catalogue.bugs).values():
         entry = getattr(function, "bug", None)
         if entry is not None:
             assert BUGS[entry.name] is entry, f"{entry.name} is registered twice"

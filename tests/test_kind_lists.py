@@ -1,5 +1,5 @@
 """Every list of attention kinds comes from the registry (model/kinds.py): the README's table of kinds matches it, the
-doctor's table of planted bugs is what bench/bugs.py prints from it, and a kind written here, one class and one
+doctor's table of planted bugs is what monitor/catalogue/bugs.py prints from it, and a kind written here, one class and one
 registry line, shows up in config validation, --help, the bugs table and the planted bugs' kinds with nothing else
 edited."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import train
-from bench import bugs
-from bench.bugs import BUGS, Plant
+from monitor.catalogue import bugs
+from monitor.catalogue.bugs import BUGS, Plant
 from conftest import ROOT
 from model.attention import MultiHeadSelfAttention, attention_mask
 from model.classifier import AttentionClassifier
@@ -71,7 +71,7 @@ def test_the_readmes_table_of_kinds_is_the_registry():
 
 
 def test_the_doctors_table_of_planted_bugs_is_what_bench_bugs_prints(capsys):
-    # The held-out bugs (bench/bugs_heldout.py) register only where that module is imported, and are listed apart.
+    # The held-out bugs (monitor/catalogue/bugs_heldout.py) register only where that module is imported, and are listed apart.
     printed = [line for line in bugs_table(capsys).splitlines() if " | heldout | " not in line]
     assert "\n".join(printed) in (ROOT / "docs" / "DOCTOR.md").read_text(encoding="utf-8")
 

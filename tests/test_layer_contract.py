@@ -360,7 +360,7 @@ def test_learn_compares_with_the_built_in_layer_and_names_the_contracts_findings
 
 def test_the_held_out_bench_judges_a_class_by_the_property_its_mistake_breaks():
     from bench.own_attention import judge, summary
-    from bench.user_attention.catalogue import CATALOGUE
+    from monitor.catalogue.user_attention.catalogue import CATALOGUE
 
     entries = {entry["file"]: entry for entry in CATALOGUE}
     results = [judge(entries[name], 64, 4, command=False) for name in ("course_self_attention.py", "course_no_scale.py")]

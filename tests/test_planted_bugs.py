@@ -1,4 +1,4 @@
-"""Planted bugs (bench/bugs.py): each breaks what it claims, planted from outside and undone afterwards; and the
+"""Planted bugs (monitor/catalogue/bugs.py): each breaks what it claims, planted from outside and undone afterwards; and the
 doctor names them in tiny training runs on the synthetic task, while a healthy tiny run gets no warning."""
 
 import json
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import model.attention as core
-from bench.bugs import BUGS, Plant, load_bug, replaced
+from monitor.catalogue.bugs import BUGS, Plant, load_bug, replaced
 from bench.diagnosis import (SHIPPED, Run, confusion_table, first_step_table, fit, group_table, run_args, select_bugs,
                              subset_files, summary, verdict_table)
 from model.classifier import AttentionClassifier
@@ -186,7 +186,7 @@ def test_planting_is_undone_even_when_the_run_fails():
 
 def test_a_users_bug_loads_from_their_module(tmp_path, monkeypatch):
     (tmp_path / "my_bugs.py").write_text(textwrap.dedent('''
-        from bench.bugs import bug
+        from monitor.catalogue.bugs import bug
 
         @bug(expects="padding-leak")
         def my_bug(plant):
@@ -308,7 +308,7 @@ def test_bench_refuses_bad_targets_and_missing_inputs_before_any_run(tmp_path, c
 
 def test_a_users_bug_that_cannot_load_or_raises_is_one_line_and_the_bench_goes_on(tmp_path, monkeypatch, caplog):
     import bench.diagnosis
-    from bench.bugs import Bug
+    from monitor.catalogue.bugs import Bug
 
     (tmp_path / "broken_bugs.py").write_text("def broken(plant):\n    return (\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -1,8 +1,8 @@
 """Planted attention bugs: the catalogue the doctor's verdicts are measured against (bench/diagnosis.py,
 tests/test_planted_bugs.py).
 
-    python -m bench.bugs            # lists the catalogue: name, expected verdict, kinds, what the bug does
-    python -m bench.bugs --docs docs/DOCTOR.md    # writes it, and the checks' verdicts (monitor/units.py), into the docs
+    python -m monitor.catalogue.bugs    # lists the catalogue: name, expected verdict, kinds, what the bug does
+    make docs                           # writes it, and the checks' verdicts (monitor/units.py), into docs/DOCTOR.md
 
 A bug is a small function registered by name with the verdict the doctor should give. It plants itself through a
 `Plant`, from outside the product code (nothing in model/, training/, monitor/ or inference/ knows about it):
@@ -18,7 +18,7 @@ A bug is a small function registered by name with the verdict the doctor should 
 
 Your own bug, in your own module:
 
-    from bench.bugs import bug
+    from monitor.catalogue.bugs import bug
 
     @bug(expects="padding-leak")
     def my_bug(plant):
@@ -493,7 +493,7 @@ def mask_after_softmax(plant):
 
 
 # Modules that register more bugs on import (the held-out group): loaded by every_bug().
-BUG_MODULES = ("bench.bugs_heldout",)
+BUG_MODULES = ("monitor.catalogue.bugs_heldout",)
 
 
 def every_bug() -> dict[str, Bug]:
@@ -517,7 +517,7 @@ def doc_tables(text: str) -> str:
     from monitor.units import verdict_reference_markdown
 
     for name, table in (("verdict", verdict_reference_markdown), ("bug", bug_table_markdown)):
-        start, end = f"<!-- {name} table: python -m bench.bugs --docs docs/DOCTOR.md -->", f"<!-- end of {name} table -->"
+        start, end = f"<!-- {name} table: python -m monitor.catalogue.bugs --docs docs/DOCTOR.md -->", f"<!-- end of {name} table -->"
         if start not in text or end not in text:
             raise ValueError(f"no {start} … {end} block to fill")
         before, rest = text.split(start, 1)
@@ -539,7 +539,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    # Through the importable module: the bug modules of BUG_MODULES register into bench.bugs.BUGS, not __main__'s.
-    from bench.bugs import main as registered_main
+    # Through the importable module: BUG_MODULES register into monitor.catalogue.bugs.BUGS, not __main__'s.
+    from monitor.catalogue.bugs import main as registered_main
 
     registered_main()
