@@ -1,5 +1,5 @@
-"""The proof of the attention doctor: each planted bug (monitor/catalogue/bugs.py) trained into short runs, and what the doctor
-said about them; healthy runs, which must get no warning.
+"""The proof of the attention doctor: each planted bug (monitor/catalogue/bugs.py) trained into short runs, and what
+the doctor said about them; healthy runs, which must get no warning.
 
     python -m bench.diagnosis                                     # every bug × synthetic, SST-2, ChnSentiCorp
     python -m bench.diagnosis --datasets synthetic --bugs padding-ignored look-ahead
@@ -8,11 +8,11 @@ said about them; healthy runs, which must get no warning.
     python -m bench.diagnosis --healthy-checkpoints lightning_logs/version_3 --bugs none --no-healthy
     python -m bench.diagnosis --merge synthetic.json sst2.json     # the tables of runs saved with --out X.json
 
-A run is `train.py fit` in this process (train.cli, run=False): the bug's network settings go in as flags, its
-edits are made on the built module, and it trains with its replacements in place; nothing in the product knows.
-Every run trains 1 epoch (healthy runs `--healthy-epochs`) on a subset of the dataset's training split (`--rows`, stratified, seed 0) written as a
-CSV, and validates on the whole validation split every `--check-every` optimizer steps, so the step at which a
-verdict first appears is measured. Bug runs use the dataset's shipped config (configs/smoke.yaml for synthetic);
+A run is monitor/catalogue/proof.py's fit(): `train.py fit` in this process, the bug's network settings as flags,
+its edits made on the built module, its replacements in place while it trains. Every run trains 1 epoch (healthy runs
+`--healthy-epochs`) on a subset of the dataset's training split (`--rows`, stratified, seed 0) written as a CSV,
+and validates on the whole validation split every `--check-every` optimizer steps, so the step at which a verdict
+first appears is measured. Bug runs use the dataset's shipped config (configs/smoke.yaml for synthetic);
 healthy runs use it and the no-config default (configs/default.yaml). The verdicts are the AttentionMonitor's
 `history` (monitor/doctor.py): one list of findings per validation, each with a verdict whose severity is a
 "warning" (a bug class) or a "note".
@@ -35,26 +35,19 @@ from pathlib import Path
 
 import torch
 
-import train
-from monitor.catalogue.bugs import GROUPS, Bug, Plant, every_bug, load_bug
-from bench.common import CONFIGS, ROOT, check_writable
-from bench.subsets import subset, write
-from data.files import WriteError, check_target, describe, write_text
-from data.sources import load_splits
-from inference.limits import POSITIVE, Parser
+from bench.common import ROOT, check_writable
 from data.checkpoint import open_checkpoint
+from data.files import WriteError, check_target, describe, write_text
 from inference.diagnosis import diagnose_checkpoint
+from inference.limits import POSITIVE, Parser
 from model.kinds import ATTENTION_KINDS
-from monitor import AttentionMonitor
-from monitor.doctor import VERDICTS, Finding
-from training.module import NonFiniteLossError
+from monitor.catalogue.bugs import GROUPS, Bug, every_bug, load_bug
+from monitor.catalogue.proof import SHIPPED, check, checks, fit, run_args, subset_files
+from monitor.doctor import VERDICTS
 
 log = logging.getLogger("bench.diagnosis")
 
-SHIPPED = {"synthetic": CONFIGS / "smoke.yaml", "sst2": CONFIGS / "sst2.yaml",
-           "chnsenticorp_htl": CONFIGS / "chnsenticorp_htl.yaml"}
 NO_CONFIG = "no config"
-QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 HELD_OUT = "heldout"  # the group of bugs written by someone who never read monitor/ (monitor/catalogue/bugs_heldout.py)
 FIRST_STEPS = 200  # the goal: each verdict within this many optimizer steps
 
@@ -82,85 +75,12 @@ class Run:
         return None
 
 
-# ---- one run ------------------------------------------------------------------------------------------------------
-
-
-def fit(args: list[str], bug: Bug | None = None, check_every: int | None = None):
-    """Trains `train.py fit` with `args` in this process, with `bug` planted; returns (checks, accuracy, error).
-    check_every: validate every this many optimizer steps (at most an epoch's)."""
-    plant = Plant()
-    if bug is not None:
-        bug.plant(plant)
-    cli = train.cli([*args, *plant.flags()], run=False)
-    if check_every:
-        # n validations evenly spaced, the last at the epoch's end: the few batches past n · interval are left out
-        # (Lightning validates every `interval` batches, not at an epoch end that falls between two).
-        data = cli.datamodule
-        batches = math.ceil(len(data.split("train")) / data.hparams.batch_size)
-        validations = max(1, round(batches / check_every))
-        cli.trainer.val_check_interval = batches // validations
-        cli.trainer.limit_train_batches = validations * (batches // validations)
-    plant.edit(cli.model)
-    error = None
-    with plant.applied():
-        try:
-            cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-        except NonFiniteLossError as e:
-            error = str(e)
-    (monitor,) = [c for c in cli.trainer.callbacks if isinstance(c, AttentionMonitor)]
-    accuracy = cli.trainer.callback_metrics.get("val/acc")
-    return checks(monitor.history), math.nan if accuracy is None else float(accuracy), error
-
-
-def checks(history: list[dict]) -> list[dict]:
-    """The monitor's history as {"step", "warnings", "notes"} per validation (findings as objects or plain dicts)."""
-    return [check(int(entry["step"]), entry["findings"]) for entry in history]
-
-
-def check(step: int | str, findings) -> dict:
-    """A verdict this version does not know (a run of another version) counts as a note."""
-    findings = [Finding.from_dict(f) if isinstance(f, dict) else f for f in findings]
-    return {"step": step, "warnings": sorted({f.verdict for f in findings if f.severity == "warning"}),
-            "notes": sorted({f.verdict for f in findings if f.severity != "warning"})}
-
-
-def run_args(config: Path | None, train_file: Path, val_file: Path, root: Path, cache: Path,
-             network: list[str] = (), epochs: int = 1) -> list[str]:
-    """train.py flags for a run of `epochs` on these files (config None: the no-config default)."""
-    return [*(["--config", str(config)] if config else []), "--data.train_file", str(train_file),
-            "--data.val_file", str(val_file), "--data.cache_dir", str(cache), "--trainer.default_root_dir", str(root),
-            # A CSV logger: the learning rate and the scalars are kept, no probe heatmap is drawn (TensorBoard only)
-            "--trainer.logger", json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger",
-                                            "init_args": {"save_dir": str(root)}}),
-            "--trainer.max_epochs", str(epochs), *QUIET, *network]
-
-
 def network_flags(attention: str | None) -> list[str]:
     """--attention KIND: the kind, with a window and projection short enough for sentence-length texts."""
     if not attention:
         return []
     return ["--model.network.attention", attention, "--model.network.window", "8",
             "--model.network.projection_length", "16"]
-
-
-# ---- data ---------------------------------------------------------------------------------------------------------
-
-
-def subset_files(dataset: str, rows: int, folder: Path, validation_rows: int | None = None) -> tuple[Path, Path]:
-    """train.csv: `rows` training texts drawn stratified (seed 0); validation.csv: the validation split (its first
-    `validation_rows` after a stratified draw, when given)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    train_file, val_file = folder / "train.csv", folder / "validation.csv"
-    if not (train_file.exists() and val_file.exists()):
-        splits = load_splits(dataset=dataset, data_dir=None, train_file=None, val_file=None, test_file=None,
-                             text_column=None, label_column=None, val_fraction=0.1, seed=0)
-        names = splits.label_names
-        write(train_file, *subset(splits.texts["train"], splits.labels["train"], rows, seed=0), names)
-        validation = splits.texts["validation"], splits.labels["validation"]
-        if validation_rows is not None:
-            validation = subset(*validation, validation_rows, seed=0)
-        write(val_file, *validation, names)
-    return train_file, val_file
 
 
 # ---- the bench ----------------------------------------------------------------------------------------------------
@@ -377,8 +297,8 @@ def main(argv=None):
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", nargs="+", default=list(SHIPPED), choices=list(SHIPPED))
     parser.add_argument("--bugs", nargs="+", default=["all"],
-                        help="bug names (python -m monitor.catalogue.bugs lists them), module:function, 'all', 'none', or a "
-                             f"group: {', '.join(GROUPS)}")
+                        help="bug names (python -m monitor.catalogue.bugs lists them), module:function, 'all', "
+                             f"'none', or a group: {', '.join(GROUPS)}")
     parser.add_argument("--rows", type=POSITIVE.argument(), default=3000, help="training rows of each subset")
     parser.add_argument("--check-every", type=POSITIVE.argument(), default=25,
                         help="optimizer steps between validations")

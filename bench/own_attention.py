@@ -1,13 +1,13 @@
-"""The attention contract (`diagnose.py --attention`) on user-written classes it never saw: monitor/catalogue/user_attention's
-catalogue, correct and buggy, written by someone who had not read the checks. Per class its verdicts, whether it
-FAILs and with which checks, and whether a FAIL names the property the class's mistake breaks; then recall (buggy
-classes that FAIL with a right check / buggy classes), the FAILs on correct classes, and the runtime.
+"""The attention contract (`diagnose.py --attention`) on user-written classes it never saw: the catalogue of
+monitor/catalogue/user_attention/, correct and buggy, written by someone who had not read the checks. Per class its
+verdicts, whether it FAILs and with which checks, and whether a FAIL names the property the class's mistake breaks;
+then recall (buggy classes that FAIL with a right check / buggy classes), the FAILs on correct classes, the runtime.
 
     python -m bench.own_attention                      # in this process, each class built as diagnose.py builds it
     python -m bench.own_attention --command            # each class through `python diagnose.py --attention` (timed)
     python -m bench.own_attention --d-model 32 --heads 4
 
-The catalogue names properties of attention (monitor/catalogue/user_attention/catalogue.py CATEGORIES), not the checks; RIGHT
+The catalogue names properties of attention (its CATEGORIES), not the checks; monitor/catalogue/proof.py's RIGHT
 says which categories each check's FAIL is evidence of. Nothing here sets a threshold: the checks are those of
 monitor/layer_contract.py as they are.
 """
@@ -19,49 +19,23 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from bench.common import ROOT
+from monitor.catalogue.proof import RIGHT, USER_CLASSES, judge, judged
 from monitor.catalogue.user_attention.catalogue import CATALOGUE
-from monitor.layer_contract import layer_contract
-
-FOLDER = Path("monitor") / "catalogue" / "user_attention"
-RIGHT = {  # a check's FAIL → the catalogue's categories it is evidence of
-    "shapes": {"shapes"},
-    "softmax-rows": {"softmax-rows"},
-    "padding": {"padding", "mask-convention"},
-    "neighbours": {"padding"},  # "its output does not change ... with the other texts in its batch"
-    "eval-steady": {"determinism"},
-    "permutation": {"permutation"},
-    "formula": {"formula"},
-    "scale": {"scale"},
-    "gradcheck": {"gradient"},
-    "gradient": {"gradient"},
-}
 
 
-def judge(entry: dict, d_model: int, heads: int, command: bool) -> dict:
-    """One class: its FAILed checks (and NOTEs), whether they name a category of its mistake, the seconds taken."""
-    spec = f"{FOLDER / entry['file']}:{entry['class_name']}"
+def judge_command(entry: dict, d_model: int, heads: int) -> dict:
+    """One class through `python diagnose.py --attention` in its own process (what a user runs, timed)."""
+    argv = [sys.executable, "diagnose.py", "--attention", f"{USER_CLASSES / entry['file']}:{entry['class_name']}",
+            "--d-model", str(d_model), "--heads", str(heads)]
+    argv += ["--args", json.dumps(entry["args"])] if entry["args"] else []
     start = time.perf_counter()
-    if command:
-        argv = [sys.executable, "diagnose.py", "--attention", spec, "--d-model", str(d_model), "--heads", str(heads)]
-        argv += ["--args", json.dumps(entry["args"])] if entry["args"] else []
-        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
-        table = done.stdout.splitlines()
-        failed = [words[0] for words in map(str.split, table) if words[1:2] == ["FAIL"] and words[0] in RIGHT]
-        error = done.stderr.strip().splitlines()[-1] if done.returncode == 2 else ""
-    else:
-        try:
-            rows = layer_contract(spec, d_model=d_model, n_heads=heads, args=entry["args"] or None)
-            failed, error = [row.check for row in rows if row.verdict == "FAIL"], ""
-        except ValueError as e:
-            failed, error = [], str(e)
-    seconds = time.perf_counter() - start
-    right = sorted(check for check in failed if RIGHT[check] & set(entry["expected"]))
-    return {"class": f"{entry['file']}:{entry['class_name']}", "correct": entry["correct"],
-            "expected": list(entry["expected"]), "failed": failed, "right": right, "error": error,
-            "seconds": seconds}
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    failed = [words[0] for words in map(str.split, done.stdout.splitlines())
+              if words[1:2] == ["FAIL"] and words[0] in RIGHT]
+    error = done.stderr.strip().splitlines()[-1] if done.returncode == 2 else ""
+    return judged(entry, failed, error, time.perf_counter() - start)
 
 
 def summary(results: list[dict]) -> dict:
@@ -99,8 +73,7 @@ def main(argv=None) -> int:
     parser.add_argument("--command", action="store_true", help="run each class through diagnose.py (timed)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
-    os.chdir(ROOT)
-    results = [judge(entry, args.d_model, args.heads, args.command) for entry in CATALOGUE]
+    results = [(judge_command if args.command else judge)(entry, args.d_model, args.heads) for entry in CATALOGUE]
     totals = summary(results)
     print(report(results, totals))
     print(json.dumps(totals))

@@ -18,7 +18,6 @@ and those rows are the scored split, so the held-out split stays untouched until
 """
 
 import argparse
-import csv
 import json
 import logging
 import os
@@ -31,27 +30,9 @@ from pathlib import Path
 from bench.accuracy import accuracy, score_run
 from bench.common import ROOT, fit_ngram_teacher
 from data.sources import load_splits
+from monitor.catalogue.proof import subset, write_csv
 
 log = logging.getLogger("bench.subsets")
-
-
-def subset(texts: list[str], labels: list[int], rows: int, seed: int) -> tuple[list[str], list[int]]:
-    """`rows` texts drawn at random, each class in its share of the whole (stratified)."""
-    rng = random.Random(seed)
-    by_class: dict[int, list[int]] = {}
-    for i, label in enumerate(labels):
-        by_class.setdefault(label, []).append(i)
-    chosen = []
-    for members in by_class.values():
-        chosen += rng.sample(members, min(len(members), round(rows * len(members) / len(labels))))
-    rng.shuffle(chosen)
-    return [texts[i] for i in chosen], [labels[i] for i in chosen]
-
-
-def write(path: Path, texts: list[str], labels: list[int], names: list[str]) -> Path:
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        csv.writer(f).writerows([("text", "label"), *((t, names[y]) for t, y in zip(texts, labels))])
-    return path
 
 
 TUNING_ROWS = 2000  # --tuning: training rows set aside (with a fixed draw per seed) as the scored split
@@ -80,8 +61,8 @@ def measure(dataset: str, rows: int, seed: int, out: Path, threads: int, tuning:
     folder = out / f"{dataset}-{rows}-seed{seed}"
     folder.mkdir(parents=True, exist_ok=True)
     texts, labels = subset(*pool, rows, seed)
-    train_file = write(folder / "train.csv", texts, labels, splits.label_names)
-    test_file = write(folder / "test.csv", scored_texts, scored_labels, splits.label_names)
+    train_file = write_csv(folder / "train.csv", texts, labels, splits.label_names)
+    test_file = write_csv(folder / "test.csv", scored_texts, scored_labels, splits.label_names)
     vectorizer, classifier = fit_ngram_teacher(texts, labels)
     peer = accuracy(classifier.predict(vectorizer.transform(scored_texts)), scored_labels)
     done = sorted(folder.glob("lightning_logs/version_*/checkpoints/last.ckpt"))

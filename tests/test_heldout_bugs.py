@@ -181,14 +181,14 @@ STUCK = {  # bug → what the not-learning finding (or the warning) must say abo
 
 @pytest.fixture(scope="module")
 def short_data(tmp_path_factory):
-    from bench.diagnosis import subset_files
+    from monitor.catalogue.proof import subset_files
 
     # 1,200 texts in batches of 16: epoch 2 ends at step 225, past the step not-learning is judged from (200)
     return subset_files("synthetic", 1200, tmp_path_factory.mktemp("stuck") / "data", validation_rows=200)
 
 
 def diagnosed_run(short_data, root, name):
-    from bench.diagnosis import SHIPPED, fit, run_args
+    from monitor.catalogue.proof import SHIPPED, fit, run_args
     from inference.diagnosis import diagnose_checkpoint
 
     args = run_args(SHIPPED["synthetic"], *short_data, root, root / "cache", ["--data.batch_size", "16"], epochs=3)

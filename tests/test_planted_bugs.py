@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import model.attention as core
-from monitor.catalogue.bugs import BUGS, Plant, load_bug, replaced
-from bench.diagnosis import (SHIPPED, Run, confusion_table, first_step_table, fit, group_table, run_args, select_bugs,
-                             subset_files, summary, verdict_table)
+from bench.diagnosis import Run, confusion_table, first_step_table, group_table, select_bugs, summary, verdict_table
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
 from model.kinds import ATTENTION_KINDS
+from monitor.catalogue.bugs import BUGS, Plant, load_bug, replaced
+from monitor.catalogue.proof import SHIPPED, fit, run_args, subset_files
 from monitor.views import token_window
 
 KINDS = list(ATTENTION_KINDS)
@@ -339,7 +339,7 @@ def test_every_bug_and_each_group_includes_the_held_out_bugs():
 
 
 def test_the_bench_reads_verdicts_of_another_version_as_notes():
-    from bench.diagnosis import check
+    from monitor.catalogue.proof import check
 
     told = check(7, [{"verdict": "a-verdict-of-tomorrow"}, {"verdict": "padding-leak", "layer": 0, "head": None,
                                                             "figures": {}}])

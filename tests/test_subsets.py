@@ -2,7 +2,8 @@
 
 from collections import Counter
 
-from bench.subsets import split_off, subset
+from bench.subsets import split_off
+from monitor.catalogue.proof import subset
 
 
 def test_a_subset_keeps_each_class_share_and_is_the_same_for_the_same_seed():
