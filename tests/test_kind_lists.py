@@ -1,10 +1,8 @@
-"""Every list of attention kinds comes from the registry (model/kinds.py): the README's table of kinds matches it, the
-doctor's table of planted bugs is what monitor/catalogue/bugs.py prints from it, and a kind written here, one class and one
-registry line, shows up in config validation, --help, the bugs table and the planted bugs' kinds with nothing else
-edited."""
+"""Every list of attention kinds comes from the registry (model/kinds.py; the README's table and the doctor's table
+of planted bugs are generated from it: tests/test_docs.py), and a kind written here, one class and one registry line,
+shows up in config validation, --help, the bugs table and the planted bugs' kinds with nothing else edited."""
 
 import ast
-import re
 from types import SimpleNamespace
 
 import pytest
@@ -55,25 +53,9 @@ def strided(monkeypatch):
     return STRIDED
 
 
-def readme_kinds() -> list[str]:
-    """The first column of the README's table of attention kinds (section "Long texts")."""
-    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Long texts", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"^\| `(\w+)`", section, flags=re.MULTILINE)
-
-
 def bugs_table(capsys) -> str:
     bugs.main([])
     return capsys.readouterr().out
-
-
-def test_the_readmes_table_of_kinds_is_the_registry():
-    assert sorted(readme_kinds()) == sorted(ATTENTION_KINDS)
-
-
-def test_the_doctors_table_of_planted_bugs_is_what_bench_bugs_prints(capsys):
-    # The held-out bugs (monitor/catalogue/bugs_heldout.py) register only where that module is imported, and are listed apart.
-    printed = [line for line in bugs_table(capsys).splitlines() if " | heldout | " not in line]
-    assert "\n".join(printed) in (ROOT / "docs" / "DOCTOR.md").read_text(encoding="utf-8")
 
 
 def test_a_kind_registered_later_is_validated_by_its_own_rules(strided):

@@ -511,30 +511,8 @@ def bug_table_markdown() -> str:
     return "\n".join(lines)
 
 
-def doc_tables(text: str) -> str:
-    """docs/DOCTOR.md's text with its generated tables (the verdicts, the bugs) made anew between their markers."""
-    import monitor.layer_contract  # noqa: F401  (registers the checks of one layer alone: diagnose.py --attention)
-    from monitor.units import verdict_reference_markdown
-
-    for name, table in (("verdict", verdict_reference_markdown), ("bug", bug_table_markdown)):
-        start, end = f"<!-- {name} table: python -m monitor.catalogue.bugs --docs docs/DOCTOR.md -->", f"<!-- end of {name} table -->"
-        if start not in text or end not in text:
-            raise ValueError(f"no {start} … {end} block to fill")
-        before, rest = text.split(start, 1)
-        text = before + start + "\n" + table() + "\n" + end + rest.split(end, 1)[1]
-    return text
-
-
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--docs", metavar="FILE", help="rewrite the verdict and bug tables of this file (DOCTOR.md)")
-    args = parser.parse_args(argv)
-    if args.docs:
-        with open(args.docs, encoding="utf-8") as f:
-            text = f.read()
-        with open(args.docs, "w", encoding="utf-8") as f:
-            f.write(doc_tables(text))
-        return
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     print(bug_table_markdown())
 
 
