@@ -1,5 +1,5 @@
-"""Planted bugs (monitor/catalogue/bugs.py): each breaks what it claims, planted from outside and undone afterwards; and the
-doctor names them in tiny training runs on the synthetic task, while a healthy tiny run gets no warning."""
+"""Planted bugs (monitor/catalogue/bugs.py): each breaks what it claims, planted from outside and undone afterwards;
+and the doctor names them in tiny training runs on the synthetic task, while a healthy tiny run gets no warning."""
 
 import json
 import math
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import model.attention as core
-from bench.diagnosis import Run, confusion_table, first_step_table, group_table, select_bugs, summary, verdict_table
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
 from model.kinds import ATTENTION_KINDS
-from monitor.catalogue.bugs import BUGS, Plant, load_bug, replaced
+from monitor.catalogue.bugs import BUGS, Plant, load_bug, replaced, select_bugs
 from monitor.catalogue.proof import SHIPPED, fit, run_args, subset_files
+from monitor.catalogue.scores import Run, confusion_table, first_step_table, group_table, summary, verdict_table
 from monitor.views import token_window
 
 KINDS = list(ATTENTION_KINDS)
@@ -312,7 +312,7 @@ def test_a_users_bug_that_cannot_load_or_raises_is_one_line_and_the_bench_goes_o
 
     (tmp_path / "broken_bugs.py").write_text("def broken(plant):\n    return (\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with caplog.at_level("ERROR", logger="bench.diagnosis"):
+    with caplog.at_level("ERROR", logger="monitor.catalogue.bugs"):
         assert [b.name for b in select_bugs(["broken_bugs:broken", "padding-ignored"])] == ["padding-ignored"]
     (record,) = caplog.records
     assert "broken_bugs:broken" in record.getMessage() and "SyntaxError" in record.getMessage()

@@ -41,6 +41,7 @@ before the projection whatever the mask says).
 import argparse
 import importlib
 import importlib.util
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -54,6 +55,7 @@ from model.attention import AttentionWeights
 from model.kinds import ATTENTION_KINDS
 
 GROUPS = ("catalogue", "field", "contract", "outside", "heldout")
+log = logging.getLogger(__name__)
 
 
 def every_kind(kind: type) -> bool:
@@ -502,6 +504,28 @@ def every_bug() -> dict[str, Bug]:
         if importlib.util.find_spec(name) is not None:
             importlib.import_module(name)
     return BUGS
+
+
+def select_bugs(names: list[str], failed: list | None = None) -> list[Bug]:
+    """--bugs: names, module:function, groups, 'all' or 'none' → the bugs, in catalogue order, each once. A user's
+    module:function that does not load is an entry of `failed` (or, without it, one logged line); the bench goes on."""
+    chosen, known = {}, every_bug()  # the held-out group too
+    for name in names:
+        if name == "none":
+            continue
+        matched = list(known.values()) if name == "all" else [b for b in known.values() if b.group == name]
+        try:
+            matched = matched or [load_bug(name)]
+        except ValueError as e:
+            if ":" not in name:  # a misspelt name of the catalogue stops the bench before it starts
+                raise
+            if failed is None:
+                log.error("%s; the bench goes on without it", e)  # a user's module that fails: one line for it
+            else:  # the caller says it
+                failed.append({"bug": name, "dataset": None, "error": str(e)})
+        for entry in matched:
+            chosen[entry.name] = entry
+    return list(chosen.values())
 
 
 def bug_table_markdown() -> str:
