@@ -26,8 +26,6 @@ import argparse
 import json
 import logging
 import sys
-import tempfile
-import time
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -37,81 +35,13 @@ import torch
 from bench.common import ROOT, check_writable
 from data.checkpoint import open_checkpoint
 from data.files import WriteError, check_target, describe, write_text
-from inference.diagnosis import diagnose_checkpoint
 from inference.limits import POSITIVE, Parser
 from model.kinds import ATTENTION_KINDS
 from monitor.catalogue.bugs import GROUPS, Bug, select_bugs
-from monitor.catalogue.proof import SHIPPED, check, checks, fit, run_args, subset_files
-from monitor.catalogue.scores import NO_CONFIG, Run, report, summary
+from monitor.catalogue.proof import SHIPPED, checkpoint_run, measure
+from monitor.catalogue.scores import Run, report, summary
 
 log = logging.getLogger("bench.diagnosis")
-
-
-def network_flags(attention: str | None) -> list[str]:
-    """--attention KIND: the kind, with a window and projection short enough for sentence-length texts."""
-    if not attention:
-        return []
-    return ["--model.network.attention", attention, "--model.network.window", "8",
-            "--model.network.projection_length", "16"]
-
-
-# ---- the bench ----------------------------------------------------------------------------------------------------
-
-
-def measure(bugs: list[Bug | None], datasets: list[str], rows: int, work: Path, check_every: int,
-            attention: str | None = None, validation_rows: int | None = None,
-            healthy_epochs: int = 1, done=lambda runs: None, failed: list | None = None) -> list[Run]:
-    """Every bug (None: healthy) × dataset, plus the healthy no-config runs; sequential, one process. A bug run
-    trains 1 epoch, a healthy run `healthy_epochs`. done(runs so far) is called after each run. A bug that raises
-    is left out of the runs and added to `failed` ({"bug", "dataset", "error"})."""
-    plan = []
-    for dataset in datasets:
-        for bug in bugs:
-            if bug is None or attention is None or attention in bug.kinds:
-                plan.append((bug, dataset, SHIPPED[dataset]))
-        if None in bugs:
-            plan.append((None, dataset, None))
-    runs = []
-    for i, (bug, dataset, config) in enumerate(plan, 1):
-        train_file, val_file = subset_files(dataset, rows, work / "data" / f"{dataset}-{rows}", validation_rows)
-        label = dataset if attention is None else f"{dataset}, {attention}"
-        run = Run("healthy" if bug is None else bug.name, label, config.name if config else NO_CONFIG)
-        started = time.perf_counter()
-        with tempfile.TemporaryDirectory(dir=work) as root:
-            args = run_args(config, train_file, val_file, Path(root), work / "cache", network_flags(attention),
-                            1 if bug else healthy_epochs)
-            try:
-                run.checks, run.accuracy, run.error = fit(args, bug, check_every)
-            except Exception as e:  # a bug that raises: one line for it, and the bench goes on with the others
-                if bug is None:
-                    raise
-                log.error("[%d/%d] %s on %s: left out: the bug raised %s", i, len(plan), run.bug, label, describe(e))
-                if failed is not None:
-                    failed.append({"bug": run.bug, "dataset": label, "error": f"the bug raised {describe(e)}"})
-                    done(runs)
-                continue
-        run.seconds = time.perf_counter() - started
-        expected = "" if bug is None else f"; expected {' or '.join(bug.expects) or 'any warning'}: " + (
-            f"step {step}" if (step := run.first_step(bug.expects)) is not None else "not seen")
-        log.info("[%d/%d] %s on %s (%s): warnings %s%s; val acc %.3f; %.0f s%s", i, len(plan), run.bug, label,
-                 run.config, ", ".join(sorted(run.warnings())) or "none", expected, run.accuracy, run.seconds,
-                 f"; stopped: {run.error}" if run.error else "")
-        runs.append(run)
-        done(runs)
-    return runs
-
-
-def checkpoint_run(path: str) -> Run:
-    """A trained run (or checkpoint) as a healthy Run: the verdicts its monitor recorded at every validation while it
-    trained, then those of diagnose.py's checks on its validation sample (step "diagnose")."""
-    started = time.perf_counter()
-    diagnosis = diagnose_checkpoint(path)
-    data = diagnosis.data
-    run = Run("healthy", data.get("train_file") or data.get("dataset") or "?", path)
-    run.checks = checks(diagnosis.history) + [check("diagnose", diagnosis.findings)]
-    run.seconds = time.perf_counter() - started
-    log.info("%s: warnings %s; %.0f s", path, ", ".join(sorted(run.warnings())) or "none", run.seconds)
-    return run
 
 
 def main(argv=None):

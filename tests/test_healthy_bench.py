@@ -1,14 +1,11 @@
 """The healthy sweep (bench/healthy.py): which runs it plans, how it counts a run's warnings from what the monitor
 stored in its checkpoint, and that a failing run is recorded with its error while the sweep goes on. No training."""
 
-import json
 import sys
 
 import pytest
 
-from bench.healthy import (CONFIGURED, Run, best_metric, execute, main, plan, shipped_configs, table, totals,
-                           validations)
-from conftest import ROOT
+from bench.healthy import CONFIGURED, Run, best_metric, execute, plan, shipped_configs, table, totals, validations
 
 
 def test_the_shipped_classifier_configs_are_found_with_overlays_after_their_base():
@@ -71,35 +68,3 @@ def test_a_failing_run_is_recorded_with_its_error_and_the_table_says_so(tmp_path
     assert totals([failing, fine]) == {"total_runs": 2, "runs_read": 1, "runs_failed": 1, "validations": 1, "warnings": 0,
                                        "runs_with_warnings": 0}
     assert "| broken | 0 | 0 | – | " in table([failing, fine]) and "| fine | 1 | 0 | val/acc 0.5000 |" in table([fine])
-
-
-def test_dry_run_lists_the_commands_and_a_bad_config_is_one_line(capsys):
-    assert main(["--dry-run", "--configs", "sst2.yaml", "--datasets", "imdb", "--kinds", "full", "--seeds", "3",
-                 "--max-epochs", "2", "--limit-train-batches", "0.5", "--accelerator", "gpu"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[-1] == "2 runs" and all("--trainer.limit_train_batches 0.5 --trainer.accelerator gpu" in line
-                                         for line in lines[:-1])
-    for args, said in ((["--configs", "nope.yaml"], "--configs nope.yaml: not a shipped classifier config"),
-                       (["--limit-train-batches", "1.5"], "--limit-train-batches"),
-                       (["--out", str(ROOT)], "is a directory")):
-        with pytest.raises(SystemExit) as stop:
-            main(["--dry-run", *args])
-        error = capsys.readouterr().err.strip()
-        assert stop.value.code == 2 and said in error and len(error.splitlines()) == 1, error
-
-
-def test_the_json_keeps_every_run(tmp_path, monkeypatch):
-    import bench.healthy
-
-    def fake(run, threads, timeout):
-        run.validations = [{"step": 5, "epoch": 0, "warnings": ["not-learning (model)"]}]
-        return run
-
-    monkeypatch.setattr(bench.healthy, "execute", fake)
-    out = tmp_path / "healthy.json"
-    assert main(["--configs", "none", "--datasets", "sst2", "--kinds", "full", "local", "--seeds", "0",
-                 "--jobs", "2", "--out", str(out), "--work", str(tmp_path)]) == 1  # a warning: exit 1
-    saved = json.loads(out.read_text())
-    assert saved["total_runs"] == 2 and saved["warnings"] == 2 and saved["runs_with_warnings"] == 2
-    assert sorted(run["name"] for run in saved["runs"]) == ["no config sst2 seed 0 full", "no config sst2 seed 0 local"]
-    assert [run["warnings"] for run in saved["runs"]] == [1, 1]

@@ -264,50 +264,8 @@ def test_a_healthy_tiny_run_gets_no_warning(tiny_data, tmp_path):
     assert tiny_run(tiny_data, tmp_path, None) == set()
 
 
-# ---- bad input to the bench: one line each, before any run ------------------------------------------------------
-
-
-@pytest.fixture
-def no_runs(monkeypatch):
-    """A run (training) fails the test: a refusal must come before it."""
-    import bench.diagnosis
-
-    def train(*args, **kwargs):
-        raise AssertionError("a run started before the refusal")
-    monkeypatch.setattr(bench.diagnosis, "fit", train)
-    monkeypatch.setattr(bench.diagnosis, "subset_files", train)
-
-
-def bench_error(capsys, *args) -> str:
-    from bench.diagnosis import main
-
-    with pytest.raises(SystemExit) as stop:
-        main([str(arg) for arg in args])
-    message = stop.value.code if isinstance(stop.value.code, str) else capsys.readouterr().err.strip()
-    assert stop.value.code != 0 and len(message.splitlines()) == 1, message
-    return message
-
-
-@pytest.mark.parametrize("flag", ["--rows", "--check-every", "--healthy-epochs", "--threads"])
-def test_bench_counts_are_at_least_one(flag, capsys, no_runs):
-    for value in ("0", "-5"):
-        assert flag in bench_error(capsys, "--quick", flag, value)
-
-
-def test_bench_refuses_bad_targets_and_missing_inputs_before_any_run(tmp_path, capsys, no_runs):
-    (tmp_path / "text.json").write_text("not json")
-    (tmp_path / "other.json").write_text('{"runs": 3}')
-    for args, said in ((["--out", tmp_path / "missing" / "r.md"], "does not exist"),
-                       (["--out", tmp_path], "is a directory"),
-                       (["--merge", tmp_path / "missing.json"], "--merge"),
-                       (["--merge", tmp_path / "text.json"], "--merge"),
-                       (["--merge", tmp_path / "other.json"], "--merge"),
-                       (["--healthy-checkpoints", tmp_path / "no_run"], "--healthy-checkpoints")):
-        assert said in bench_error(capsys, "--quick", "--work", tmp_path / "work", *args)
-
-
 def test_a_users_bug_that_cannot_load_or_raises_is_one_line_and_the_bench_goes_on(tmp_path, monkeypatch, caplog):
-    import bench.diagnosis
+    import monitor.catalogue.proof as proof
     from monitor.catalogue.bugs import Bug
 
     (tmp_path / "broken_bugs.py").write_text("def broken(plant):\n    return (\n")
@@ -321,12 +279,12 @@ def test_a_users_bug_that_cannot_load_or_raises_is_one_line_and_the_bench_goes_o
 
     def raising(plant):
         raise RuntimeError("my bug is broken")
-    monkeypatch.setattr(bench.diagnosis, "subset_files", lambda *a, **k: (tmp_path / "t.csv", tmp_path / "v.csv"))
-    monkeypatch.setattr(bench.diagnosis, "fit", lambda args, bug, every: (bug.plant(Plant()) if bug else None) or (
+    monkeypatch.setattr(proof, "subset_files", lambda *a, **k: (tmp_path / "t.csv", tmp_path / "v.csv"))
+    monkeypatch.setattr(proof, "fit", lambda args, bug, every: (bug.plant(Plant()) if bug else None) or (
         [{"step": 1, "warnings": [], "notes": []}], 0.5, None))
     caplog.clear()
-    with caplog.at_level("ERROR", logger="bench.diagnosis"):
-        runs = bench.diagnosis.measure([Bug("mine", raising, group="outside"), None], ["synthetic"], 10, tmp_path, 1)
+    with caplog.at_level("ERROR", logger="monitor.catalogue.proof"):
+        runs = proof.measure([Bug("mine", raising, group="outside"), None], ["synthetic"], 10, tmp_path, 1)
     assert [run.bug for run in runs] == ["healthy", "healthy"]  # the shipped config's and the no-config run
     assert "my bug is broken" in caplog.records[0].getMessage()
 

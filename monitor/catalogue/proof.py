@@ -2,6 +2,7 @@
 
     fit(run_args(...), bug)   a planted bug (bugs.py, bugs_heldout.py) trained into a `train.py fit` run in this
                               process; returns the verdicts the AttentionMonitor recorded at each validation
+    measure(bugs, datasets)   every bug × dataset, and healthy runs, as scores.Run records (bench/diagnosis.py)
     judge(entry)              a user-written class (user_attention/) through the layer contract of
                               `diagnose.py --attention`; returns its FAILed checks and whether one names its mistake
 
@@ -11,15 +12,20 @@ docs/DOCTOR.md and docs/OWN_ATTENTION.md publish; the tests run them on a few en
 
 import csv
 import json
+import logging
 import math
 import random
+import tempfile
 import time
 from pathlib import Path
 
 import train
+from data.files import describe
 from data.sources import load_splits
+from inference.diagnosis import diagnose_checkpoint
 from monitor import AttentionMonitor
 from monitor.catalogue.bugs import Bug, Plant
+from monitor.catalogue.scores import NO_CONFIG, Run
 from monitor.doctor import Finding
 from monitor.layer_contract import layer_contract
 from training.module import NonFiniteLossError
@@ -29,6 +35,7 @@ SHIPPED = {"synthetic": CONFIGS / "smoke.yaml", "sst2": CONFIGS / "sst2.yaml",
            "chnsenticorp_htl": CONFIGS / "chnsenticorp_htl.yaml"}  # the config a bug run of each dataset uses
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 USER_CLASSES = Path(__file__).resolve().parent / "user_attention"
+log = logging.getLogger(__name__)
 
 
 # ---- a planted bug in a training run --------------------------------------------------------------------------------
@@ -82,6 +89,70 @@ def run_args(config: Path | None, train_file: Path, val_file: Path, root: Path, 
             "--trainer.logger", json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger",
                                             "init_args": {"save_dir": str(root)}}),
             "--trainer.max_epochs", str(epochs), *QUIET, *network]
+
+
+def network_flags(attention: str | None) -> list[str]:
+    """--attention KIND: the kind, with a window and projection short enough for sentence-length texts."""
+    if not attention:
+        return []
+    return ["--model.network.attention", attention, "--model.network.window", "8",
+            "--model.network.projection_length", "16"]
+
+
+def measure(bugs: list[Bug | None], datasets: list[str], rows: int, work: Path, check_every: int,
+            attention: str | None = None, validation_rows: int | None = None,
+            healthy_epochs: int = 1, done=lambda runs: None, failed: list | None = None) -> list[Run]:
+    """Every bug (None: healthy) × dataset, plus the healthy no-config runs; sequential, one process. A bug run
+    trains 1 epoch, a healthy run `healthy_epochs`. done(runs so far) is called after each run. A bug that raises
+    is left out of the runs and added to `failed` ({"bug", "dataset", "error"})."""
+    plan = []
+    for dataset in datasets:
+        for bug in bugs:
+            if bug is None or attention is None or attention in bug.kinds:
+                plan.append((bug, dataset, SHIPPED[dataset]))
+        if None in bugs:
+            plan.append((None, dataset, None))
+    runs = []
+    for i, (bug, dataset, config) in enumerate(plan, 1):
+        train_file, val_file = subset_files(dataset, rows, work / "data" / f"{dataset}-{rows}", validation_rows)
+        label = dataset if attention is None else f"{dataset}, {attention}"
+        run = Run("healthy" if bug is None else bug.name, label, config.name if config else NO_CONFIG)
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(dir=work) as root:
+            args = run_args(config, train_file, val_file, Path(root), work / "cache", network_flags(attention),
+                            1 if bug else healthy_epochs)
+            try:
+                run.checks, run.accuracy, run.error = fit(args, bug, check_every)
+            except Exception as e:  # a bug that raises: one line for it, and the bench goes on with the others
+                if bug is None:
+                    raise
+                log.error("[%d/%d] %s on %s: left out: the bug raised %s", i, len(plan), run.bug, label, describe(e))
+                if failed is not None:
+                    failed.append({"bug": run.bug, "dataset": label, "error": f"the bug raised {describe(e)}"})
+                    done(runs)
+                continue
+        run.seconds = time.perf_counter() - started
+        expected = "" if bug is None else f"; expected {' or '.join(bug.expects) or 'any warning'}: " + (
+            f"step {step}" if (step := run.first_step(bug.expects)) is not None else "not seen")
+        log.info("[%d/%d] %s on %s (%s): warnings %s%s; val acc %.3f; %.0f s%s", i, len(plan), run.bug, label,
+                 run.config, ", ".join(sorted(run.warnings())) or "none", expected, run.accuracy, run.seconds,
+                 f"; stopped: {run.error}" if run.error else "")
+        runs.append(run)
+        done(runs)
+    return runs
+
+
+def checkpoint_run(path: str) -> Run:
+    """A trained run (or checkpoint) as a healthy Run: the verdicts its monitor recorded at every validation while it
+    trained, then those of diagnose.py's checks on its validation sample (step "diagnose")."""
+    started = time.perf_counter()
+    diagnosis = diagnose_checkpoint(path)
+    data = diagnosis.data
+    run = Run("healthy", data.get("train_file") or data.get("dataset") or "?", path)
+    run.checks = checks(diagnosis.history) + [check("diagnose", diagnosis.findings)]
+    run.seconds = time.perf_counter() - started
+    log.info("%s: warnings %s; %.0f s", path, ", ".join(sorted(run.warnings())) or "none", run.seconds)
+    return run
 
 
 def subset(texts: list[str], labels: list[int], rows: int, seed: int) -> tuple[list[str], list[int]]:
