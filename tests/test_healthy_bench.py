@@ -1,11 +1,13 @@
-"""The healthy sweep (bench/healthy.py): which runs it plans, how it counts a run's warnings from what the monitor
-stored in its checkpoint, and that a failing run is recorded with its error while the sweep goes on. No training."""
+"""The healthy sweep (monitor/catalogue/healthy.py, run by bench/healthy.py): which runs it plans, how it counts a
+run's warnings from what the monitor stored in its checkpoint, and that a failing run is recorded with its error while
+the sweep goes on. No training."""
 
 import sys
 
 import pytest
 
-from bench.healthy import CONFIGURED, Run, best_metric, execute, plan, shipped_configs, table, totals, validations
+from monitor.catalogue.healthy import (CONFIGURED, Run, best_metric, execute, plan, shipped_configs, table, totals,
+                                      validations)
 
 
 def test_the_shipped_classifier_configs_are_found_with_overlays_after_their_base():
@@ -26,7 +28,8 @@ def test_the_plan_repeats_each_run_per_kind_and_seed_unless_its_config_chooses_t
     assert len([n for n in names if n.startswith("smoke.yaml")]) == 6
     (linformer,) = [run.command for run in runs if run.name == "no config sst2 seed 1 linformer"]
     assert linformer[2:] == ["fit", "--data.dataset", "sst2", "--model.network.attention", "linformer",
-                             "--model.network.projection_length", "16", "--seed_everything", "1",
+                             "--model.network.window", "8", "--model.network.projection_length", "16",
+                             "--seed_everything", "1",
                              "--trainer.default_root_dir", str(tmp_path / "no_config_sst2_seed_1_linformer"),
                              "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
                              "--trainer.max_epochs", "3"]
