@@ -15,13 +15,13 @@ monitor/layer_contract.py as they are.
 import argparse
 import json
 import logging
-import os
 import subprocess
 import sys
 import time
 
 from bench.common import ROOT
 from monitor.catalogue.proof import RIGHT, USER_CLASSES, judge, judged
+from monitor.catalogue.scores import class_report, class_summary
 from monitor.catalogue.user_attention.catalogue import CATALOGUE
 
 
@@ -38,33 +38,6 @@ def judge_command(entry: dict, d_model: int, heads: int) -> dict:
     return judged(entry, failed, error, time.perf_counter() - start)
 
 
-def summary(results: list[dict]) -> dict:
-    buggy = [r for r in results if not r["correct"]]
-    correct = [r for r in results if r["correct"]]
-    return {"buggy": len(buggy), "buggy_failed": sum(bool(r["failed"]) for r in buggy),
-            "buggy_right_check": sum(bool(r["right"]) for r in buggy), "correct": len(correct),
-            "correct_failed": sum(bool(r["failed"]) for r in correct),
-            "errors": sum(bool(r["error"]) for r in results),
-            "seconds_max": max(r["seconds"] for r in results),
-            "seconds_mean": sum(r["seconds"] for r in results) / len(results)}
-
-
-def report(results: list[dict], totals: dict) -> str:
-    lines = ["| class | correct | expected | FAIL | right check | s |", "|---|---|---|---|---|---|"]
-    for r in results:
-        failed = ", ".join(r["failed"]) or ("error: " + r["error"] if r["error"] else "none")
-        right = "n/a" if r["correct"] else ("yes: " + ", ".join(r["right"]) if r["right"] else "**no**")
-        lines.append(f"| {r['class']} | {'yes' if r['correct'] else 'no'} | {', '.join(r['expected'])} | {failed} "
-                     f"| {right} | {r['seconds']:.1f} |")
-    recall = totals["buggy_right_check"] / max(totals["buggy"], 1)
-    lines += ["", f"buggy classes FAILing with a right check: {totals['buggy_right_check']}/{totals['buggy']} "
-              f"({recall:.0%}); FAILing at all: {totals['buggy_failed']}/{totals['buggy']}",
-              f"correct classes with a FAIL: {totals['correct_failed']}/{totals['correct']}",
-              f"bad-input errors: {totals['errors']}; seconds per class: mean {totals['seconds_mean']:.1f}, "
-              f"max {totals['seconds_max']:.1f} (load {os.getloadavg()[0]:.1f})"]
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.own_attention", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -74,8 +47,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     results = [(judge_command if args.command else judge)(entry, args.d_model, args.heads) for entry in CATALOGUE]
-    totals = summary(results)
-    print(report(results, totals))
+    totals = class_summary(results)
+    print(class_report(results, totals))
     print(json.dumps(totals))
     return 0
 

@@ -4,9 +4,11 @@ by verdict. bench/diagnosis.py makes the runs and prints these tables; docs/DOCT
     Run                  one run: the bug planted ("healthy" for none), the verdicts of each validation
     summary(runs)        catalogued bugs named with their cause, bugs outside the catalogue warned, false alarms
     report(runs, ...)    every table below, as docs/DOCTOR.md shows them
+    class_summary(...)   the user-written classes judged by the layer contract (docs/OWN_ATTENTION.md)
 """
 
 import math
+import os
 from dataclasses import dataclass, field
 
 from monitor.catalogue.bugs import GROUPS, Bug, every_bug, load_bug
@@ -189,3 +191,35 @@ def report(runs: list[Run], command: str, failed: list | None = None) -> str:
     if figures["healthy_runs"]:
         parts += ["Healthy runs:", "", *healthy_table(runs), ""]
     return "\n".join(parts)
+
+
+# ---- user-written classes through the layer contract -----------------------------------------------------------
+
+
+def class_summary(results: list[dict]) -> dict:
+    """User-written classes judged (proof.judge): buggy ones that FAIL, with a check naming their mistake; correct
+    ones that FAIL (false alarms); bad-input errors; seconds per class."""
+    buggy = [r for r in results if not r["correct"]]
+    correct = [r for r in results if r["correct"]]
+    return {"buggy": len(buggy), "buggy_failed": sum(bool(r["failed"]) for r in buggy),
+            "buggy_right_check": sum(bool(r["right"]) for r in buggy), "correct": len(correct),
+            "correct_failed": sum(bool(r["failed"]) for r in correct),
+            "errors": sum(bool(r["error"]) for r in results),
+            "seconds_max": max(r["seconds"] for r in results),
+            "seconds_mean": sum(r["seconds"] for r in results) / len(results)}
+
+
+def class_report(results: list[dict], totals: dict) -> str:
+    lines = ["| class | correct | expected | FAIL | right check | s |", "|---|---|---|---|---|---|"]
+    for r in results:
+        failed = ", ".join(r["failed"]) or ("error: " + r["error"] if r["error"] else "none")
+        right = "n/a" if r["correct"] else ("yes: " + ", ".join(r["right"]) if r["right"] else "**no**")
+        lines.append(f"| {r['class']} | {'yes' if r['correct'] else 'no'} | {', '.join(r['expected'])} | {failed} "
+                     f"| {right} | {r['seconds']:.1f} |")
+    recall = totals["buggy_right_check"] / max(totals["buggy"], 1)
+    lines += ["", f"buggy classes FAILing with a right check: {totals['buggy_right_check']}/{totals['buggy']} "
+              f"({recall:.0%}); FAILing at all: {totals['buggy_failed']}/{totals['buggy']}",
+              f"correct classes with a FAIL: {totals['correct_failed']}/{totals['correct']}",
+              f"bad-input errors: {totals['errors']}; seconds per class: mean {totals['seconds_mean']:.1f}, "
+              f"max {totals['seconds_max']:.1f} (load {os.getloadavg()[0]:.1f})"]
+    return "\n".join(lines)
