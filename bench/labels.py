@@ -3,7 +3,6 @@ positives dropped) and calibration (SST-2, IMDB), this model beside TF-IDF + log
 
     python -m bench.labels files --out runs/labels              # writes the imbalanced SST-2 file
     python -m bench.labels peers --out runs/labels              # the TF-IDF rows (a few minutes)
-    python -m bench.labels teacher --out runs/labels            # the multi-label teacher's solvers (5 minutes)
     python -m bench.labels score --out runs/labels --run goemotions=RUN --run sst2_imbalanced=RUN --run sst2=RUN \
         --run imdb=RUN                                          # each run's row, its peers (peers.json) beneath
 
@@ -33,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import best_checkpoint, fit_ngram_teacher
+from data.checkpoint import best_checkpoint
+from data.teacher import fit_ngram_teacher
 from data.sources import load_splits, local_copy_dir
 
 DROPPED_SHARE, DROP_SEED = 0.95, 0
@@ -115,151 +115,17 @@ def goemotions_peers() -> dict:
     return rows
 
 
-def teacher_solvers() -> dict:
-    """The multi-label n-gram teacher's logistic regressions (data/teacher.py) fitted once on GoEmotions' training
-    split with each solver, scored on validation: fit time, macro-F1 at cuts 0.5 and at cuts tuned there, mean BCE."""
-    import time
-
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import log_loss
-    from sklearn.multiclass import OneVsRestClassifier
-
-    from data.teacher import ngram_features
-
-    splits = registered("goemotions")
-    n = len(splits.label_names)
-    y = {split: multi_hot(sets, n) for split, sets in splits.labels.items()}
-    vectorizer = ngram_features(splits.texts["train"])
-    x_train = vectorizer.fit_transform(splits.texts["train"])
-    x_val = vectorizer.transform(splits.texts["validation"])
-    rows = {}
-    for name, settings in {"lbfgs": {"max_iter": 2000}, "liblinear": {"solver": "liblinear"},
-                           "liblinear balanced": {"solver": "liblinear", "class_weight": "balanced"}}.items():
-        start = time.perf_counter()
-        model = OneVsRestClassifier(LogisticRegression(C=4.0, **settings)).fit(x_train, y["train"])
-        seconds = time.perf_counter() - start
-        p = model.predict_proba(x_val)
-        cuts = tuned_thresholds(p, y["validation"])
-        bce = [log_loss(y["validation"][:, j], p[:, j], labels=[0, 1]) for j in range(n)]
-        rows[name] = {"fit_s": seconds,
-                      "macro_f1 cuts 0.5": f1s((p >= 0.5).astype(int), y["validation"])["macro_f1"],
-                      "macro_f1 cuts tuned": f1s((p >= cuts).astype(int), y["validation"])["macro_f1"],
-                      "mean_bce": float(np.mean(bce))}
-    return rows
-
-
-def imbalanced_peers(out: Path) -> dict:
-    from sklearn.metrics import f1_score
-
-    splits = imbalanced_sst2(out)
-    rows = {}
-    for weighting in (None, "balanced"):
-        vectorizer, model = fit_ngram_teacher(splits.texts["train"], splits.labels["train"])
-        if weighting:
-            from sklearn.linear_model import LogisticRegression
-
-            model = LogisticRegression(C=4.0, max_iter=2000, class_weight="balanced").fit(
-                vectorizer.transform(splits.texts["train"]), splits.labels["train"])
-        predicted = model.predict(vectorizer.transform(splits.texts["validation"]))
-        truth = splits.labels["validation"]
-        rows["TF-IDF + LR" + (" class_weight=balanced" if weighting else "")] = {
-            "macro_f1": float(f1_score(truth, predicted, average="macro")),
-            "accuracy": float((np.asarray(predicted) == np.asarray(truth)).mean())}
-    return rows
-
-
-SCORED = {"goemotions": "test", "sst2_imbalanced": "validation", "sst2": "validation", "imdb": "test"}
-PEERS = {"goemotions": "goemotions (test)", "sst2_imbalanced": "sst2_imbalanced (validation)"}
-
-
-def score_run(name: str, run: str, out: Path) -> dict:
-    """The best checkpoint of `run`, through TextClassifier (stored thresholds and temperature applied)."""
-    import torch
-
-    from inference import TextClassifier
-    from training.calibration import expected_calibration_error
-
-    if name not in SCORED:
-        raise SystemExit(f"--run {name}=...: the name must be one of {', '.join(SCORED)}")
-    checkpoint = best_checkpoint(run)
-    classifier = TextClassifier.from_checkpoint(checkpoint, device="cuda" if torch.cuda.is_available() else "cpu")
-    splits, split = imbalanced_sst2(out) if name == "sst2_imbalanced" else registered(name), SCORED[name]
-    predictions = classifier.predict(splits.texts[split])
-    probabilities = torch.tensor([list(p.probabilities.values()) for p in predictions])
-    names = classifier.label_names
-    if classifier.multi_label:
-        truth = multi_hot(splits.labels[split], len(names))
-        predicted = np.array([[int(label in p.labels) for label in names] for p in predictions])
-        row = f1s(predicted, truth)
-        row["ece"] = expected_calibration_error(probabilities, torch.from_numpy(truth), True)
-    else:
-        from sklearn.metrics import f1_score
-
-        truth = [splits.label_names[c] for c in splits.labels[split]]
-        predicted = [p.label for p in predictions]
-        row = {"macro_f1": float(f1_score(truth, predicted, average="macro")),
-               "accuracy": float(np.mean([a == b for a, b in zip(truth, predicted)]))}
-        index = torch.tensor([names.index(label) for label in truth])
-        logits = probabilities.double().clamp(min=1e-300).log() * classifier.temperature  # up to a constant a row
-        held_out = split == "test"  # else the split the stored temperature was fitted on
-        row["ece" if held_out else "ece_on_the_split_fitted"] = expected_calibration_error(probabilities, index, False)
-        row["ece_before_temperature"] = expected_calibration_error(logits.softmax(-1), index, False)
-        row["temperature"] = classifier.temperature
-        if name == "sst2":
-            row["ece_cross_fitted"], temperatures = cross_fitted_ece(logits, index)
-            row["temperatures_of_the_halves"] = " / ".join(f"{t:.3f}" for t in temperatures)
-            # One halving of 872 texts is a noisy estimate: the mean and range over HALVINGS halvings.
-            eces = [cross_fitted_ece(logits, index, seed)[0] for seed in range(HALVINGS)]
-            row[f"ece_cross_fitted_mean_of_{HALVINGS}_halvings"] = float(np.mean(eces))
-            row["ece_cross_fitted_range"] = f"{min(eces):.4f} - {max(eces):.4f}"
-        row["ece_if_calibrated"] = ece_of_a_calibrated_model(probabilities)
-    row["checkpoint"] = str(checkpoint)
-    return row
-
-
-def ece_of_a_calibrated_model(probabilities, draws: int = 200, seed: int = 0) -> float:
-    """The ECE a perfectly calibrated model with these probabilities would show on this many texts: the mean over
-    `draws` label sets drawn from the probabilities themselves. On a few hundred texts it is far from 0 (each bin's
-    share right is itself a noisy estimate), which says how small a measured ECE can be told apart from none."""
-    import torch
-
-    from training.calibration import expected_calibration_error
-
-    generator = torch.Generator().manual_seed(seed)
-    return float(sum(expected_calibration_error(probabilities, torch.multinomial(probabilities, 1, generator=generator)
-                                                .squeeze(-1), False) for _ in range(draws)) / draws)
-
-
-def cross_fitted_ece(logits, labels, seed: int = DROP_SEED) -> tuple[float, list[float]]:
-    """ECE of all these texts, each half's (stratified, seed) probabilities calibrated by the temperature fitted on
-    the other half; and the two temperatures."""
-    import torch
-
-    from data.sources import stratified_split
-    from training.calibration import expected_calibration_error, fit_temperature
-
-    halves = stratified_split(labels.tolist(), 0.5, seed)
-    calibrated, temperatures = torch.empty_like(logits), []
-    for fitted, applied in (halves, halves[::-1]):
-        temperature = fit_temperature(logits[fitted], labels[fitted])
-        calibrated[applied] = (logits[applied] / temperature).softmax(-1)
-        temperatures.append(temperature)
-    return expected_calibration_error(calibrated.float(), labels, False), temperatures
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.labels", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["files", "peers", "score", "teacher"])
+    parser.add_argument("what", choices=["files", "peers", "score"])
     parser.add_argument("--out", default="runs/labels", type=Path)
     parser.add_argument("--run", action="append", default=[], metavar="NAME=RUN_FOLDER")
     args = parser.parse_args(argv)
     if args.what == "files":
         print(write_imbalanced_sst2(args.out))
         return
-    if args.what == "teacher":
-        results = {"goemotions teacher, validation": teacher_solvers()}
-    elif args.what == "peers":
+    if args.what == "peers":
         if not (args.out / "sst2_imbalanced_train.tsv").exists():
             write_imbalanced_sst2(args.out)
         results = {"sst2_imbalanced (validation)": imbalanced_peers(args.out)}
