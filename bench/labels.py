@@ -115,6 +115,105 @@ def goemotions_peers() -> dict:
     return rows
 
 
+def imbalanced_peers(out: Path) -> dict:
+    from sklearn.metrics import f1_score
+
+    splits = imbalanced_sst2(out)
+    rows = {}
+    for weighting in (None, "balanced"):
+        vectorizer, model = fit_ngram_teacher(splits.texts["train"], splits.labels["train"])
+        if weighting:
+            from sklearn.linear_model import LogisticRegression
+
+            model = LogisticRegression(C=4.0, max_iter=2000, class_weight="balanced").fit(
+                vectorizer.transform(splits.texts["train"]), splits.labels["train"])
+        predicted = model.predict(vectorizer.transform(splits.texts["validation"]))
+        truth = splits.labels["validation"]
+        rows["TF-IDF + LR" + (" class_weight=balanced" if weighting else "")] = {
+            "macro_f1": float(f1_score(truth, predicted, average="macro")),
+            "accuracy": float((np.asarray(predicted) == np.asarray(truth)).mean())}
+    return rows
+
+
+SCORED = {"goemotions": "test", "sst2_imbalanced": "validation", "sst2": "validation", "imdb": "test"}
+PEERS = {"goemotions": "goemotions (test)", "sst2_imbalanced": "sst2_imbalanced (validation)"}
+
+
+def score_run(name: str, run: str, out: Path) -> dict:
+    """The best checkpoint of `run`, through TextClassifier (stored thresholds and temperature applied)."""
+    import torch
+
+    from inference import TextClassifier
+    from training.calibration import expected_calibration_error
+
+    if name not in SCORED:
+        raise SystemExit(f"--run {name}=...: the name must be one of {', '.join(SCORED)}")
+    checkpoint = best_checkpoint(run)
+    classifier = TextClassifier.from_checkpoint(checkpoint, device="cuda" if torch.cuda.is_available() else "cpu")
+    splits, split = imbalanced_sst2(out) if name == "sst2_imbalanced" else registered(name), SCORED[name]
+    predictions = classifier.predict(splits.texts[split])
+    probabilities = torch.tensor([list(p.probabilities.values()) for p in predictions])
+    names = classifier.label_names
+    if classifier.multi_label:
+        truth = multi_hot(splits.labels[split], len(names))
+        predicted = np.array([[int(label in p.labels) for label in names] for p in predictions])
+        row = f1s(predicted, truth)
+        row["ece"] = expected_calibration_error(probabilities, torch.from_numpy(truth), True)
+    else:
+        from sklearn.metrics import f1_score
+
+        truth = [splits.label_names[c] for c in splits.labels[split]]
+        predicted = [p.label for p in predictions]
+        row = {"macro_f1": float(f1_score(truth, predicted, average="macro")),
+               "accuracy": float(np.mean([a == b for a, b in zip(truth, predicted)]))}
+        index = torch.tensor([names.index(label) for label in truth])
+        logits = probabilities.double().clamp(min=1e-300).log() * classifier.temperature  # up to a constant a row
+        held_out = split == "test"  # else the split the stored temperature was fitted on
+        row["ece" if held_out else "ece_on_the_split_fitted"] = expected_calibration_error(probabilities, index, False)
+        row["ece_before_temperature"] = expected_calibration_error(logits.softmax(-1), index, False)
+        row["temperature"] = classifier.temperature
+        if name == "sst2":
+            row["ece_cross_fitted"], temperatures = cross_fitted_ece(logits, index)
+            row["temperatures_of_the_halves"] = " / ".join(f"{t:.3f}" for t in temperatures)
+            # One halving of 872 texts is a noisy estimate: the mean and range over HALVINGS halvings.
+            eces = [cross_fitted_ece(logits, index, seed)[0] for seed in range(HALVINGS)]
+            row[f"ece_cross_fitted_mean_of_{HALVINGS}_halvings"] = float(np.mean(eces))
+            row["ece_cross_fitted_range"] = f"{min(eces):.4f} - {max(eces):.4f}"
+        row["ece_if_calibrated"] = ece_of_a_calibrated_model(probabilities)
+    row["checkpoint"] = str(checkpoint)
+    return row
+
+
+def ece_of_a_calibrated_model(probabilities, draws: int = 200, seed: int = 0) -> float:
+    """The ECE a perfectly calibrated model with these probabilities would show on this many texts: the mean over
+    `draws` label sets drawn from the probabilities themselves. On a few hundred texts it is far from 0 (each bin's
+    share right is itself a noisy estimate), which says how small a measured ECE can be told apart from none."""
+    import torch
+
+    from training.calibration import expected_calibration_error
+
+    generator = torch.Generator().manual_seed(seed)
+    return float(sum(expected_calibration_error(probabilities, torch.multinomial(probabilities, 1, generator=generator)
+                                                .squeeze(-1), False) for _ in range(draws)) / draws)
+
+
+def cross_fitted_ece(logits, labels, seed: int = DROP_SEED) -> tuple[float, list[float]]:
+    """ECE of all these texts, each half's (stratified, seed) probabilities calibrated by the temperature fitted on
+    the other half; and the two temperatures."""
+    import torch
+
+    from data.sources import stratified_split
+    from training.calibration import expected_calibration_error, fit_temperature
+
+    halves = stratified_split(labels.tolist(), 0.5, seed)
+    calibrated, temperatures = torch.empty_like(logits), []
+    for fitted, applied in (halves, halves[::-1]):
+        temperature = fit_temperature(logits[fitted], labels[fitted])
+        calibrated[applied] = (logits[applied] / temperature).softmax(-1)
+        temperatures.append(temperature)
+    return expected_calibration_error(calibrated.float(), labels, False), temperatures
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.labels", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
