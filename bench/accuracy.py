@@ -35,8 +35,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from bench.common import ROOT
-from data.teacher import fit_ngram_teacher, is_cjk
+from bench.common import ROOT, fit_ngram_teacher, is_cjk
 from data.sources import DATA_ROOT_ENV, load_splits, local_copy_dir
 
 DEFAULT_CONFIG = "configs/default.yaml"

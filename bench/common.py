@@ -1,9 +1,12 @@
-"""What the benches share: a config file's network and the checks of their own flags (whole numbers in range,
-folders and files they write, checked before any run). What they share with the product they import from it: a
-run's best checkpoint (data/checkpoint.py), the TF-IDF + logistic regression peer, which is the n-gram teacher
-(data/teacher.py fit_ngram_teacher).
+"""What the benches share: a config file's network, a run's best checkpoint, the n-gram recipe, and the checks of
+their own flags (whole numbers in range, folders and files they write, checked before any run).
 
     python -m bench.common best-checkpoint lightning_logs/version_0    # prints the run's best checkpoint
+
+The TF-IDF + logistic regression peer is the teacher that `data.teacher: ngram` distills from, fitted by the same
+function (data/teacher.py: fit_ngram_teacher): character 1-3-grams for Chinese, Japanese or Korean text, word
+1-2-grams otherwise (words of one letter or more: on SST-2 validation 82.1% against 82.2% for two letters or more,
+on IMDB test 90.4% against 90.3%).
 """
 
 import argparse
@@ -22,6 +25,23 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
+
+__all__ = ["ROOT", "CONFIGS", "read_config", "network_config", "best_checkpoint", "fit_ngram_teacher", "is_cjk",
+           "whole_number", "positive_number", "check_writable"]
+
+
+def __getattr__(name):
+    """The heavier helpers (torch, the network) on first use, so a bench that only checks its flags, or only
+    starts child processes (bench.healthy), loads neither."""
+    if name in ("fit_ngram_teacher", "is_cjk"):
+        import data.teacher
+
+        return getattr(data.teacher, name)
+    if name == "best_checkpoint":
+        from data.checkpoint import best_checkpoint
+
+        return best_checkpoint
+    raise AttributeError(f"module 'bench.common' has no attribute {name!r}")
 
 
 # ---- the benches' own flags ----------------------------------------------------------------------------------------

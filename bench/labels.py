@@ -32,8 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.checkpoint import best_checkpoint
-from data.teacher import fit_ngram_teacher
+from bench.common import best_checkpoint, fit_ngram_teacher
 from data.sources import load_splits, local_copy_dir
 
 DROPPED_SHARE, DROP_SEED = 0.95, 0

@@ -8,7 +8,7 @@ this is all it adds to an epoch.
     python -m bench.monitor_cost lightning_logs/imdb/local/lightning_logs/version_0 --repeats 2
 
 The run folder holds the config.yaml train.py wrote and checkpoints/; its best checkpoint is the one with the best
-validation accuracy recorded inside it (data/checkpoint.py best_checkpoint). The last stdout line is JSON: median seconds
+validation accuracy recorded inside it (bench.common.best_checkpoint). The last stdout line is JSON: median seconds
 of a validation pass without and with the monitor, the difference, and the first pass with the monitor (which also
 lays out its probe heatmaps once, as the first epoch of a training run does).
 
@@ -36,8 +36,7 @@ import lightning as L
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from bench.common import ROOT, read_config
-from data.checkpoint import best_checkpoint
+from bench.common import ROOT, best_checkpoint, read_config
 from data import TextDataModule
 from monitor import AttentionMonitor
 from training.module import ClassifierModule

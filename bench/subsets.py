@@ -28,8 +28,7 @@ import sys
 from pathlib import Path
 
 from bench.accuracy import accuracy, score_run
-from bench.common import ROOT
-from data.teacher import fit_ngram_teacher
+from bench.common import ROOT, fit_ngram_teacher
 from data.sources import load_splits
 from monitor.catalogue.proof import subset, write_csv
 
