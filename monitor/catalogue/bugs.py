@@ -5,7 +5,7 @@ tests/test_planted_bugs.py).
     make docs                           # writes it, and the checks' verdicts (monitor/units.py), into docs/DOCTOR.md
 
 A bug is a small function registered by name with the verdict the doctor should give. It plants itself through a
-`Plant`, from outside the product code (nothing in model/, training/, monitor/ or inference/ knows about it):
+`Plant`, from outside the code it tests (nothing in model/, training/, inference/ or the rest of monitor/ imports it):
 
     plant.network(d_head=256)              NetworkConfig values the run is built with
     plant.replace(original, replacement)   every module attribute that *is* `original` (model.attention.attention,
