@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from model.kinds import ATTENTION_KINDS, DEFAULT_KIND
 from monitor.catalogue.healthy import (CONFIGURED, Run, best_metric, execute, plan, shipped_configs, table, totals,
                                       validations)
 
@@ -19,20 +20,21 @@ def test_the_shipped_classifier_configs_are_found_with_overlays_after_their_base
 
 def test_the_plan_repeats_each_run_per_kind_and_seed_unless_its_config_chooses_the_kind(tmp_path):
     configs = [files for files in shipped_configs() if files[-1].name in ("smoke.yaml", "imdb_local.yaml")]
-    runs = plan(configs, ["sst2"], [0, 1], [CONFIGURED, "local", "linformer"], ["--trainer.max_epochs", "3"],
+    other = [name for name in ATTENTION_KINDS if name != DEFAULT_KIND][-1]
+    runs = plan(configs, ["sst2"], [0, 1], [CONFIGURED, DEFAULT_KIND, other], ["--trainer.max_epochs", "3"],
                 tmp_path, window=8, projection_length=16)
     names = [run.name for run in runs]
     assert len(names) == len(set(names)) == len({run.folder for run in runs})
     assert [n for n in names if n.startswith("imdb")] == ["imdb.yaml + imdb_local.yaml seed 0",
                                                          "imdb.yaml + imdb_local.yaml seed 1"]
     assert len([n for n in names if n.startswith("smoke.yaml")]) == 6
-    (linformer,) = [run.command for run in runs if run.name == "no config sst2 seed 1 linformer"]
-    assert linformer[2:] == ["fit", "--data.dataset", "sst2", "--model.network.attention", "linformer",
-                             "--model.network.window", "8", "--model.network.projection_length", "16",
-                             "--seed_everything", "1",
-                             "--trainer.default_root_dir", str(tmp_path / "no_config_sst2_seed_1_linformer"),
-                             "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-                             "--trainer.max_epochs", "3"]
+    (command,) = [run.command for run in runs if run.name == f"no config sst2 seed 1 {other}"]
+    assert command[2:] == ["fit", "--data.dataset", "sst2", "--model.network.attention", other,
+                           "--model.network.window", "8", "--model.network.projection_length", "16",
+                           "--seed_everything", "1",
+                           "--trainer.default_root_dir", str(tmp_path / f"no_config_sst2_seed_1_{other}"),
+                           "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+                           "--trainer.max_epochs", "3"]
     (configured,) = [run.command for run in runs if run.name == "no config sst2 seed 0"]
     assert "--model.network.attention" not in configured  # the no-config default as it is: attention auto
 

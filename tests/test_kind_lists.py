@@ -102,21 +102,23 @@ def test_the_planted_look_ahead_reaches_a_kind_registered_later(strided):
 
 
 def kind_names_outside_the_registry() -> list[str]:
-    """Places in the product (not the tests) that name attention kinds by hand: a comparison with a kind's name
-    (`config.attention == "full"`) or a literal list of two or more of them. A kind's rules are asked of its class."""
+    """Places that name attention kinds by hand: in the product (not the tests) a comparison with a kind's name
+    (`config.attention == "full"`); in the product and the tests a literal list, tuple, set or dict keyed by two or
+    more of them (a test of every kind, or of a family, reads the registry). A kind's rules are asked of its class."""
     allowed = {"model/kinds.py", "model/attention.py", "model/long_attention.py"}  # the registry and the kinds
     names = set(ATTENTION_KINDS)
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         relative = path.relative_to(ROOT).as_posix()
-        if relative in allowed or relative.startswith(("tests/", ".venv/")) or "/." in f"/{relative}":
+        if relative in allowed or relative.startswith(".venv/") or "/." in f"/{relative}":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Compare):
+            if isinstance(node, ast.Compare) and not relative.startswith("tests/"):
                 named = [c.value for c in (node.left, *node.comparators) if isinstance(c, ast.Constant)
                          and c.value in names]
-            elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-                named = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names]
+            elif isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
+                elements = node.keys if isinstance(node, ast.Dict) else node.elts
+                named = [e.value for e in elements if isinstance(e, ast.Constant) and e.value in names]
                 named = named if len(named) >= 2 else []
             else:
                 continue

@@ -13,14 +13,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.config import NetworkConfig
 from model.errors import ConfigError
 from model.kinds import ATTENTION_KINDS
 from monitor import assert_attention_contract
 from monitor.layer_contract import CHECKS, layer_contract, table
 
 SEED_CLASS = Path(__file__).resolve().parents[1].parent / "shared" / "examples" / "seed_self_attention.py"
-KIND_SETTINGS = {"local": {"window": 2}, "sparse": {"window": 2, "global_tokens": 1},
-                 "linformer": {"projection_length": 4, "max_length": 16}}
+TINY = NetworkConfig(window=2, global_tokens=1, projection_length=4, max_length=16)
+KIND_SETTINGS = {name: kind.settings(TINY) for name, kind in ATTENTION_KINDS.items()}  # each kind's own arguments
 
 
 class MultiHead(nn.Module):
