@@ -14,7 +14,7 @@ ifneq ($(wildcard $(SHARED_DATA)),)
 export ATTENTION_DATA_ROOT ?= $(SHARED_DATA)
 endif
 
-.PHONY: setup setup-dev test test-fast train tensorboard bench fonts browser clean
+.PHONY: setup setup-dev test test-fast train tensorboard bench docs fonts browser clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ bench: setup
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) -m bench.timing speed
 	$(PY) -m bench.accuracy
+
+# The docs' generated tables from the registries they describe: the README's attention kinds (model/kinds.py),
+# docs/DOCTOR.md's verdicts (monitor/units.py) and planted bugs (monitor/catalogue/); tests/test_docs.py compares.
+docs: setup
+	$(PY) -m scripts.docs
 
 # Opt-in, needs root: a CJK font (Debian's fonts-wqy-microhei) so Chinese tokens in heatmaps render as glyphs.
 # Without it heatmaps still work; Chinese labels show as boxes and the first heatmap logs one warning.

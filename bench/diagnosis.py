@@ -1,5 +1,5 @@
-"""The proof of the attention doctor: each planted bug (bench/bugs.py) trained into short runs, and what the doctor
-said about them; healthy runs, which must get no warning.
+"""The proof of the attention doctor: each planted bug (monitor/catalogue/bugs.py) trained into short runs, and what
+the doctor said about them; healthy runs, which must get no warning.
 
     python -m bench.diagnosis                                     # every bug × synthetic, SST-2, ChnSentiCorp
     python -m bench.diagnosis --datasets synthetic --bugs padding-ignored look-ahead
@@ -8,11 +8,11 @@ said about them; healthy runs, which must get no warning.
     python -m bench.diagnosis --healthy-checkpoints lightning_logs/version_3 --bugs none --no-healthy
     python -m bench.diagnosis --merge synthetic.json sst2.json     # the tables of runs saved with --out X.json
 
-A run is `train.py fit` in this process (train.cli, run=False): the bug's network settings go in as flags, its
-edits are made on the built module, and it trains with its replacements in place; nothing in the product knows.
-Every run trains 1 epoch (healthy runs `--healthy-epochs`) on a subset of the dataset's training split (`--rows`, stratified, seed 0) written as a
-CSV, and validates on the whole validation split every `--check-every` optimizer steps, so the step at which a
-verdict first appears is measured. Bug runs use the dataset's shipped config (configs/smoke.yaml for synthetic);
+A run is monitor/catalogue/proof.py's fit(): `train.py fit` in this process, the bug's network settings as flags,
+its edits made on the built module, its replacements in place while it trains. Every run trains 1 epoch (healthy runs
+`--healthy-epochs`) on a subset of the dataset's training split (`--rows`, stratified, seed 0) written as a CSV,
+and validates on the whole validation split every `--check-every` optimizer steps, so the step at which a verdict
+first appears is measured. Bug runs use the dataset's shipped config (configs/smoke.yaml for synthetic);
 healthy runs use it and the no-config default (configs/default.yaml). The verdicts are the AttentionMonitor's
 `history` (monitor/doctor.py): one list of findings per validation, each with a verdict whose severity is a
 "warning" (a bug class) or a "note".
@@ -25,351 +25,23 @@ runs' warnings and one JSON line. `--out FILE.md` (or .json) writes the same tab
 import argparse
 import json
 import logging
-import math
 import sys
-import tempfile
-import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-import train
-from bench.bugs import GROUPS, Bug, Plant, every_bug, load_bug
-from bench.common import CONFIGS, ROOT, check_writable
-from bench.subsets import subset, write
-from data.files import WriteError, check_target, describe, write_text
-from data.sources import load_splits
-from inference.limits import POSITIVE, Parser
+from bench.common import ROOT, check_writable
 from data.checkpoint import open_checkpoint
-from inference.diagnosis import diagnose_checkpoint
+from data.files import WriteError, check_target, describe, write_text
+from inference.limits import POSITIVE, Parser
 from model.kinds import ATTENTION_KINDS
-from monitor import AttentionMonitor
-from monitor.doctor import VERDICTS, Finding
-from training.module import NonFiniteLossError
+from monitor.catalogue.bugs import GROUPS, Bug, select_bugs
+from monitor.catalogue.proof import SHIPPED, checkpoint_run, measure
+from monitor.catalogue.scores import Run, report, summary
 
 log = logging.getLogger("bench.diagnosis")
-
-SHIPPED = {"synthetic": CONFIGS / "smoke.yaml", "sst2": CONFIGS / "sst2.yaml",
-           "chnsenticorp_htl": CONFIGS / "chnsenticorp_htl.yaml"}
-NO_CONFIG = "no config"
-QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
-HELD_OUT = "heldout"  # the group of bugs written by someone who never read monitor/ (bench/bugs_heldout.py)
-FIRST_STEPS = 200  # the goal: each verdict within this many optimizer steps
-
-
-@dataclass
-class Run:
-    """One training run and what the doctor said at each validation."""
-
-    bug: str  # "healthy" for no bug
-    dataset: str
-    config: str  # a config file's name, or NO_CONFIG
-    checks: list[dict] = field(default_factory=list)  # {"step", "warnings": [verdict, ...], "notes": [...]}
-    accuracy: float = math.nan  # validation accuracy at the end
-    seconds: float = 0.0
-    error: str | None = None  # the product stopped the run (a non-finite loss), with its message
-
-    def warnings(self) -> set[str]:
-        return {name for check in self.checks for name in check["warnings"]}
-
-    def first_step(self, verdicts: tuple[str, ...]) -> int | None:
-        """The step of the first validation that gave one of `verdicts` (any warning when empty); None if none did."""
-        for check in self.checks:
-            if any(name in verdicts for name in check["warnings"]) or (not verdicts and check["warnings"]):
-                return check["step"]
-        return None
-
-
-# ---- one run ------------------------------------------------------------------------------------------------------
-
-
-def fit(args: list[str], bug: Bug | None = None, check_every: int | None = None):
-    """Trains `train.py fit` with `args` in this process, with `bug` planted; returns (checks, accuracy, error).
-    check_every: validate every this many optimizer steps (at most an epoch's)."""
-    plant = Plant()
-    if bug is not None:
-        bug.plant(plant)
-    cli = train.cli([*args, *plant.flags()], run=False)
-    if check_every:
-        # n validations evenly spaced, the last at the epoch's end: the few batches past n · interval are left out
-        # (Lightning validates every `interval` batches, not at an epoch end that falls between two).
-        data = cli.datamodule
-        batches = math.ceil(len(data.split("train")) / data.hparams.batch_size)
-        validations = max(1, round(batches / check_every))
-        cli.trainer.val_check_interval = batches // validations
-        cli.trainer.limit_train_batches = validations * (batches // validations)
-    plant.edit(cli.model)
-    error = None
-    with plant.applied():
-        try:
-            cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-        except NonFiniteLossError as e:
-            error = str(e)
-    (monitor,) = [c for c in cli.trainer.callbacks if isinstance(c, AttentionMonitor)]
-    accuracy = cli.trainer.callback_metrics.get("val/acc")
-    return checks(monitor.history), math.nan if accuracy is None else float(accuracy), error
-
-
-def checks(history: list[dict]) -> list[dict]:
-    """The monitor's history as {"step", "warnings", "notes"} per validation (findings as objects or plain dicts)."""
-    return [check(int(entry["step"]), entry["findings"]) for entry in history]
-
-
-def check(step: int | str, findings) -> dict:
-    """A verdict this version does not know (a run of another version) counts as a note."""
-    findings = [Finding.from_dict(f) if isinstance(f, dict) else f for f in findings]
-    return {"step": step, "warnings": sorted({f.verdict for f in findings if f.severity == "warning"}),
-            "notes": sorted({f.verdict for f in findings if f.severity != "warning"})}
-
-
-def run_args(config: Path | None, train_file: Path, val_file: Path, root: Path, cache: Path,
-             network: list[str] = (), epochs: int = 1) -> list[str]:
-    """train.py flags for a run of `epochs` on these files (config None: the no-config default)."""
-    return [*(["--config", str(config)] if config else []), "--data.train_file", str(train_file),
-            "--data.val_file", str(val_file), "--data.cache_dir", str(cache), "--trainer.default_root_dir", str(root),
-            # A CSV logger: the learning rate and the scalars are kept, no probe heatmap is drawn (TensorBoard only)
-            "--trainer.logger", json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger",
-                                            "init_args": {"save_dir": str(root)}}),
-            "--trainer.max_epochs", str(epochs), *QUIET, *network]
-
-
-def network_flags(attention: str | None) -> list[str]:
-    """--attention KIND: the kind, with a window and projection short enough for sentence-length texts."""
-    if not attention:
-        return []
-    return ["--model.network.attention", attention, "--model.network.window", "8",
-            "--model.network.projection_length", "16"]
-
-
-# ---- data ---------------------------------------------------------------------------------------------------------
-
-
-def subset_files(dataset: str, rows: int, folder: Path, validation_rows: int | None = None) -> tuple[Path, Path]:
-    """train.csv: `rows` training texts drawn stratified (seed 0); validation.csv: the validation split (its first
-    `validation_rows` after a stratified draw, when given)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    train_file, val_file = folder / "train.csv", folder / "validation.csv"
-    if not (train_file.exists() and val_file.exists()):
-        splits = load_splits(dataset=dataset, data_dir=None, train_file=None, val_file=None, test_file=None,
-                             text_column=None, label_column=None, val_fraction=0.1, seed=0)
-        names = splits.label_names
-        write(train_file, *subset(splits.texts["train"], splits.labels["train"], rows, seed=0), names)
-        validation = splits.texts["validation"], splits.labels["validation"]
-        if validation_rows is not None:
-            validation = subset(*validation, validation_rows, seed=0)
-        write(val_file, *validation, names)
-    return train_file, val_file
-
-
-# ---- the bench ----------------------------------------------------------------------------------------------------
-
-
-def measure(bugs: list[Bug | None], datasets: list[str], rows: int, work: Path, check_every: int,
-            attention: str | None = None, validation_rows: int | None = None,
-            healthy_epochs: int = 1, done=lambda runs: None, failed: list | None = None) -> list[Run]:
-    """Every bug (None: healthy) × dataset, plus the healthy no-config runs; sequential, one process. A bug run
-    trains 1 epoch, a healthy run `healthy_epochs`. done(runs so far) is called after each run. A bug that raises
-    is left out of the runs and added to `failed` ({"bug", "dataset", "error"})."""
-    plan = []
-    for dataset in datasets:
-        for bug in bugs:
-            if bug is None or attention is None or attention in bug.kinds:
-                plan.append((bug, dataset, SHIPPED[dataset]))
-        if None in bugs:
-            plan.append((None, dataset, None))
-    runs = []
-    for i, (bug, dataset, config) in enumerate(plan, 1):
-        train_file, val_file = subset_files(dataset, rows, work / "data" / f"{dataset}-{rows}", validation_rows)
-        label = dataset if attention is None else f"{dataset}, {attention}"
-        run = Run("healthy" if bug is None else bug.name, label, config.name if config else NO_CONFIG)
-        started = time.perf_counter()
-        with tempfile.TemporaryDirectory(dir=work) as root:
-            args = run_args(config, train_file, val_file, Path(root), work / "cache", network_flags(attention),
-                            1 if bug else healthy_epochs)
-            try:
-                run.checks, run.accuracy, run.error = fit(args, bug, check_every)
-            except Exception as e:  # a bug that raises: one line for it, and the bench goes on with the others
-                if bug is None:
-                    raise
-                log.error("[%d/%d] %s on %s: left out: the bug raised %s", i, len(plan), run.bug, label, describe(e))
-                if failed is not None:
-                    failed.append({"bug": run.bug, "dataset": label, "error": f"the bug raised {describe(e)}"})
-                    done(runs)
-                continue
-        run.seconds = time.perf_counter() - started
-        expected = "" if bug is None else f"; expected {' or '.join(bug.expects) or 'any warning'}: " + (
-            f"step {step}" if (step := run.first_step(bug.expects)) is not None else "not seen")
-        log.info("[%d/%d] %s on %s (%s): warnings %s%s; val acc %.3f; %.0f s%s", i, len(plan), run.bug, label,
-                 run.config, ", ".join(sorted(run.warnings())) or "none", expected, run.accuracy, run.seconds,
-                 f"; stopped: {run.error}" if run.error else "")
-        runs.append(run)
-        done(runs)
-    return runs
-
-
-def checkpoint_run(path: str) -> Run:
-    """A trained run (or checkpoint) as a healthy Run: the verdicts its monitor recorded at every validation while it
-    trained, then those of diagnose.py's checks on its validation sample (step "diagnose")."""
-    started = time.perf_counter()
-    diagnosis = diagnose_checkpoint(path)
-    data = diagnosis.data
-    run = Run("healthy", data.get("train_file") or data.get("dataset") or "?", path)
-    run.checks = checks(diagnosis.history) + [check("diagnose", diagnosis.findings)]
-    run.seconds = time.perf_counter() - started
-    log.info("%s: warnings %s; %.0f s", path, ", ".join(sorted(run.warnings())) or "none", run.seconds)
-    return run
-
-
-# ---- tables -------------------------------------------------------------------------------------------------------
-
-
-def first_step_table(runs: list[Run]) -> list[str]:
-    """Planted bug × dataset: the optimizer step of the first validation that gave the expected verdict (any warning
-    for a bug outside the catalogue; "not seen": none did), then in brackets the other warnings the run was given."""
-    planted = [run for run in runs if run.bug != "healthy"]
-    datasets = list(dict.fromkeys(run.dataset for run in planted))
-    lines = [f"| bug | expected | {' | '.join(datasets)} |", "|---|---|" + "---:|" * len(datasets)]
-    for name in dict.fromkeys(run.bug for run in planted):
-        bug = bug_of(next(run for run in planted if run.bug == name))
-        cells = []
-        for dataset in datasets:
-            mine = [run for run in planted if run.bug == name and run.dataset == dataset]
-            cells.append("n/a" if not mine else " ".join(told(run, bug) for run in mine))
-        lines.append(f"| {name} | {' or '.join(bug.expects) or 'any warning'} | {' | '.join(cells)} |")
-    return lines
-
-
-def told(run: Run, bug: Bug) -> str:
-    step = run.first_step(bug.expects)
-    others = ", ".join(sorted(run.warnings() - set(bug.expects)))  # for a bug outside the catalogue: all it was told
-    return ("not seen" if step is None else str(step)) + (f" ({'+' * bool(bug.expects)}{others})" if others else "") + (
-        " (stopped: non-finite loss)" if run.error else "")
-
-
-def accuracy(run: Run) -> str:
-    return "–" if math.isnan(run.accuracy) else f"{run.accuracy:.3f}"
-
-
-def confusion_table(runs: list[Run]) -> list[str]:
-    """Planted bug (its number of runs) × warning: in how many of the bug's runs each warning was given at any
-    validation; "none": runs with no warning at all."""
-    planted = [run for run in runs if run.bug != "healthy"]
-    columns = sorted({name for run in planted for name in run.warnings()})
-    lines = ["| " + " | ".join(["planted bug", *columns, "none"]) + " |", "|---|" + "---:|" * (len(columns) + 1)]
-    for name in dict.fromkeys(run.bug for run in planted):
-        mine = [run for run in planted if run.bug == name]
-        counts = [sum(column in run.warnings() for run in mine) for column in columns]
-        counts.append(sum(not run.warnings() for run in mine))
-        lines.append(f"| {name} ({len(mine)}) | {' | '.join(str(n) if n else '·' for n in counts)} |")
-    return lines
-
-
-def healthy_table(runs: list[Run]) -> list[str]:
-    lines = ["| dataset | config | validations | warnings (at steps) | notes | val acc |", "|---|---|---:|---|---|---:|"]
-    for run in runs:
-        if run.bug != "healthy":
-            continue
-        given = {}
-        for check in run.checks:
-            for name in check["warnings"]:
-                given.setdefault(name, []).append(check["step"])
-        notes = sorted({n for check in run.checks for n in check["notes"]})
-        warned = "; ".join(f"{name} ({', '.join(map(str, steps))})" for name, steps in given.items()) or "none"
-        lines.append(f"| {run.dataset} | {run.config} | {len(run.checks)} | {warned} | {', '.join(notes) or '–'} | "
-                     f"{accuracy(run)} |")
-    return lines
-
-
-def group_table(runs: list[Run]) -> list[str]:
-    """One column per bug group (catalogue, field, contract, heldout, outside) and the healthy runs: runs, runs given
-    any warning, runs given the bug's expected verdict (its cause named; "–" for bugs that expect any warning)."""
-    groups = [g for g in GROUPS if any(run.bug != "healthy" and bug_of(run).group == g for run in runs)]
-    healthy = [run for run in runs if run.bug == "healthy"]
-    lines = [f"| | {' | '.join(groups)} | healthy |", "|---|" + "---:|" * (len(groups) + 1)]
-    rows = {"runs": [], "any warning": [], "expected verdict": []}
-    for group in groups:
-        mine = [(run, bug_of(run)) for run in runs if run.bug != "healthy" and bug_of(run).group == group]
-        named = [run for run, bug in mine if bug.expects]
-        rows["runs"].append(str(len(mine)))
-        rows["any warning"].append(f"{sum(bool(run.warnings()) for run, _ in mine)} of {len(mine)}")
-        rows["expected verdict"].append(
-            f"{sum(run.first_step(bug_of(run).expects) is not None for run in named)} of {len(named)}" if named else "–")
-    cells = {"runs": str(len(healthy)), "any warning": f"{sum(bool(run.warnings()) for run in healthy)} of "
-             f"{len(healthy)} (false alarms)", "expected verdict": "–"}
-    return lines + [f"| {name} | {' | '.join(values)} | {cells[name]} |" for name, values in rows.items()]
-
-
-def verdict_table(runs: list[Run]) -> list[str]:
-    """Per warning verdict: recall (the runs of bugs that expect it that were given it) and precision (of the runs
-    given it, the share that had a bug planted: a healthy run given it is a false alarm)."""
-    planted = [(run, bug_of(run)) for run in runs if run.bug != "healthy"]
-    healthy = [run for run in runs if run.bug == "healthy"]
-    lines = ["| verdict | expected in runs | recall | given in bug runs | given in healthy runs | precision |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for name, verdict in VERDICTS.items():
-        if verdict.severity != "warning":
-            continue
-        expected = [run for run, bug in planted if name in bug.expects]
-        hit = sum(name in run.warnings() for run in expected)
-        given_bug = sum(name in run.warnings() for run, _ in planted)
-        given_healthy = sum(name in run.warnings() for run in healthy)
-        if not expected and not given_bug and not given_healthy:
-            continue
-        recall = f"{hit / len(expected):.2f}" if expected else "–"
-        given = given_bug + given_healthy
-        precision = f"{given_bug / given:.2f}" if given else "–"
-        lines.append(f"| {name} | {len(expected)} | {recall} | {given_bug} | {given_healthy} | {precision} |")
-    return lines
-
-
-def summary(runs: list[Run]) -> dict:
-    """Catalogued bugs (groups catalogue, field and contract) named with their cause, bugs outside the catalogue
-    (outside, and the held-out ones, written without reading the doctor) given any warning, healthy runs given one."""
-    planted = [(run, bug_of(run)) for run in runs if run.bug != "healthy"]
-    designed = [(run, bug) for run, bug in planted if bug.group not in ("outside", HELD_OUT)]
-    held_out = [run for run, bug in planted if bug.group == HELD_OUT]
-    named = [run.first_step(bug.expects) for run, bug in designed]
-    healthy = [run for run in runs if run.bug == "healthy"]
-    return {
-        "catalogued_runs": len(designed),
-        "named_by_end_of_epoch_1": sum(step is not None for step in named),
-        f"named_within_{FIRST_STEPS}_steps": sum(step is not None and step <= FIRST_STEPS for step in named),
-        "outside_runs": len(planted) - len(designed) - len(held_out),
-        "outside_runs_warned": sum(bool(run.warnings()) for run, bug in planted if bug.group == "outside"),
-        "held_out_runs": len(held_out),
-        "held_out_runs_warned": sum(bool(run.warnings()) for run in held_out),
-        "healthy_runs": len(healthy),
-        "healthy_runs_with_warnings": sum(bool(run.warnings()) for run in healthy),
-    }
-
-
-def bug_of(run: Run) -> Bug:
-    return every_bug().get(run.bug) or load_bug(run.bug)
-
-
-def report(runs: list[Run], command: str, failed: list | None = None) -> str:
-    """The tables; `failed` (bugs that did not load or raised, checkpoints that failed) listed first."""
-    figures = summary(runs)
-    parts = [command, "",
-             f"Catalogued bugs named with their cause by the end of the first epoch: "
-             f"{figures['named_by_end_of_epoch_1']} of {figures['catalogued_runs']} runs; within {FIRST_STEPS} steps: "
-             f"{figures[f'named_within_{FIRST_STEPS}_steps']}. Bugs outside the catalogue given a warning: "
-             f"{figures['outside_runs_warned']} of {figures['outside_runs']} runs. Held-out bugs given a warning: "
-             f"{figures['held_out_runs_warned']} of {figures['held_out_runs']} runs. Healthy runs with a warning: "
-             f"{figures['healthy_runs_with_warnings']} of {figures['healthy_runs']}.", ""]
-    if failed:
-        parts += ["Left out, the bench's exit status 1:", "",
-                  *[f"- {f['bug']}{' on ' + f['dataset'] if f['dataset'] else ''}: {f['error']}" for f in failed], ""]
-    parts += ["Runs by group:", "", *group_table(runs), "", "Per verdict:", "", *verdict_table(runs), ""]
-    if figures["catalogued_runs"] + figures["outside_runs"]:
-        parts += ["First step at which the expected verdict was given (other warnings in brackets):", "",
-                  *first_step_table(runs), "", "Confusion: planted bug (runs) × warning given at any "
-                  "validation (runs):", "", *confusion_table(runs), ""]
-    if figures["healthy_runs"]:
-        parts += ["Healthy runs:", "", *healthy_table(runs), ""]
-    return "\n".join(parts)
 
 
 def main(argv=None):
@@ -377,8 +49,8 @@ def main(argv=None):
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", nargs="+", default=list(SHIPPED), choices=list(SHIPPED))
     parser.add_argument("--bugs", nargs="+", default=["all"],
-                        help="bug names (python -m bench.bugs lists them), module:function, 'all', 'none', or a "
-                             f"group: {', '.join(GROUPS)}")
+                        help="bug names (python -m monitor.catalogue.bugs lists them), module:function, 'all', "
+                             f"'none', or a group: {', '.join(GROUPS)}")
     parser.add_argument("--rows", type=POSITIVE.argument(), default=3000, help="training rows of each subset")
     parser.add_argument("--check-every", type=POSITIVE.argument(), default=25,
                         help="optimizer steps between validations")
@@ -465,28 +137,6 @@ def main(argv=None):
     print(report(runs, f"`{command}`", failed))
     print(json.dumps({key: value for key, value in result.items() if key != "runs"}))
     return 1 if failed else 0  # a bug or checkpoint left out: the tables are not the whole bench
-
-
-def select_bugs(names: list[str], failed: list | None = None) -> list[Bug]:
-    """--bugs: names, module:function, groups, 'all' or 'none' → the bugs, in catalogue order, each once. A user's
-    module:function that does not load is an entry of `failed` (or, without it, one logged line); the bench goes on."""
-    chosen, known = {}, every_bug()  # the held-out group too
-    for name in names:
-        if name == "none":
-            continue
-        matched = list(known.values()) if name == "all" else [b for b in known.values() if b.group == name]
-        try:
-            matched = matched or [load_bug(name)]
-        except ValueError as e:
-            if ":" not in name:  # a misspelt name of the catalogue stops the bench before it starts
-                raise
-            if failed is None:
-                log.error("%s; the bench goes on without it", e)  # a user's module that fails: one line for it
-            else:  # the caller says it
-                failed.append({"bug": name, "dataset": None, "error": str(e)})
-        for entry in matched:
-            chosen[entry.name] = entry
-    return list(chosen.values())
 
 
 if __name__ == "__main__":

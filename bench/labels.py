@@ -3,7 +3,6 @@ positives dropped) and calibration (SST-2, IMDB), this model beside TF-IDF + log
 
     python -m bench.labels files --out runs/labels              # writes the imbalanced SST-2 file
     python -m bench.labels peers --out runs/labels              # the TF-IDF rows (a few minutes)
-    python -m bench.labels teacher --out runs/labels            # the multi-label teacher's solvers (5 minutes)
     python -m bench.labels score --out runs/labels --run goemotions=RUN --run sst2_imbalanced=RUN --run sst2=RUN \
         --run imdb=RUN                                          # each run's row, its peers (peers.json) beneath
 
@@ -115,39 +114,6 @@ def goemotions_peers() -> dict:
     return rows
 
 
-def teacher_solvers() -> dict:
-    """The multi-label n-gram teacher's logistic regressions (data/teacher.py) fitted once on GoEmotions' training
-    split with each solver, scored on validation: fit time, macro-F1 at cuts 0.5 and at cuts tuned there, mean BCE."""
-    import time
-
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import log_loss
-    from sklearn.multiclass import OneVsRestClassifier
-
-    from data.teacher import ngram_features
-
-    splits = registered("goemotions")
-    n = len(splits.label_names)
-    y = {split: multi_hot(sets, n) for split, sets in splits.labels.items()}
-    vectorizer = ngram_features(splits.texts["train"])
-    x_train = vectorizer.fit_transform(splits.texts["train"])
-    x_val = vectorizer.transform(splits.texts["validation"])
-    rows = {}
-    for name, settings in {"lbfgs": {"max_iter": 2000}, "liblinear": {"solver": "liblinear"},
-                           "liblinear balanced": {"solver": "liblinear", "class_weight": "balanced"}}.items():
-        start = time.perf_counter()
-        model = OneVsRestClassifier(LogisticRegression(C=4.0, **settings)).fit(x_train, y["train"])
-        seconds = time.perf_counter() - start
-        p = model.predict_proba(x_val)
-        cuts = tuned_thresholds(p, y["validation"])
-        bce = [log_loss(y["validation"][:, j], p[:, j], labels=[0, 1]) for j in range(n)]
-        rows[name] = {"fit_s": seconds,
-                      "macro_f1 cuts 0.5": f1s((p >= 0.5).astype(int), y["validation"])["macro_f1"],
-                      "macro_f1 cuts tuned": f1s((p >= cuts).astype(int), y["validation"])["macro_f1"],
-                      "mean_bce": float(np.mean(bce))}
-    return rows
-
-
 def imbalanced_peers(out: Path) -> dict:
     from sklearn.metrics import f1_score
 
@@ -250,16 +216,14 @@ def cross_fitted_ece(logits, labels, seed: int = DROP_SEED) -> tuple[float, list
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.labels", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["files", "peers", "score", "teacher"])
+    parser.add_argument("what", choices=["files", "peers", "score"])
     parser.add_argument("--out", default="runs/labels", type=Path)
     parser.add_argument("--run", action="append", default=[], metavar="NAME=RUN_FOLDER")
     args = parser.parse_args(argv)
     if args.what == "files":
         print(write_imbalanced_sst2(args.out))
         return
-    if args.what == "teacher":
-        results = {"goemotions teacher, validation": teacher_solvers()}
-    elif args.what == "peers":
+    if args.what == "peers":
         if not (args.out / "sst2_imbalanced_train.tsv").exists():
             write_imbalanced_sst2(args.out)
         results = {"sst2_imbalanced (validation)": imbalanced_peers(args.out)}

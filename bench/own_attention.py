@@ -1,13 +1,13 @@
-"""The attention contract (`diagnose.py --attention`) on user-written classes it never saw: bench/user_attention's
-catalogue, correct and buggy, written by someone who had not read the checks. Per class its verdicts, whether it
-FAILs and with which checks, and whether a FAIL names the property the class's mistake breaks; then recall (buggy
-classes that FAIL with a right check / buggy classes), the FAILs on correct classes, and the runtime.
+"""The attention contract (`diagnose.py --attention`) on user-written classes it never saw: the catalogue of
+monitor/catalogue/user_attention/, correct and buggy, written by someone who had not read the checks. Per class its
+verdicts, whether it FAILs and with which checks, and whether a FAIL names the property the class's mistake breaks;
+then recall (buggy classes that FAIL with a right check / buggy classes), the FAILs on correct classes, the runtime.
 
     python -m bench.own_attention                      # in this process, each class built as diagnose.py builds it
     python -m bench.own_attention --command            # each class through `python diagnose.py --attention` (timed)
     python -m bench.own_attention --d-model 32 --heads 4
 
-The catalogue names properties of attention (bench/user_attention/catalogue.py CATEGORIES), not the checks; RIGHT
+The catalogue names properties of attention (its CATEGORIES), not the checks; monitor/catalogue/proof.py's RIGHT
 says which categories each check's FAIL is evidence of. Nothing here sets a threshold: the checks are those of
 monitor/layer_contract.py as they are.
 """
@@ -15,80 +15,27 @@ monitor/layer_contract.py as they are.
 import argparse
 import json
 import logging
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from bench.common import ROOT
-from bench.user_attention.catalogue import CATALOGUE
-from monitor.layer_contract import layer_contract
-
-FOLDER = Path("bench") / "user_attention"
-RIGHT = {  # a check's FAIL → the catalogue's categories it is evidence of
-    "shapes": {"shapes"},
-    "softmax-rows": {"softmax-rows"},
-    "padding": {"padding", "mask-convention"},
-    "neighbours": {"padding"},  # "its output does not change ... with the other texts in its batch"
-    "eval-steady": {"determinism"},
-    "permutation": {"permutation"},
-    "formula": {"formula"},
-    "scale": {"scale"},
-    "gradcheck": {"gradient"},
-    "gradient": {"gradient"},
-}
+from monitor.catalogue.proof import RIGHT, USER_CLASSES, judge, judged
+from monitor.catalogue.scores import class_report, class_summary
+from monitor.catalogue.user_attention.catalogue import CATALOGUE
 
 
-def judge(entry: dict, d_model: int, heads: int, command: bool) -> dict:
-    """One class: its FAILed checks (and NOTEs), whether they name a category of its mistake, the seconds taken."""
-    spec = f"{FOLDER / entry['file']}:{entry['class_name']}"
+def judge_command(entry: dict, d_model: int, heads: int) -> dict:
+    """One class through `python diagnose.py --attention` in its own process (what a user runs, timed)."""
+    argv = [sys.executable, "diagnose.py", "--attention", f"{USER_CLASSES / entry['file']}:{entry['class_name']}",
+            "--d-model", str(d_model), "--heads", str(heads)]
+    argv += ["--args", json.dumps(entry["args"])] if entry["args"] else []
     start = time.perf_counter()
-    if command:
-        argv = [sys.executable, "diagnose.py", "--attention", spec, "--d-model", str(d_model), "--heads", str(heads)]
-        argv += ["--args", json.dumps(entry["args"])] if entry["args"] else []
-        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
-        table = done.stdout.splitlines()
-        failed = [words[0] for words in map(str.split, table) if words[1:2] == ["FAIL"] and words[0] in RIGHT]
-        error = done.stderr.strip().splitlines()[-1] if done.returncode == 2 else ""
-    else:
-        try:
-            rows = layer_contract(spec, d_model=d_model, n_heads=heads, args=entry["args"] or None)
-            failed, error = [row.check for row in rows if row.verdict == "FAIL"], ""
-        except ValueError as e:
-            failed, error = [], str(e)
-    seconds = time.perf_counter() - start
-    right = sorted(check for check in failed if RIGHT[check] & set(entry["expected"]))
-    return {"class": f"{entry['file']}:{entry['class_name']}", "correct": entry["correct"],
-            "expected": list(entry["expected"]), "failed": failed, "right": right, "error": error,
-            "seconds": seconds}
-
-
-def summary(results: list[dict]) -> dict:
-    buggy = [r for r in results if not r["correct"]]
-    correct = [r for r in results if r["correct"]]
-    return {"buggy": len(buggy), "buggy_failed": sum(bool(r["failed"]) for r in buggy),
-            "buggy_right_check": sum(bool(r["right"]) for r in buggy), "correct": len(correct),
-            "correct_failed": sum(bool(r["failed"]) for r in correct),
-            "errors": sum(bool(r["error"]) for r in results),
-            "seconds_max": max(r["seconds"] for r in results),
-            "seconds_mean": sum(r["seconds"] for r in results) / len(results)}
-
-
-def report(results: list[dict], totals: dict) -> str:
-    lines = ["| class | correct | expected | FAIL | right check | s |", "|---|---|---|---|---|---|"]
-    for r in results:
-        failed = ", ".join(r["failed"]) or ("error: " + r["error"] if r["error"] else "none")
-        right = "n/a" if r["correct"] else ("yes: " + ", ".join(r["right"]) if r["right"] else "**no**")
-        lines.append(f"| {r['class']} | {'yes' if r['correct'] else 'no'} | {', '.join(r['expected'])} | {failed} "
-                     f"| {right} | {r['seconds']:.1f} |")
-    recall = totals["buggy_right_check"] / max(totals["buggy"], 1)
-    lines += ["", f"buggy classes FAILing with a right check: {totals['buggy_right_check']}/{totals['buggy']} "
-              f"({recall:.0%}); FAILing at all: {totals['buggy_failed']}/{totals['buggy']}",
-              f"correct classes with a FAIL: {totals['correct_failed']}/{totals['correct']}",
-              f"bad-input errors: {totals['errors']}; seconds per class: mean {totals['seconds_mean']:.1f}, "
-              f"max {totals['seconds_max']:.1f} (load {os.getloadavg()[0]:.1f})"]
-    return "\n".join(lines)
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    failed = [words[0] for words in map(str.split, done.stdout.splitlines())
+              if words[1:2] == ["FAIL"] and words[0] in RIGHT]
+    error = done.stderr.strip().splitlines()[-1] if done.returncode == 2 else ""
+    return judged(entry, failed, error, time.perf_counter() - start)
 
 
 def main(argv=None) -> int:
@@ -99,10 +46,9 @@ def main(argv=None) -> int:
     parser.add_argument("--command", action="store_true", help="run each class through diagnose.py (timed)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
-    os.chdir(ROOT)
-    results = [judge(entry, args.d_model, args.heads, args.command) for entry in CATALOGUE]
-    totals = summary(results)
-    print(report(results, totals))
+    results = [(judge_command if args.command else judge)(entry, args.d_model, args.heads) for entry in CATALOGUE]
+    totals = class_summary(results)
+    print(class_report(results, totals))
     print(json.dumps(totals))
     return 0
 

@@ -184,40 +184,6 @@ def word_vector_checkpoint(pretrain_arguments: list[str], target: Path, threads:
 
 
 @torch.no_grad()
-def linear_probe(checkpoint: Path, dataset: str, fresh: bool = False) -> dict:
-    """How much the frozen pretrained encoder already says about the labels, without fine-tuning: logistic
-    regression on its mean-pooled token vectors, fitted on the training split, scored on validation. Cheap (one
-    forward pass per text): how the pretraining objectives were compared (README "Pretraining on unlabeled text").
-    fresh: the same network and tokenizer with freshly initialised weights instead (the floor)."""
-    from sklearn.linear_model import LogisticRegression
-
-    from data.datamodule import TextDataModule
-    from data.checkpoint import network_weights, read_pretraining_checkpoint
-    from model.config import NetworkConfig
-    from model.pretraining import PretrainingNetwork
-
-    saved = read_pretraining_checkpoint(checkpoint)
-    hparams = saved["hyper_parameters"]
-    network = NetworkConfig.from_dict(hparams["network"])
-    model = PretrainingNetwork(network, "masked" if hparams["objective"] != "replaced" else "replaced")
-    if not fresh:
-        model.load_state_dict(network_weights(saved), strict=False)  # the encoder; a word-vector checkpoint has no objective head
-    model.eval()
-    data = TextDataModule(dataset=dataset, tokenizer_from=str(checkpoint))
-    features = {}
-    for split in ("train", "validation"):
-        rows, labels = [], []
-        for batch in data._loader(split, shuffle=False):
-            x, real, _ = model.encode(batch["input_ids"], batch["padding_mask"])  # (N, D)
-            sums = torch.zeros(real.shape[0], x.shape[1]).index_add_(0, real.nonzero()[:, 0], x)  # (B, D)
-            rows.append(sums / real.sum(1, keepdim=True))
-            labels.append(batch["labels"])
-        features[split] = (torch.cat(rows).numpy(), torch.cat(labels).numpy())
-    probe = LogisticRegression(max_iter=2000, C=1.0).fit(*features["train"])
-    return {"checkpoint": str(checkpoint), "objective": "fresh weights" if fresh else hparams["objective"],
-            "probe_val_acc": float(probe.score(*features["validation"]))}
-
-
 def fine_tune(dataset: str, setting: str, seed: int, out: Path, init_from: Path | None, fit_args: list[str],
               threads: int | None) -> Path:
     args = ["--data.dataset", dataset, "--seed_everything", str(seed), *fit_args]
@@ -304,18 +270,9 @@ def main():
     parser.add_argument("--model-only", action="store_true", help="no peers")
     parser.add_argument("--reproduce", choices=list(RECIPES), help="one dataset's headline figure (reproduce.sh)")
     parser.add_argument("--seed", type=int, default=0, help="with --reproduce: the fine-tuning seed")
-    parser.add_argument("--probe", nargs="+", type=Path,
-                        help="only a linear probe of these pretraining checkpoints (and of the first's network with "
-                             "fresh weights) on the first of --datasets")
     parser.add_argument("extra", nargs="*", help="more `train.py fit` arguments after --")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if args.probe:
-        torch.manual_seed(0)
-        print(json.dumps(linear_probe(args.probe[0], args.datasets[0], fresh=True)))
-        for checkpoint in args.probe:
-            print(json.dumps(linear_probe(checkpoint, args.datasets[0])))
-        return None
     try:
         if args.reproduce:
             return reproduce(args.reproduce, args.seed, args.out, args.threads, args.extra)

@@ -4,7 +4,6 @@
     python -m bench.scale sizes                  # 25k, 100k and 1M IMDB-length texts, no config (--big: and 10M)
     python -m bench.scale sizes --texts 25000 --kind short   # SST-2-length texts
     python -m bench.scale setup dataset=imdb tokenizer=word vocab_size=30000 max_length=512 cache_dir=/tmp/c
-    python -m bench.scale teacher                # the n-gram teacher's exact and hashed n-grams on each dataset
 
 `setup` builds (or loads) the data of those TextDataModule settings in this process and prints its peak resident
 memory and what it still holds when training would start.
@@ -16,11 +15,6 @@ are random. Then `train.py fit --data.train_file FILE` (the generic default, con
 optimizer steps, and the table gives the set-up seconds (process start to the first optimizer step), the peak
 resident memory of the process tree up to then and over the whole run, training texts/s after the first step, and
 on disk the encoded-data cache and datasets' Arrow copy of the file (kept in the scratch folder: HF_DATASETS_CACHE).
-
-`teacher` fits the n-gram teacher (data/teacher.py) on each shipped dataset's training split (the generic default's
-splits) with its exact TF-IDF vocabulary and with hashed n-grams (HashedNgrams, what it uses on samples over
-EXACT_CHARS characters), each in a process of its own, and prints the accuracy on the split bench.accuracy reports,
-the fit's seconds and the process's peak resident memory.
 
 `memory` runs `train.py fit ARGS` in a child process and reads the resident memory of its whole process tree (the
 child and any DataLoader workers, from /proc) every SAMPLE_SECONDS; the child logs the same figure at each epoch's
@@ -50,7 +44,6 @@ from pathlib import Path
 from lightning.pytorch import Callback
 
 from bench.common import check_writable, whole_number
-from data.sources import REGISTRY as DATASETS
 from inference.limits import Parser
 from model.errors import check_whole_number
 
@@ -346,43 +339,6 @@ def setup(args) -> dict:
     return figures
 
 
-def fit_teacher(dataset: str, hashed: bool) -> dict:
-    """In a process of its own (so that its peak memory is the fit's): the teacher on `dataset`'s training split."""
-    import resource
-
-    import numpy as np
-
-    from bench.accuracy import DEFAULT_CONFIG, report_split, splits_for
-    from data.teacher import fit_ngram_teacher
-
-    splits = splits_for(DEFAULT_CONFIG, dataset)
-    split, start = report_split(splits), time.perf_counter()
-    vectorizer, classifier = fit_ngram_teacher(splits.texts["train"], splits.labels["train"], hashed=hashed)
-    seconds = time.perf_counter() - start
-    predicted = classifier.predict(vectorizer.transform(splits.texts[split]))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"dataset": dataset, "n-grams": "hashed" if hashed else "exact", "split": split,
-            "accuracy": round(float((predicted == np.asarray(splits.labels[split])).mean()), 4),
-            "fit_seconds": round(seconds), "peak_rss_mib": round(peak)}
-
-
-def teacher(args) -> dict:
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    rows = []
-    for dataset in args.datasets:
-        for hashed in (False, True):
-            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                rows.append(pool.submit(fit_teacher, dataset, hashed).result())
-            log.info("%s", rows[-1])
-    table = ["| dataset | n-grams | split | accuracy | fit s | peak RSS, MiB |", "|---|---|---|---:|---:|---:|"] + [
-        f"| {r['dataset']} | {r['n-grams']} | {r['split']} | {r['accuracy']:.4f} | {r['fit_seconds']} | "
-        f"{r['peak_rss_mib']} |" for r in rows]
-    print("\n".join(table) + f"\nload {os.getloadavg()[0]:.1f}", file=sys.stderr)
-    return {"target": "teacher", "rows": rows, "load_average_1min": round(os.getloadavg()[0], 2)}
-
-
 def main(argv=None) -> dict:
     parser = Parser(prog="python -m bench.scale", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)  # one-line errors
@@ -403,14 +359,12 @@ def main(argv=None) -> dict:
     command.add_argument("fit_args", nargs=argparse.REMAINDER, help="more train.py fit arguments, after --")
     command = commands.add_parser("setup", help="peak and held memory of one TextDataModule's set-up")
     command.add_argument("settings", nargs="+", help="TextDataModule settings as name=value")
-    command = commands.add_parser("teacher", help="the n-gram teacher's exact and hashed n-grams on each dataset")
-    command.add_argument("--datasets", nargs="+", default=["sst2", "chnsenticorp_htl", "imdb"], choices=DATASETS)
     args = parser.parse_args(argv)
     if args.target == "sizes":  # before any set is written
         check_writable(commands.choices["sizes"], folders={"--work": args.work})
     args.fit_args = [a for a in getattr(args, "fit_args", []) if a != "--"]
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    figures = {"memory": memory, "sizes": sizes, "setup": setup, "teacher": teacher}[args.target](args)
+    figures = {"memory": memory, "sizes": sizes, "setup": setup}[args.target](args)
     print(json.dumps(figures))
     sys.exit(figures.get("returncode", 0))
 

@@ -4,7 +4,6 @@ rows.
 
     python -m bench.subsets                                   # SST-2 and ChnSentiCorp, 1,000 and 5,000 rows, seed 0
     python -m bench.subsets --datasets sst2 --rows 1000 --seeds 0 1 2
-    python -m bench.subsets --tuning --out runs/subsets_tuning -- --model.network.embedding_std 1.0
 
 For each dataset and size: a stratified random subset of the training split (`--rows`, drawn with the seed) is
 written to train.csv; the run holds its own validation split out of it (data.val_fraction, as for any own file) and
@@ -12,17 +11,12 @@ chooses its checkpoint there. The reported figure is a split the run never saw: 
 (ChnSentiCorp's fixed 10%, IMDB's official test set), or for SST-2, which has none, its validation split (872),
 written as test.csv. The peer is fitted on the same subset (data/teacher.py's recipe). Prints a table and, last, one
 JSON line. Arguments after `--` go to every `train.py fit` (a setting to compare).
-
-`--tuning` is for choosing a default: the subset is drawn from the training split minus TUNING_ROWS rows set aside,
-and those rows are the scored split, so the held-out split stays untouched until the choice is made.
 """
 
 import argparse
-import csv
 import json
 import logging
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -31,57 +25,22 @@ from pathlib import Path
 from bench.accuracy import accuracy, score_run
 from bench.common import ROOT, fit_ngram_teacher
 from data.sources import load_splits
+from monitor.catalogue.proof import subset, write_csv
 
 log = logging.getLogger("bench.subsets")
 
 
-def subset(texts: list[str], labels: list[int], rows: int, seed: int) -> tuple[list[str], list[int]]:
-    """`rows` texts drawn at random, each class in its share of the whole (stratified)."""
-    rng = random.Random(seed)
-    by_class: dict[int, list[int]] = {}
-    for i, label in enumerate(labels):
-        by_class.setdefault(label, []).append(i)
-    chosen = []
-    for members in by_class.values():
-        chosen += rng.sample(members, min(len(members), round(rows * len(members) / len(labels))))
-    rng.shuffle(chosen)
-    return [texts[i] for i in chosen], [labels[i] for i in chosen]
-
-
-def write(path: Path, texts: list[str], labels: list[int], names: list[str]) -> Path:
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        csv.writer(f).writerows([("text", "label"), *((t, names[y]) for t, y in zip(texts, labels))])
-    return path
-
-
-TUNING_ROWS = 2000  # --tuning: training rows set aside (with a fixed draw per seed) as the scored split
-
-
-def split_off(texts: list[str], labels: list[int], rows: int, seed: int):
-    """(the rest, `rows` rows set aside) of a split, drawn at random with `seed`: the set-aside rows score
-    the settings being chosen, the rest is what subsets are drawn from."""
-    order = list(range(len(texts)))
-    random.Random(1000 + seed).shuffle(order)
-    pick = lambda indices: ([texts[i] for i in indices], [labels[i] for i in indices])  # noqa: E731
-    return pick(order[rows:]), pick(order[:rows])
-
-
-def measure(dataset: str, rows: int, seed: int, out: Path, threads: int, tuning: bool = False,
-            extra: tuple[str, ...] = ()) -> dict:
+def measure(dataset: str, rows: int, seed: int, out: Path, threads: int, extra: tuple[str, ...] = ()) -> dict:
     splits = load_splits(dataset=dataset, data_dir=None, train_file=None, val_file=None, test_file=None,
                          text_column=None, label_column=None, val_fraction=0.1, seed=0)
     pool = splits.texts["train"], splits.labels["train"]
-    if tuning:
-        pool, (scored_texts, scored_labels) = split_off(*pool, TUNING_ROWS, seed)
-        held_out = "training rows set aside"
-    else:
-        held_out = "test" if "test" in splits.texts else "validation"
-        scored_texts, scored_labels = splits.texts[held_out], splits.labels[held_out]
+    held_out = "test" if "test" in splits.texts else "validation"
+    scored_texts, scored_labels = splits.texts[held_out], splits.labels[held_out]
     folder = out / f"{dataset}-{rows}-seed{seed}"
     folder.mkdir(parents=True, exist_ok=True)
     texts, labels = subset(*pool, rows, seed)
-    train_file = write(folder / "train.csv", texts, labels, splits.label_names)
-    test_file = write(folder / "test.csv", scored_texts, scored_labels, splits.label_names)
+    train_file = write_csv(folder / "train.csv", texts, labels, splits.label_names)
+    test_file = write_csv(folder / "test.csv", scored_texts, scored_labels, splits.label_names)
     vectorizer, classifier = fit_ngram_teacher(texts, labels)
     peer = accuracy(classifier.predict(vectorizer.transform(scored_texts)), scored_labels)
     done = sorted(folder.glob("lightning_logs/version_*/checkpoints/last.ckpt"))
@@ -108,12 +67,10 @@ def main():
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "subsets")
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run (%(default)s)")
-    parser.add_argument("--tuning", action="store_true",
-                        help=f"score on {TUNING_ROWS:,} training rows kept out of the subsets, not the held-out split")
     parser.add_argument("extra", nargs="*", help="train.py arguments after --, e.g. -- --model.network.d_model 64")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    results = [measure(d, n, s, args.out, args.threads, args.tuning, tuple(args.extra))
+    results = [measure(d, n, s, args.out, args.threads, tuple(args.extra))
                for d in args.datasets for n in args.rows for s in args.seeds]
     print("\n| dataset (reported split) | training rows | no config (median) | TF-IDF + LR (median) | gap | minutes |"
           "\n|---|---:|---:|---:|---:|---:|")

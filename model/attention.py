@@ -70,6 +70,11 @@ class MultiHeadSelfAttention(nn.Module):
     """Full attention, the "full" kind (model/kinds.py): every query sees all L keys."""
 
     summary = "every token, O(L²)"  # what a query sees, for --help (model/kinds.py)
+    # The README's row of the kind (`make docs`): its settings, what a query i computes, the cost, the weights' layout
+    doc_settings = ""
+    doc_computes = "softmax(q_i Kᵀ · scale) V over all L keys"
+    doc_cost = "O(L²)"
+    doc_weights = "(B, H, L, L), column j is token j"
     # The kind's rules, read by the config, the monitor, explanations and the benches (never its name):
     keys_are_tokens = True  # each key is a token of the text, so masks reach it (linformer's projections: False)
     length_cap = 256  # the longest texts data.max_length reads when left unset: full attention costs L²

@@ -74,6 +74,11 @@ class LongAttention(MultiHeadSelfAttention):
 
 class LocalSelfAttention(LongAttention):
     summary = "the `window` tokens on each side (before it, with causal), computed by blocks, O(L·w)"
+    doc_settings = "`window` w"
+    doc_computes = ("softmax(q_i [k_{i−w} … k_{i+w}]ᵀ · scale) [v_{i−w} … v_{i+w}]; with `causal` the w keys before i "
+                    "and i itself")
+    doc_cost = "O(L·w), by blocks of w tokens: nothing L × L is ever made"
+    doc_weights = "(B, H, L, 2w+1) (causal: w+1), column o of row i is token i − w + o"
     least = {"window": 1}
 
     @classmethod
@@ -163,6 +168,10 @@ class SparseSelfAttention(LocalSelfAttention):
 
     summary = ("local plus the first `global_tokens` tokens, which every token sees and which see every token, "
                "O(L·(w+g))")
+    doc_settings = "`window` w, `global_tokens` g"
+    doc_computes = "local, plus the first g tokens as global: every token sees them, they see every token (Longformer)"
+    doc_cost = "O(L·(w+g))"
+    doc_weights = "(B, H, L, g + 2w+1): the g global keys, then the band"
     least = {**LocalSelfAttention.least, "global_tokens": 0}  # 0 global tokens: plain local attention
 
     @classmethod
@@ -253,6 +262,11 @@ class LinformerSelfAttention(LongAttention):
     """
 
     summary = "keys and values projected along the length to `projection_length` rows, O(L·k), no causal"
+    doc_settings = "`projection_length` k"
+    doc_computes = ("K′ = E K, V′ = F V (E, F: k × max_length, learned, shared by all heads); softmax(q_i K′ᵀ · scale) "
+                    "V′; padded keys and values are zeroed before projecting")
+    doc_cost = "O(L·k)"
+    doc_weights = "(B, H, L, k) over the k projected \"virtual\" keys"
     keys_are_tokens = False
     least = {"projection_length": 1}
 

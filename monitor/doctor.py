@@ -28,36 +28,37 @@ class Verdict:
     fix: str
 
 
-# Thresholds, each between what healthy runs and planted bugs measured (docs/DOCTOR.md "Where the lines are").
-PAD_WEIGHT = 1e-4  # a working mask gives padding exactly 0; an ignored one ≥ 0.03
-REAL_ZERO_SHARE = 0.5  # rows giving every real key exactly 0: healthy 0, an inverted mask ~1
-ROW_SUM_ERROR = 1e-3  # healthy ≤ 1e-7 (float rounding); softmax over the wrong axis ≥ 0.08
-FUTURE_ZERO_SHARE = 0.9  # non-causal rows that give all later keys exactly 0: healthy 0, a look-ahead mask 1
+# Thresholds, each between what healthy runs and planted bugs measured: docs/DOCTOR.md "Where the lines are" holds
+# both sides of every line (the runs, the ranges, the command); the comments here say what each line is.
+PAD_WEIGHT = 1e-4  # weight on padded keys: a working mask gives them exactly 0
+REAL_ZERO_SHARE = 0.5  # share of rows giving every real key exactly 0: an inverted mask's rows
+ROW_SUM_ERROR = 1e-3  # |row sum − 1|: float rounding stays orders of magnitude below
+FUTURE_ZERO_SHARE = 0.9  # non-causal rows that give all later keys exactly 0: a look-ahead mask's rows
 FUTURE_WEIGHT = 1e-4  # causal configs: weight on later keys, exactly 0 when the mask works
-SMALL_SCORE_STD = 0.02  # the largest of a layer's heads: healthy ≥ 0.3 from the first epoch; scale ×0.001 ≤ 0.0012
-SATURATED_GRADIENT_PASS = 0.3  # every head of a layer passes less than this share of gradient (a trained healthy
-# head that attends sharply: 0.43; no 1/√d_k with d_head 256: 0.09-0.17 in its most saturated layer) ...
-SATURATED_SCORE_STD = 8.0  # ... with a score spread at least this (that healthy head: 4.5; no 1/√d_k: 11.7-18)
-SAME_SCORES = 0.9  # score correlation of two heads: independently initialised ≤ 0.2, copied heads 1
-SAME_WEIGHTS = 0.5  # ... with their W_Q, W_K, W_V slices this alike (cosine): independent ≤ 0.1, copied 1
-UPDATE_RATIO = 0.04  # mean ‖ΔW‖/‖W‖ of the attention projections per optimizer step: healthy ≤ 0.01, lr ×30 ≥ 0.09
-ORDER_SENSITIVITY = 1e-5  # mean |Δp|, tokens shuffled or positions zeroed: 0 (float noise) when positions never arrive
+SMALL_SCORE_STD = 0.02  # the largest score spread of a layer's heads: far below any initialised layer's
+SATURATED_GRADIENT_PASS = 0.3  # every head of a layer passes less than this share of gradient (a healthy head that
+# attends sharply after long training passes more) ...
+SATURATED_SCORE_STD = 8.0  # ... with a score spread at least this (that healthy head's spread stays below)
+SAME_SCORES = 0.9  # score correlation of two heads: independently initialised heads stay far below, copies give 1
+SAME_WEIGHTS = 0.5  # ... with their W_Q, W_K, W_V slices this alike (cosine)
+UPDATE_RATIO = 0.04  # mean ‖ΔW‖/‖W‖ of the attention projections per optimizer step
+ORDER_SENSITIVITY = 1e-5  # mean |Δp|, tokens shuffled or positions zeroed: float noise when positions never arrive
 UNSTEADY = 1e-5  # |Δloss| between two identical evaluation passes: exactly 0 for a deterministic network
 AVERAGING_ENTROPY = 0.95  # a head this uniform averages its keys
 NEEDED_LOSS = 0.005  # Δloss when the head is zeroed: above this the loss needs it
 UNUSED_LOSS = 0.001  # |Δloss| below this: the loss does not need the head
 STILL_LEARNING = 0.05  # the training loss fell by more than this share over the last epoch
 FORMULA_TOLERANCE = 1e-3  # a layer's stage against its kind's definition recomputed (monitor/contract.py): float32
-# rounding gives ≤ 1e-6 on every kind; the smallest planted change (weights × 0.5) 0.5
+# rounding stays orders of magnitude below; the smallest planted change (weights × 0.5) gives 0.5
 SCALE_FACTOR = 4.0  # a configured scale this many times 1/√d_k, or 1/this, breaks the formula (1.0 with heads of 16
 # is 4×; 0.001 with heads of 16 is 0.004×)
-INVARIANCE = 1e-4  # max |Δp| when a text is padded further or run alone: float rounding gives ≤ 1e-6
+INVARIANCE = 1e-4  # max |Δp| when a text is padded further or run alone: float rounding stays orders below
 PRIOR_LOSS = 0.95  # the training loss at least this share of the class prior's entropy (guessing the prior) ...
 CHANCE_MARGIN = 0.01  # ... or validation balanced accuracy (mean recall of the classes seen) within this of a
 # constant answer's, 1 / classes: whatever the classes' shares in the texts validated, a constant answer gets exactly that
 NOT_LEARNING_EPOCH = 2  # ... at a validation of this epoch (from 0) or later: a healthy slow start is past by then
 NOT_LEARNING_STEPS = 200  # ... and of this optimizer step or later: epochs cut short (limit_train_batches) reach
-# epoch 2 within a few dozen steps; healthy no-config IMDB runs of 40-batch epochs were at 0.55-0.65 at step 120
+# epoch 2 within a few dozen steps, before a healthy slow start is over
 NOT_LEARNING_TEXTS = 100  # diagnose.py judges a checkpoint's own balanced accuracy on at least this many texts: a
 # model at 0.65 falls to the chance line (0.51 with two classes) on 100 texts about once in 400 draws (3 sd)
 

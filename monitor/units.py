@@ -105,7 +105,7 @@ def examine(subject: Subject) -> tuple[dict, list[Finding]]:
 
 def verdict_reference_markdown() -> str:
     """The verdict table of docs/DOCTOR.md, made from the registry: each check's verdicts (a verdict once, under the
-    first check that gives it), with what the check reads (python -m bench.bugs --docs writes it; a test compares)."""
+    first check that gives it), with what the check reads (`make docs` writes it into docs/DOCTOR.md)."""
     lines = ["| verdict | check (reads) | severity | rule | likely cause | what to try |", "|---|---|---|---|---|---|"]
     shown = set()
     for check in CHECKS.values():

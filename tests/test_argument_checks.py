@@ -88,13 +88,6 @@ def test_the_attention_monitor_checks_its_numbers(settings, said):
     AttentionMonitor(health_batches=None, health_rows=None, every_n_train_steps=0, warn_from_epoch=0)
 
 
-def test_the_bench_memory_log_checks_its_interval():
-    from bench.scale import MemoryLog
-
-    with pytest.raises(ConfigError, match="MemoryLog every must be a whole number >= 1, got 0"):
-        MemoryLog(every=0)
-
-
 @pytest.mark.slow  # train.py in this process, up to building the callbacks
 def test_a_callbacks_bad_argument_from_the_command_line_is_the_one_line(tmp_path, capfd):
     with pytest.raises(SystemExit) as stop:

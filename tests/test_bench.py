@@ -1,7 +1,8 @@
 """The benches measure what they say: bench/speed.py's tools give known answers (peak memory of known tensors,
 the alternating order, the SST-2 length histogram, padded batches) and its summary is built from the figures it
 reports; bench/predict_speed.py runs; bench/ensemble.py scores checkpoints on the split train.py validated on;
-bench/common.py reads a config's network and picks a run's best checkpoint by the score recorded inside it.
+bench/common.py reads a config's network; a run's best checkpoint is picked by the score recorded inside it; a bad
+bench flag is one line before anything runs.
 
 No timing is asserted: speed is printed, not tested."""
 
@@ -20,10 +21,10 @@ import torch
 import yaml
 
 from bench import ensemble, speed
-from bench.common import best_checkpoint, network_config
+from bench.common import network_config
 from conftest import ONE_PROBE, ROOT, SMOKE, save_checkpoint, tiny_classifier
+from data.checkpoint import CheckpointError, best_checkpoint
 from data.tokenizer import PAD_ID, UNK_ID
-from data.checkpoint import CheckpointError
 from model.config import ConfigError, NetworkConfig
 
 
@@ -190,17 +191,6 @@ def test_ensemble_refuses_a_checkpoint_with_other_labels(smoke_run, tmp_path, ca
 
 
 @pytest.mark.slow  # a fresh Python process
-def test_ensemble_missing_checkpoint_is_a_one_line_error_in_a_real_process(smoke_run, tmp_path):
-    result = run_ensemble("--config", smoke_run.run / "config.yaml", tmp_path / "nope.ckpt")
-    assert result.returncode != 0 and "nope.ckpt" in result.stderr and "Traceback" not in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
-
-
-def test_ensemble_missing_config_is_a_one_line_error(smoke_run, tmp_path, capfd):
-    assert "nope.yaml" in ensemble_refusal(capfd, "--config", tmp_path / "nope.yaml", smoke_run.best)
-
-
-@pytest.mark.slow  # a fresh Python process
 def test_fit_and_test_script_reports_time_memory_and_the_best_checkpoint(tmp_path):
     result = subprocess.run(["bash", str(ROOT / "bench" / "fit_and_test.sh"), str(tmp_path / "run"), "--config",
                              SMOKE, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "4",
@@ -217,7 +207,7 @@ def test_fit_and_test_script_reports_time_memory_and_the_best_checkpoint(tmp_pat
     assert "error: no test split" in result.stdout
 
 
-# --- the best checkpoint of a run (bench.common.best_checkpoint, predict.py --ckpt RUN) -----------------------------
+# --- the best checkpoint of a run (data/checkpoint.py best_checkpoint: predict.py --ckpt RUN, the benches) --------
 
 
 def scored_checkpoint(folder: Path, name: str, score: float | None, step: int, mode: str = "max",
@@ -269,14 +259,6 @@ def test_best_checkpoint_of_a_real_run_is_the_one_train_py_named_best(smoke_run)
     assert best_checkpoint(smoke_run.run) == smoke_run.best
 
 
-def test_ddp_bench_refuses_a_batch_two_ranks_cannot_halve(capsys):
-    from bench import ddp
-
-    with pytest.raises(SystemExit):
-        ddp.main(["--batch-size", "33", "--seeds", "0"])
-    assert "must be even" in capsys.readouterr().err
-
-
 def test_the_roofline_benchs_busy_programs_stop_when_it_is_interrupted():
     from bench.machine import busy_programs
 
@@ -312,3 +294,23 @@ def test_the_roofline_bench_splits_a_step_and_runs_beside_busy_programs():
 
     time.sleep(0.5)
     assert busy_loops() == [], "busy programs left running"
+
+
+@pytest.mark.parametrize("bench, args, said", [
+    ("scale", ["sizes", "--texts", "0"], "--texts: must be >= 1, got 0"),
+    ("healthy", ["--dry-run", "--jobs", "0"], "--jobs: must be >= 1, got 0"),
+    ("healthy", ["--dry-run", "--configs", "nope.yaml"], "--configs nope.yaml: not a shipped classifier config"),
+    ("diagnosis", ["--quick", "--rows", "-5"], "--rows: must be >= 1, got -5"),
+    ("diagnosis", ["--quick", "--out", "."], "is a directory"),
+])
+def test_a_bad_bench_flag_is_one_line_before_anything_runs(bench, args, said, capsys, monkeypatch):
+    import importlib
+
+    import monitor.catalogue.proof
+
+    module = importlib.import_module(f"bench.{bench}")
+    monkeypatch.setattr(monitor.catalogue.proof, "fit", lambda *a, **k: pytest.fail("a run started"))
+    with pytest.raises(SystemExit) as stop:
+        module.main(args)
+    message = stop.value.code if isinstance(stop.value.code, str) else capsys.readouterr().err.strip()
+    assert stop.value.code not in (0, None) and said in message and len(message.splitlines()) == 1, message

@@ -301,13 +301,6 @@ def test_diagnose_shows_a_history_of_another_version_and_refuses_one_it_cannot_r
     assert code == 2 and "history" in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_the_verdict_and_bug_tables_of_the_docs_are_made_from_verdicts_and_bugs():
-    from bench.bugs import doc_tables
-
-    text = (ROOT / "docs" / "DOCTOR.md").read_text(encoding="utf-8")
-    assert doc_tables(text) == text, "run: python -m bench.bugs --docs docs/DOCTOR.md"
-
-
 # --- not-learning: the rule, its cause read from the figures, and the whole run's history -------------------------
 
 LEARNING = {"epoch": 3, "step": 300, "prior_loss": 0.693, "classes_seen": 2}

@@ -1,14 +1,14 @@
-"""The healthy sweep (bench/healthy.py): which runs it plans, how it counts a run's warnings from what the monitor
-stored in its checkpoint, and that a failing run is recorded with its error while the sweep goes on. No training."""
+"""The healthy sweep (monitor/catalogue/healthy.py, run by bench/healthy.py): which runs it plans, how it counts a
+run's warnings from what the monitor stored in its checkpoint, and that a failing run is recorded with its error while
+the sweep goes on. No training."""
 
-import json
 import sys
 
 import pytest
 
-from bench.healthy import (CONFIGURED, Run, best_metric, execute, main, plan, shipped_configs, table, totals,
-                           validations)
-from conftest import ROOT
+from model.kinds import ATTENTION_KINDS, DEFAULT_KIND
+from monitor.catalogue.healthy import (CONFIGURED, Run, best_metric, execute, plan, shipped_configs, table, totals,
+                                      validations)
 
 
 def test_the_shipped_classifier_configs_are_found_with_overlays_after_their_base():
@@ -20,19 +20,21 @@ def test_the_shipped_classifier_configs_are_found_with_overlays_after_their_base
 
 def test_the_plan_repeats_each_run_per_kind_and_seed_unless_its_config_chooses_the_kind(tmp_path):
     configs = [files for files in shipped_configs() if files[-1].name in ("smoke.yaml", "imdb_local.yaml")]
-    runs = plan(configs, ["sst2"], [0, 1], [CONFIGURED, "local", "linformer"], ["--trainer.max_epochs", "3"],
+    other = [name for name in ATTENTION_KINDS if name != DEFAULT_KIND][-1]
+    runs = plan(configs, ["sst2"], [0, 1], [CONFIGURED, DEFAULT_KIND, other], ["--trainer.max_epochs", "3"],
                 tmp_path, window=8, projection_length=16)
     names = [run.name for run in runs]
     assert len(names) == len(set(names)) == len({run.folder for run in runs})
     assert [n for n in names if n.startswith("imdb")] == ["imdb.yaml + imdb_local.yaml seed 0",
                                                          "imdb.yaml + imdb_local.yaml seed 1"]
     assert len([n for n in names if n.startswith("smoke.yaml")]) == 6
-    (linformer,) = [run.command for run in runs if run.name == "no config sst2 seed 1 linformer"]
-    assert linformer[2:] == ["fit", "--data.dataset", "sst2", "--model.network.attention", "linformer",
-                             "--model.network.projection_length", "16", "--seed_everything", "1",
-                             "--trainer.default_root_dir", str(tmp_path / "no_config_sst2_seed_1_linformer"),
-                             "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-                             "--trainer.max_epochs", "3"]
+    (command,) = [run.command for run in runs if run.name == f"no config sst2 seed 1 {other}"]
+    assert command[2:] == ["fit", "--data.dataset", "sst2", "--model.network.attention", other,
+                           "--model.network.window", "8", "--model.network.projection_length", "16",
+                           "--seed_everything", "1",
+                           "--trainer.default_root_dir", str(tmp_path / f"no_config_sst2_seed_1_{other}"),
+                           "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+                           "--trainer.max_epochs", "3"]
     (configured,) = [run.command for run in runs if run.name == "no config sst2 seed 0"]
     assert "--model.network.attention" not in configured  # the no-config default as it is: attention auto
 
@@ -71,35 +73,3 @@ def test_a_failing_run_is_recorded_with_its_error_and_the_table_says_so(tmp_path
     assert totals([failing, fine]) == {"total_runs": 2, "runs_read": 1, "runs_failed": 1, "validations": 1, "warnings": 0,
                                        "runs_with_warnings": 0}
     assert "| broken | 0 | 0 | – | " in table([failing, fine]) and "| fine | 1 | 0 | val/acc 0.5000 |" in table([fine])
-
-
-def test_dry_run_lists_the_commands_and_a_bad_config_is_one_line(capsys):
-    assert main(["--dry-run", "--configs", "sst2.yaml", "--datasets", "imdb", "--kinds", "full", "--seeds", "3",
-                 "--max-epochs", "2", "--limit-train-batches", "0.5", "--accelerator", "gpu"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[-1] == "2 runs" and all("--trainer.limit_train_batches 0.5 --trainer.accelerator gpu" in line
-                                         for line in lines[:-1])
-    for args, said in ((["--configs", "nope.yaml"], "--configs nope.yaml: not a shipped classifier config"),
-                       (["--limit-train-batches", "1.5"], "--limit-train-batches"),
-                       (["--out", str(ROOT)], "is a directory")):
-        with pytest.raises(SystemExit) as stop:
-            main(["--dry-run", *args])
-        error = capsys.readouterr().err.strip()
-        assert stop.value.code == 2 and said in error and len(error.splitlines()) == 1, error
-
-
-def test_the_json_keeps_every_run(tmp_path, monkeypatch):
-    import bench.healthy
-
-    def fake(run, threads, timeout):
-        run.validations = [{"step": 5, "epoch": 0, "warnings": ["not-learning (model)"]}]
-        return run
-
-    monkeypatch.setattr(bench.healthy, "execute", fake)
-    out = tmp_path / "healthy.json"
-    assert main(["--configs", "none", "--datasets", "sst2", "--kinds", "full", "local", "--seeds", "0",
-                 "--jobs", "2", "--out", str(out), "--work", str(tmp_path)]) == 1  # a warning: exit 1
-    saved = json.loads(out.read_text())
-    assert saved["total_runs"] == 2 and saved["warnings"] == 2 and saved["runs_with_warnings"] == 2
-    assert sorted(run["name"] for run in saved["runs"]) == ["no config sst2 seed 0 full", "no config sst2 seed 0 local"]
-    assert [run["warnings"] for run in saved["runs"]] == [1, 1]

@@ -13,14 +13,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.config import NetworkConfig
 from model.errors import ConfigError
 from model.kinds import ATTENTION_KINDS
 from monitor import assert_attention_contract
 from monitor.layer_contract import CHECKS, layer_contract, table
 
 SEED_CLASS = Path(__file__).resolve().parents[1].parent / "shared" / "examples" / "seed_self_attention.py"
-KIND_SETTINGS = {"local": {"window": 2}, "sparse": {"window": 2, "global_tokens": 1},
-                 "linformer": {"projection_length": 4, "max_length": 16}}
+TINY = NetworkConfig(window=2, global_tokens=1, projection_length=4, max_length=16)
+KIND_SETTINGS = {name: kind.settings(TINY) for name, kind in ATTENTION_KINDS.items()}  # each kind's own arguments
 
 
 class MultiHead(nn.Module):
@@ -359,13 +360,14 @@ def test_learn_compares_with_the_built_in_layer_and_names_the_contracts_findings
 
 
 def test_the_held_out_bench_judges_a_class_by_the_property_its_mistake_breaks():
-    from bench.own_attention import judge, summary
-    from bench.user_attention.catalogue import CATALOGUE
+    from monitor.catalogue.proof import judge
+    from monitor.catalogue.scores import class_summary
+    from monitor.catalogue.user_attention.catalogue import CATALOGUE
 
     entries = {entry["file"]: entry for entry in CATALOGUE}
-    results = [judge(entries[name], 64, 4, command=False) for name in ("course_self_attention.py", "course_no_scale.py")]
+    results = [judge(entries[name]) for name in ("course_self_attention.py", "course_no_scale.py")]
     assert results[0]["failed"] == [] and results[1]["right"] == ["formula", "scale"]
-    totals = summary(results)
+    totals = class_summary(results)
     assert (totals["buggy_right_check"], totals["correct_failed"]) == (1, 0)
 
 

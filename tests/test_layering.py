@@ -117,6 +117,16 @@ def test_the_data_import_nothing_of_the_network():
     assert {target for target in reached if target.split(".")[0] == "model"} == set()
 
 
+def test_nothing_of_the_product_imports_the_doctors_proof():
+    """The planted bugs and their runner (monitor/catalogue/) plant themselves from outside: only the benches import
+    them (and the tests, and make docs, which are not in the graph)."""
+    graph = our_imports()
+    assert "monitor.catalogue.bugs" in graph["monitor.catalogue.proof"]  # the graph sees the catalogue's imports
+    reaching = {module for module, targets in graph.items() if any(t.startswith("monitor.catalogue") for t in targets)
+                and not module.startswith(("monitor.catalogue", "bench."))}
+    assert reaching == set()
+
+
 def test_no_import_circles():
     graph = our_imports()
     assert graph["training.module"] and graph["model.classifier"]  # the graph sees the imports

@@ -1,5 +1,5 @@
-"""Planted bugs (bench/bugs.py): each breaks what it claims, planted from outside and undone afterwards; and the
-doctor names them in tiny training runs on the synthetic task, while a healthy tiny run gets no warning."""
+"""Planted bugs (monitor/catalogue/bugs.py): each breaks what it claims, planted from outside and undone afterwards;
+and the doctor names them in tiny training runs on the synthetic task, while a healthy tiny run gets no warning."""
 
 import json
 import math
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import model.attention as core
-from bench.bugs import BUGS, Plant, load_bug, replaced
-from bench.diagnosis import (SHIPPED, Run, confusion_table, first_step_table, fit, group_table, run_args, select_bugs,
-                             subset_files, summary, verdict_table)
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
 from model.kinds import ATTENTION_KINDS
+from monitor.catalogue.bugs import BUGS, Plant, load_bug, replaced, select_bugs
+from monitor.catalogue.proof import SHIPPED, fit, run_args, subset_files
+from monitor.catalogue.scores import Run, confusion_table, first_step_table, group_table, summary, verdict_table
 from monitor.views import token_window
 
 KINDS = list(ATTENTION_KINDS)
@@ -186,7 +186,7 @@ def test_planting_is_undone_even_when_the_run_fails():
 
 def test_a_users_bug_loads_from_their_module(tmp_path, monkeypatch):
     (tmp_path / "my_bugs.py").write_text(textwrap.dedent('''
-        from bench.bugs import bug
+        from monitor.catalogue.bugs import bug
 
         @bug(expects="padding-leak")
         def my_bug(plant):
@@ -264,55 +264,13 @@ def test_a_healthy_tiny_run_gets_no_warning(tiny_data, tmp_path):
     assert tiny_run(tiny_data, tmp_path, None) == set()
 
 
-# ---- bad input to the bench: one line each, before any run ------------------------------------------------------
-
-
-@pytest.fixture
-def no_runs(monkeypatch):
-    """A run (training) fails the test: a refusal must come before it."""
-    import bench.diagnosis
-
-    def train(*args, **kwargs):
-        raise AssertionError("a run started before the refusal")
-    monkeypatch.setattr(bench.diagnosis, "fit", train)
-    monkeypatch.setattr(bench.diagnosis, "subset_files", train)
-
-
-def bench_error(capsys, *args) -> str:
-    from bench.diagnosis import main
-
-    with pytest.raises(SystemExit) as stop:
-        main([str(arg) for arg in args])
-    message = stop.value.code if isinstance(stop.value.code, str) else capsys.readouterr().err.strip()
-    assert stop.value.code != 0 and len(message.splitlines()) == 1, message
-    return message
-
-
-@pytest.mark.parametrize("flag", ["--rows", "--check-every", "--healthy-epochs", "--threads"])
-def test_bench_counts_are_at_least_one(flag, capsys, no_runs):
-    for value in ("0", "-5"):
-        assert flag in bench_error(capsys, "--quick", flag, value)
-
-
-def test_bench_refuses_bad_targets_and_missing_inputs_before_any_run(tmp_path, capsys, no_runs):
-    (tmp_path / "text.json").write_text("not json")
-    (tmp_path / "other.json").write_text('{"runs": 3}')
-    for args, said in ((["--out", tmp_path / "missing" / "r.md"], "does not exist"),
-                       (["--out", tmp_path], "is a directory"),
-                       (["--merge", tmp_path / "missing.json"], "--merge"),
-                       (["--merge", tmp_path / "text.json"], "--merge"),
-                       (["--merge", tmp_path / "other.json"], "--merge"),
-                       (["--healthy-checkpoints", tmp_path / "no_run"], "--healthy-checkpoints")):
-        assert said in bench_error(capsys, "--quick", "--work", tmp_path / "work", *args)
-
-
 def test_a_users_bug_that_cannot_load_or_raises_is_one_line_and_the_bench_goes_on(tmp_path, monkeypatch, caplog):
-    import bench.diagnosis
-    from bench.bugs import Bug
+    import monitor.catalogue.proof as proof
+    from monitor.catalogue.bugs import Bug
 
     (tmp_path / "broken_bugs.py").write_text("def broken(plant):\n    return (\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with caplog.at_level("ERROR", logger="bench.diagnosis"):
+    with caplog.at_level("ERROR", logger="monitor.catalogue.bugs"):
         assert [b.name for b in select_bugs(["broken_bugs:broken", "padding-ignored"])] == ["padding-ignored"]
     (record,) = caplog.records
     assert "broken_bugs:broken" in record.getMessage() and "SyntaxError" in record.getMessage()
@@ -321,12 +279,12 @@ def test_a_users_bug_that_cannot_load_or_raises_is_one_line_and_the_bench_goes_o
 
     def raising(plant):
         raise RuntimeError("my bug is broken")
-    monkeypatch.setattr(bench.diagnosis, "subset_files", lambda *a, **k: (tmp_path / "t.csv", tmp_path / "v.csv"))
-    monkeypatch.setattr(bench.diagnosis, "fit", lambda args, bug, every: (bug.plant(Plant()) if bug else None) or (
+    monkeypatch.setattr(proof, "subset_files", lambda *a, **k: (tmp_path / "t.csv", tmp_path / "v.csv"))
+    monkeypatch.setattr(proof, "fit", lambda args, bug, every: (bug.plant(Plant()) if bug else None) or (
         [{"step": 1, "warnings": [], "notes": []}], 0.5, None))
     caplog.clear()
-    with caplog.at_level("ERROR", logger="bench.diagnosis"):
-        runs = bench.diagnosis.measure([Bug("mine", raising, group="outside"), None], ["synthetic"], 10, tmp_path, 1)
+    with caplog.at_level("ERROR", logger="monitor.catalogue.proof"):
+        runs = proof.measure([Bug("mine", raising, group="outside"), None], ["synthetic"], 10, tmp_path, 1)
     assert [run.bug for run in runs] == ["healthy", "healthy"]  # the shipped config's and the no-config run
     assert "my bug is broken" in caplog.records[0].getMessage()
 
@@ -339,7 +297,7 @@ def test_every_bug_and_each_group_includes_the_held_out_bugs():
 
 
 def test_the_bench_reads_verdicts_of_another_version_as_notes():
-    from bench.diagnosis import check
+    from monitor.catalogue.proof import check
 
     told = check(7, [{"verdict": "a-verdict-of-tomorrow"}, {"verdict": "padding-leak", "layer": 0, "head": None,
                                                             "figures": {}}])

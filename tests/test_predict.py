@@ -20,6 +20,7 @@ from data.checkpoint import CheckpointError
 from inference import TextClassifier
 from inference.classifier import COUNT_CHARACTERS
 from inference.answers import prediction_outputs
+from model.kinds import ATTENTION_KINDS, DEFAULT_KIND
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +130,7 @@ def test_attention_png_of_a_text_with_dollar_signs_is_drawn_as_typed(tiny_checkp
     assert all(Path(o["attention_png"]).stat().st_size > 0 for o in outputs)
 
 
-@pytest.mark.parametrize("attention", ["local", "sparse", "linformer"])
+@pytest.mark.parametrize("attention", [name for name in ATTENTION_KINDS if name != DEFAULT_KIND])
 def test_weights_for_heatmaps_alone_put_no_attention_field_in_the_output(attention):
     classifier = tiny_classifier(attention)
     texts = ["alpha beta gamma", "beta beta alpha gamma delta"]

@@ -1,14 +1,14 @@
 """Held-out attention bugs: mistakes people make when they write or train attention by hand, each taken from a
-public report or a textbook, written without reading the doctor's checks or the catalogue of bench/bugs.py.
+public report or a textbook, written without reading the doctor's checks or the catalogue of monitor/catalogue/bugs.py.
 
-    python -m bench.diagnosis --bugs bench.bugs_heldout:scaled_twice     # one of them, by module:function
+    python -m bench.diagnosis --bugs monitor.catalogue.bugs_heldout:scaled_twice     # one of them, by module:function
 
-They plant themselves through bench.bugs' Plant only (network settings, replacements of attention(), edits of the
-built module and its layers), so nothing in the product code knows about them. `expects` is None for all of them:
-any warning is right, silence is wrong. Each docstring's first paragraph says what the bug does, its `Source:` line
-where such a mistake is reported. In five parts, in this order: the formula, the masks, the network around attention,
-the optimizer and training loop, and runs that stay at chance (the labels, the schedule, the model validated, the
-loss).
+They plant themselves through monitor.catalogue.bugs' Plant only (network settings, replacements of attention(),
+edits of the built module and its layers), so nothing in the product code knows about them. `expects` is None for all
+of them: any warning is right, silence is wrong. Each docstring's first paragraph says what the bug does, its
+`Source:` line where such a mistake is reported. In five parts, in this order: the formula, the masks, the network
+around attention, the optimizer and training loop, and runs that stay at chance (the labels, the schedule, the model
+validated, the loss).
 
 A few need more than one head to mean anything (a head order cannot be wrong with one head); their docstrings say so.
 """
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.bugs import Plant, bug, masked_kinds, networks, replace_attention, replace_mask
+from monitor.catalogue.bugs import Plant, bug, masked_kinds, networks, replace_attention, replace_mask
 from model.attention import AttentionWeights, attention_mask
 
 ROBERTA_PAD_ID = 1  # the padding id of RoBERTa-style tokenizers; this project's [PAD] is 0 and 1 is [UNK]

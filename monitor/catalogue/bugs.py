@@ -1,11 +1,11 @@
 """Planted attention bugs: the catalogue the doctor's verdicts are measured against (bench/diagnosis.py,
 tests/test_planted_bugs.py).
 
-    python -m bench.bugs            # lists the catalogue: name, expected verdict, kinds, what the bug does
-    python -m bench.bugs --docs docs/DOCTOR.md    # writes it, and the checks' verdicts (monitor/units.py), into the docs
+    python -m monitor.catalogue.bugs    # lists the catalogue: name, expected verdict, kinds, what the bug does
+    make docs                           # writes it, and the checks' verdicts (monitor/units.py), into docs/DOCTOR.md
 
 A bug is a small function registered by name with the verdict the doctor should give. It plants itself through a
-`Plant`, from outside the product code (nothing in model/, training/, monitor/ or inference/ knows about it):
+`Plant`, from outside the code it tests (nothing in model/, training/, inference/ or the rest of monitor/ imports it):
 
     plant.network(d_head=256)              NetworkConfig values the run is built with
     plant.replace(original, replacement)   every module attribute that *is* `original` (model.attention.attention,
@@ -18,7 +18,7 @@ A bug is a small function registered by name with the verdict the doctor should 
 
 Your own bug, in your own module:
 
-    from bench.bugs import bug
+    from monitor.catalogue.bugs import bug
 
     @bug(expects="padding-leak")
     def my_bug(plant):
@@ -41,6 +41,7 @@ before the projection whatever the mask says).
 import argparse
 import importlib
 import importlib.util
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -54,6 +55,7 @@ from model.attention import AttentionWeights
 from model.kinds import ATTENTION_KINDS
 
 GROUPS = ("catalogue", "field", "contract", "outside", "heldout")
+log = logging.getLogger(__name__)
 
 
 def every_kind(kind: type) -> bool:
@@ -493,7 +495,7 @@ def mask_after_softmax(plant):
 
 
 # Modules that register more bugs on import (the held-out group): loaded by every_bug().
-BUG_MODULES = ("bench.bugs_heldout",)
+BUG_MODULES = ("monitor.catalogue.bugs_heldout",)
 
 
 def every_bug() -> dict[str, Bug]:
@@ -504,6 +506,28 @@ def every_bug() -> dict[str, Bug]:
     return BUGS
 
 
+def select_bugs(names: list[str], failed: list | None = None) -> list[Bug]:
+    """--bugs: names, module:function, groups, 'all' or 'none' → the bugs, in catalogue order, each once. A user's
+    module:function that does not load is an entry of `failed` (or, without it, one logged line); the bench goes on."""
+    chosen, known = {}, every_bug()  # the held-out group too
+    for name in names:
+        if name == "none":
+            continue
+        matched = list(known.values()) if name == "all" else [b for b in known.values() if b.group == name]
+        try:
+            matched = matched or [load_bug(name)]
+        except ValueError as e:
+            if ":" not in name:  # a misspelt name of the catalogue stops the bench before it starts
+                raise
+            if failed is None:
+                log.error("%s; the bench goes on without it", e)  # a user's module that fails: one line for it
+            else:  # the caller says it
+                failed.append({"bug": name, "dataset": None, "error": str(e)})
+        for entry in matched:
+            chosen[entry.name] = entry
+    return list(chosen.values())
+
+
 def bug_table_markdown() -> str:
     lines = ["| bug | group | expected verdict | kinds | what it does |", "|---|---|---|---|---|"]
     lines += [f"| {entry.name} | {entry.group} | {' or '.join(entry.expects) or 'any warning'} | "
@@ -511,35 +535,13 @@ def bug_table_markdown() -> str:
     return "\n".join(lines)
 
 
-def doc_tables(text: str) -> str:
-    """docs/DOCTOR.md's text with its generated tables (the verdicts, the bugs) made anew between their markers."""
-    import monitor.layer_contract  # noqa: F401  (registers the checks of one layer alone: diagnose.py --attention)
-    from monitor.units import verdict_reference_markdown
-
-    for name, table in (("verdict", verdict_reference_markdown), ("bug", bug_table_markdown)):
-        start, end = f"<!-- {name} table: python -m bench.bugs --docs docs/DOCTOR.md -->", f"<!-- end of {name} table -->"
-        if start not in text or end not in text:
-            raise ValueError(f"no {start} … {end} block to fill")
-        before, rest = text.split(start, 1)
-        text = before + start + "\n" + table() + "\n" + end + rest.split(end, 1)[1]
-    return text
-
-
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--docs", metavar="FILE", help="rewrite the verdict and bug tables of this file (DOCTOR.md)")
-    args = parser.parse_args(argv)
-    if args.docs:
-        with open(args.docs, encoding="utf-8") as f:
-            text = f.read()
-        with open(args.docs, "w", encoding="utf-8") as f:
-            f.write(doc_tables(text))
-        return
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     print(bug_table_markdown())
 
 
 if __name__ == "__main__":
-    # Through the importable module: the bug modules of BUG_MODULES register into bench.bugs.BUGS, not __main__'s.
-    from bench.bugs import main as registered_main
+    # Through the importable module: BUG_MODULES register into monitor.catalogue.bugs.BUGS, not __main__'s.
+    from monitor.catalogue.bugs import main as registered_main
 
     registered_main()

@@ -1,9 +1,9 @@
 """The picture of a contract failure in docs/DOCTOR.md: what one attention layer handed out, stage by stage, against
 its kind's definition recomputed from the layer's own input and weights (monitor/contract.py), for a healthy layer
-and for planted bugs (bench/bugs.py). A layer that computes the formula lies on the diagonal at every stage; a bug
-leaves it at the first stage it changes.
+and for planted bugs (bugs.py). A layer that computes the formula lies on the diagonal at every stage; a bug leaves
+it at the first stage it changes.
 
-    python -m bench.contract_figure docs/doctor_contract.png [--bugs tiny-scale values-are-keys]
+    python -m monitor.catalogue.contract_figure docs/doctor_contract.png [--bugs tiny-scale values-are-keys]
 
 A random smoke-sized network (configs/smoke.yaml: d_model 32, 2 heads), full attention, one padded batch; the last
 stdout line is JSON: each row's first differing stage and how, as the doctor words it.
@@ -15,11 +15,11 @@ from types import SimpleNamespace
 
 import torch
 
-from bench.bugs import BUGS, Plant
+from model.attention import unpack
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
+from monitor.catalogue.bugs import BUGS, Plant
 from monitor.contract import captured, compare, dense_handout
-from model.attention import unpack
 
 
 def stages(bug_name: str | None):
