@@ -94,7 +94,7 @@ def goemotions_peers() -> dict:
     from sklearn.linear_model import LogisticRegression
     from sklearn.multiclass import OneVsRestClassifier
 
-    from data.teacher import ngram_features
+    from training.ngram_teacher import ngram_features
 
     splits = registered("goemotions")
     n = len(splits.label_names)
@@ -116,7 +116,7 @@ def goemotions_peers() -> dict:
 
 
 def teacher_solvers() -> dict:
-    """The multi-label n-gram teacher's logistic regressions (data/teacher.py) fitted once on GoEmotions' training
+    """The multi-label n-gram teacher's logistic regressions (training/ngram_teacher.py) fitted once on GoEmotions' training
     split with each solver, scored on validation: fit time, macro-F1 at cuts 0.5 and at cuts tuned there, mean BCE."""
     import time
 
@@ -124,7 +124,7 @@ def teacher_solvers() -> dict:
     from sklearn.metrics import log_loss
     from sklearn.multiclass import OneVsRestClassifier
 
-    from data.teacher import ngram_features
+    from training.ngram_teacher import ngram_features
 
     splits = registered("goemotions")
     n = len(splits.label_names)

@@ -17,7 +17,7 @@ optimizer steps, and the table gives the set-up seconds (process start to the fi
 resident memory of the process tree up to then and over the whole run, training texts/s after the first step, and
 on disk the encoded-data cache and datasets' Arrow copy of the file (kept in the scratch folder: HF_DATASETS_CACHE).
 
-`teacher` fits the n-gram teacher (data/teacher.py) on each shipped dataset's training split (the generic default's
+`teacher` fits the n-gram teacher (training/ngram_teacher.py) on each shipped dataset's training split (the generic default's
 splits) with its exact TF-IDF vocabulary and with hashed n-grams (HashedNgrams, what it uses on samples over
 EXACT_CHARS characters), each in a process of its own, and prints the accuracy on the split bench.accuracy reports,
 the fit's seconds and the process's peak resident memory.
@@ -353,7 +353,7 @@ def fit_teacher(dataset: str, hashed: bool) -> dict:
     import numpy as np
 
     from bench.accuracy import DEFAULT_CONFIG, report_split, splits_for
-    from data.teacher import fit_ngram_teacher
+    from training.ngram_teacher import fit_ngram_teacher
 
     splits = splits_for(DEFAULT_CONFIG, dataset)
     split, start = report_split(splits), time.perf_counter()

@@ -10,7 +10,7 @@ from conftest import QUIET, write_csv
 
 import train
 from data import TextDataModule
-from data.datamodule import LONG_TEXT_SHARE, MAX_LENGTH_CAP
+from data.sizes import LONG_TEXT_SHARE, MAX_LENGTH_CAP
 from model.classifier import AttentionClassifier
 from model.config import FULL_ATTENTION_MAX_LENGTH, LONG_MAX_LENGTH, ConfigError, NetworkConfig, max_length_caps
 from model.long_attention import LocalSelfAttention

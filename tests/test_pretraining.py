@@ -187,7 +187,7 @@ def test_a_carved_validation_split_is_left_out_of_pretraining(tmp_path):
     files = labelled_files(tmp_path)
     data = PretrainDataModule(train_file=str(files["train"]), val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
     fit_data = train.TextDataModule(train_file=str(files["train"]), val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
-    splits = fit_data._read_splits()
+    splits = fit_data.read_splits()
     texts, _ = data.pretraining_texts()
     assert sorted(texts) == sorted(splits.texts["train"]) and not set(texts) & set(splits.texts["validation"])
 

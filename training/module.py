@@ -74,7 +74,7 @@ class ClassifierModule(L.LightningModule):
                 average of the weights the optimizer moves (`online_model`), updated after every optimizer step;
                 it smooths out the noise of the last steps. 0 = no average: `model` is trained directly.
             distillation: weight α of the teacher in the training loss, (1 - α)·CE(labels) + α·CE(teacher's
-                probabilities); needs data.teacher (data/teacher.py). 0 = labels only.
+                probabilities); needs data.teacher (training/ngram_teacher.py). 0 = labels only.
             init_from: a pretraining checkpoint (`train.py pretrain`): a fresh fit starts from its embedding and
                 attention blocks (training/encoder.py), and the data use its tokenizer. Resuming, validating and
                 testing read the weights from --ckpt_path instead.
