@@ -9,7 +9,7 @@ teacher_probs (B, C).
 import random
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Sampler
 
 from data.labels import class_counts
 from data.tokenizer import pad
@@ -75,3 +75,14 @@ class BucketBatchSampler(Sampler[list[int]]):
     def __len__(self):
         n = -(-len(self.lengths) // self.batch_size)
         return n // self.world_size if self.shuffle else len(range(self.rank, n, self.world_size))
+
+
+def loader(split, batch_size: int, shuffle: bool, seed: int, pool_batches: int, weights, num_workers: int,
+           trainer=None) -> DataLoader:
+    """A split's DataLoader: BucketBatchSampler's batches, collated; with a trainer, this process's share of them
+    (its rank among world_size) and each epoch's order drawn from the trainer's epoch."""
+    rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+    epoch_of = (lambda: trainer.current_epoch) if trainer is not None else None
+    sampler = BucketBatchSampler(split.lengths, batch_size, shuffle, seed, rank, world, pool_batches, weights, epoch_of)
+    return DataLoader(split, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers,
+                      persistent_workers=num_workers > 0)

@@ -1,4 +1,4 @@
-"""One cache entry: a file under cache_dir named by a hash of everything its content depends on, built once and read
+"""Cache entries: a file under cache_dir named by a hash of everything its content depends on, built once and read
 memory-mapped after. The encoded data (data/datamodule.py) and the n-gram teacher's answers (training/teacher.py) are
 two entries, each with its own key, so a change to one never rebuilds the other.
 
@@ -22,9 +22,53 @@ import torch
 from filelock import FileLock
 
 from data.files import WriteError, describe, write_atomically
-from data.sources import DataError
+from data.sources import LABEL_NAMES_FILE, DataError, local_copy_dir
 
 log = logging.getLogger(__name__)
+CACHE_VERSION = 8  # part of every key: bump it when tokenization or the splits read change
+# What the splits read depend on (with the files themselves): part of the key of every entry made from them.
+READING = ("dataset", "data_dir", "train_file", "val_file", "test_file", "text_column", "label_column",
+           "label_separator", "label_names_file", "val_fraction", "seed")
+NOT_ENCODED = ("batch_size", "num_workers", "cache_dir", "bucket_pool", "balanced_sampler", "teacher")
+
+
+def reading_key(settings) -> dict:
+    """What the splits read with these data settings depend on: the reading settings and the files. The key of the
+    encoded data (with the tokenizer's settings) and of the teacher's answers (training/teacher.py)."""
+    return {name: settings.get(name) for name in READING} | {
+        "files": file_stamps(data_files(settings) + extra_files(settings)), "version": CACHE_VERSION}
+
+
+def encoded_path(settings, **chosen) -> Path:
+    """The encoded data's entry for these data settings (TextDataModule's); `chosen`: sizes to key it by in place
+    of unset ones."""
+    key = {k: v for k, v in (dict(settings) | chosen).items() if k not in NOT_ENCODED}
+    if key.get("max_length") is not None:
+        key.pop("max_length_caps", None)  # they only decide an unset max_length
+    return entry_path(settings["cache_dir"], data_name(settings), key | reading_key(settings))
+
+
+def data_name(settings) -> str:
+    """The name entries of these data start with: the training file's, or the dataset's."""
+    return Path(settings["train_file"]).stem if settings["train_file"] else settings["dataset"]
+
+
+def data_files(settings) -> list[str]:
+    """The files the data are read from: train/val/test files, or every file of the local copy."""
+    files = [settings[k] for k in ("train_file", "val_file", "test_file") if settings[k]]
+    own = files or settings["dataset"] == "synthetic"
+    folder = None if own else local_copy_dir(settings["dataset"], settings["data_dir"])
+    return sorted(str(p) for p in folder.iterdir() if p.is_file()) if folder is not None else files
+
+
+def extra_files(settings) -> list[str]:
+    """Files besides the data's own whose change must read the data again: a label names file, the pretraining
+    checkpoint whose tokenizer is used, a pretraining run's unlabeled files."""
+    names = settings.get("label_names_file") or (settings["train_file"] and Path(settings["train_file"]).parent
+                                                 / LABEL_NAMES_FILE)
+    named = [str(names)] if names and (settings.get("label_names_file") or Path(names).is_file()) else []
+    return ([settings["tokenizer_from"]] if settings.get("tokenizer_from") else []) + named + \
+        list(settings.get("unlabeled_files") or [])
 
 
 def file_stamps(files) -> list[tuple[str, int, int]]:

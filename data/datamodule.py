@@ -2,36 +2,25 @@
 (data/batches.py says what a batch holds). Soft targets of a teacher are fitted by the training side
 (training/teacher.py) and attached to the training split (attach_soft_targets)."""
 
-import ctypes
 import logging
-import os
 from pathlib import Path
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from data.batches import BucketBatchSampler, balanced_draws, collate
-from data.cache import entry_path, file_stamps, link, load_or_build
-from data.encoded import EncodedSplit, encode_splits
+from data.batches import balanced_draws, loader
+from data.cache import data_files, encoded_path, file_stamps, link, load_or_build
+from data.encoded import EncodedSplit, encode_splits, return_freed_memory
 from data.labels import class_counts, describe_counts, is_imbalanced
-from data.sizes import bucket_pool, choose_sizes
-from data.sources import LABEL_NAMES_FILE, DataError, Splits, load_splits, local_copy_dir
-from data.tokenizer import FIRST_WORD_ID, KINDS, CutTexts, load_tokenizer, pretrained_tokenizer, stored_form, \
+from data.sizes import bucket_pool, check_sizes, choose_sizes
+from data.sources import DataError, Splits, load_splits, local_copy_dir
+from data.tokenizer import KINDS, CutTexts, load_tokenizer, pretrained_tokenizer, stored_form, \
     train_tokenizer
 
 log = logging.getLogger(__name__)
 NO_TEST_SPLIT = ("no test split (SST-2's test labels are not public: its held-out figure is `validate`): give "
                  "data.test_file, or use a dataset with a labelled test split")
-CACHE_VERSION = 8  # part of the cache key: bump it when tokenization or the splits change
-# What the splits read depend on (with the files themselves): the key of every cache entry made from them.
-READING = ("dataset", "data_dir", "train_file", "val_file", "test_file", "text_column", "label_column",
-           "label_separator", "label_names_file", "val_fraction", "seed")
-NOT_ENCODED = ("batch_size", "num_workers", "cache_dir", "bucket_pool", "balanced_sampler", "teacher")
-# Upper bounds on the settings that size memory (model/config.py bounds the network the same way):
-MAX_BATCH_SIZE = 65536
-MAX_VOCAB_SIZE = 1_048_576
-MAX_WORKERS = 64  # DataLoader processes (or the CPU count, if larger)
 
 
 class TextDataModule(L.LightningDataModule):
@@ -120,25 +109,12 @@ class TextDataModule(L.LightningDataModule):
         super().__init__()
         if not 0.0 < val_fraction < 1.0:
             raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
-        if max_length_caps is not None and (not 1 <= len(max_length_caps) <= 2 or min(max_length_caps) < 1
-                                            or list(max_length_caps) != sorted(max_length_caps)):
-            raise DataError(f"data.max_length_caps must be one length >= 1, or two rising, got {max_length_caps}")
-        if bucket_pool is not None and bucket_pool < 1:
-            raise DataError(f"bucket_pool must be >= 1 (or null: chosen from max_length), got {bucket_pool}")
+        check_sizes(max_length=max_length, vocab_size=vocab_size, batch_size=batch_size, bucket_pool=bucket_pool,
+                    num_workers=num_workers, max_length_caps=max_length_caps)  # refused before anything is read
         if teacher not in (None, "ngram"):
             raise DataError(f"teacher must be ngram or null, got {teacher!r}")
         if tokenizer not in KINDS:
             raise DataError(f"tokenizer must be one of {', '.join(KINDS)}, got {tokenizer!r}")
-        if (max_length is not None and max_length < 1) or batch_size < 1 or (vocab_size is not None and vocab_size <= FIRST_WORD_ID):
-            raise DataError(f"max_length, batch_size must be >= 1 and vocab_size >= {FIRST_WORD_ID + 1}, got {max_length}, "
-                            f"{batch_size}, {vocab_size}")
-        for name, value, most in (("batch_size", batch_size, MAX_BATCH_SIZE),
-                                  ("vocab_size", vocab_size, MAX_VOCAB_SIZE)):
-            if value is not None and value > most:  # sizes memory: refused before anything is read
-                raise DataError(f"data.{name} {value} is larger than {most}")
-        most_workers = max(MAX_WORKERS, os.cpu_count() or 1)
-        if not 0 <= num_workers <= most_workers:  # each worker is a process holding its own copy of the dataset
-            raise DataError(f"data.num_workers must be in 0..{most_workers}, got {num_workers}")
         self.save_hyperparameters()
         self._state = None  # {"tokenizer": json, "label_names": [...], "splits": {name: EncodedSplit}, sizes}
         self._tokenizer = None
@@ -191,7 +167,7 @@ class TextDataModule(L.LightningDataModule):
     def state(self) -> dict:
         if self._state is None:
             self._record_local_copy()
-            self._files_read = [list(stamp) for stamp in file_stamps(self.data_files())]
+            self._files_read = [list(stamp) for stamp in file_stamps(data_files(self.hparams))]
             path = self.cache_path()
             stored = load_or_build(path, lambda: as_stored(self._build()), "encoded data")
             self._state = {**stored, "splits": {name: EncodedSplit(**s) for name, s in stored["splits"].items()}}
@@ -217,40 +193,15 @@ class TextDataModule(L.LightningDataModule):
     def split(self, name: str) -> EncodedSplit:
         return self.state["splits"][name]
 
-    def reading_key(self) -> dict:
-        """What the splits read depend on: the reading settings and the files (path, size, modification time: an
-        edited file is read again). The key of the encoded data and of the teacher's answers (training/teacher.py)."""
-        hp = self.hparams
-        return {name: hp.get(name) for name in READING} | {
-            "files": file_stamps(self.data_files() + self._extra_files()), "version": CACHE_VERSION}
-
     def cache_path(self, **chosen) -> Path:
-        """The encoded data's cache file for these settings; `chosen`: sizes to key it by in place of the unset ones."""
-        settings = {k: v for k, v in (dict(self.hparams) | chosen).items() if k not in NOT_ENCODED}
-        if settings.get("max_length") is not None:
-            settings.pop("max_length_caps", None)  # they only decide an unset max_length
-        name = Path(self.hparams.train_file).stem if self.hparams.train_file else self.hparams.dataset
-        return entry_path(self.hparams.cache_dir, name, settings | self.reading_key())
-
-    def data_files(self) -> list[str]:
-        """The files the data are read from: train/val/test files, or every file of the local copy."""
-        hp = self.hparams
-        files = [hp[k] for k in ("train_file", "val_file", "test_file") if hp[k]]
-        folder = local_copy_dir(hp.dataset, hp.data_dir) if not files and hp.dataset != "synthetic" else None
-        return sorted(str(p) for p in folder.iterdir() if p.is_file()) if folder is not None else files
+        """The encoded data's cache file; `chosen`: sizes to key it by in place of the unset ones (data/cache.py)."""
+        return encoded_path(dict(self.hparams), **chosen)
 
     def files_read(self) -> list[list]:
         """[path, size, modification time] of each data file as it was read, for the checkpoint (diagnose.py notes a
         file changed since training)."""
         self.state  # noqa: B018  (the stamps are taken when the data are read)
         return self._files_read
-
-    def _extra_files(self) -> list[str]:
-        """Files besides the data's own whose change must encode the data again."""
-        hp = self.hparams
-        names = hp.get("label_names_file") or (hp.train_file and Path(hp.train_file).parent / LABEL_NAMES_FILE)
-        return ([hp.tokenizer_from] if hp.get("tokenizer_from") else []) + \
-            ([str(names)] if names and (hp.get("label_names_file") or Path(names).is_file()) else [])
 
     def read_splits(self) -> Splits:
         """The splits as the settings read them (data/sources.py), the same texts in the same order every time."""
@@ -273,9 +224,9 @@ class TextDataModule(L.LightningDataModule):
         pretraining did), or sizes chosen where unset (data/sizes.py) and a tokenizer trained on the training split
         with them, exactly what a config that states those sizes builds: a rerun from config.yaml is exact."""
         hp = self.hparams
-        if hp.tokenizer_from:
-            tokenizer, vocab_size, max_length, choices = pretrained_tokenizer(hp.tokenizer_from, vocab_size=hp.vocab_size,
-                                                                              max_length=hp.max_length)
+        if hp.get("tokenizer_from"):  # (a pretraining run's data have none)
+            tokenizer, vocab_size, max_length, choices = pretrained_tokenizer(
+                hp.tokenizer_from, vocab_size=hp.vocab_size, max_length=hp.max_length)
         else:
             train = splits.texts["train"]
             words = {"split_cjk": hp.split_cjk, "split_punctuation": hp.split_punctuation}
@@ -300,19 +251,9 @@ class TextDataModule(L.LightningDataModule):
         self.state  # noqa: B018  (builds the cache once, before the loaders need it)
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        data = self.split(split)
-        trainer = self.trainer
-        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        data, hp = self.split(split), self.hparams
         weights = balanced_draws(data.labels, len(self.label_names)) if shuffle and self.balanced_sampler else None
-        epoch_of = (lambda: trainer.current_epoch) if trainer is not None else None
-        sampler = BucketBatchSampler(
-            data.lengths, self.hparams.batch_size, shuffle, self.hparams.seed, rank, world, self.bucket_pool, weights,
-            epoch_of,
-        )
-        return DataLoader(
-            data, batch_sampler=sampler, collate_fn=collate, num_workers=self.hparams.num_workers,
-            persistent_workers=self.hparams.num_workers > 0,
-        )
+        return loader(data, hp.batch_size, shuffle, hp.seed, self.bucket_pool, weights, hp.num_workers, self.trainer)
 
     def train_dataloader(self):
         if self.balanced_sampler:
@@ -360,12 +301,3 @@ class TextDataModule(L.LightningDataModule):
 def as_stored(state: dict) -> dict:
     """The built data as the cache stores them: plain tensors, lists and strings (read with weights_only)."""
     return {**state, "splits": {name: split.state() for name, split in state["splits"].items()}}
-
-
-def return_freed_memory() -> None:
-    """Hand the memory that reading and tokenizing freed back to the system: glibc keeps freed small blocks in its
-    heap, and the run would carry them to its end (IMDB, built: 1.0 GB resident, 0.54 GB after)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (macOS, musl): they return memory their own way
-        pass

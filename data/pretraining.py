@@ -58,16 +58,13 @@ class PretrainDataModule(TextDataModule):
         path = super().cache_path(**chosen)
         return path.with_name("pretrain-" + path.name)
 
-    def _extra_files(self) -> list[str]:
-        return list(self.hparams.unlabeled_files or [])
-
     def pretraining_texts(self) -> tuple[list[str], dict[str, int]]:
         """The training split's texts and the unlabeled files' texts, without any validation or test text; and how
         many texts each source gave."""
         splits = self.read_splits()
         texts, counts = list(splits.texts["train"]), {splits.sources.get("train", "train"): len(splits.texts["train"])}
         held_out = {text.strip() for name in ("validation", "test") for text in splits.texts.get(name, [])}
-        for path in self._extra_files():
+        for path in self.hparams.unlabeled_files or []:
             unlabeled = read_unlabeled(path, self.hparams.unlabeled_column)
             kept = [text for text in unlabeled if text.strip() not in held_out]
             if len(kept) < len(unlabeled):

@@ -8,10 +8,11 @@ written into the run's config.yaml as numbers, so a rerun from it is exact):
 """
 
 import math
+import os
 
 from data.progress import progress_bar
 from data.sources import DataError
-from data.tokenizer import SPECIAL_TOKENS, CutTexts, cut, train_tokenizer, word_counts
+from data.tokenizer import FIRST_WORD_ID, SPECIAL_TOKENS, CutTexts, cut, train_tokenizer, word_counts
 
 LENGTH_PERCENTILE = 100  # max_length covers the longest training text (batches are padded only to their longest
 MAX_LENGTH_CAP = 256      # text, so the tail is cheap; SST-2's validation sentences are longer than most training
@@ -27,6 +28,29 @@ RARE_WORD_SHARE = 0.05  # frequent); those seen once too where they are more tha
                         # them: +3.4 points), not rare names and typos (ChnSentiCorp 0.15%, SST-2 0.06%, IMDB 0.4%;
                         # docs/RESULTS.md "Small data", words seen once)
 MEASURE_CHUNK = 10_000  # texts tokenized at a time when measuring lengths
+# Upper bounds on the settings that size memory (model/config.py bounds the network the same way):
+MAX_BATCH_SIZE = 65536
+MAX_VOCAB_SIZE = 1_048_576
+MAX_WORKERS = 64  # DataLoader processes (or the CPU count, if larger)
+
+
+def check_sizes(*, max_length, vocab_size, batch_size, bucket_pool, num_workers, max_length_caps) -> None:
+    """DataError (one line naming the setting and its value) for a size out of its range."""
+    if max_length_caps is not None and (not 1 <= len(max_length_caps) <= 2 or min(max_length_caps) < 1
+                                        or list(max_length_caps) != sorted(max_length_caps)):
+        raise DataError(f"data.max_length_caps must be one length >= 1, or two rising, got {max_length_caps}")
+    if bucket_pool is not None and bucket_pool < 1:
+        raise DataError(f"bucket_pool must be >= 1 (or null: chosen from max_length), got {bucket_pool}")
+    if (max_length is not None and max_length < 1) or batch_size < 1 or (vocab_size is not None
+                                                                         and vocab_size <= FIRST_WORD_ID):
+        raise DataError(f"max_length, batch_size must be >= 1 and vocab_size >= {FIRST_WORD_ID + 1}, got "
+                        f"{max_length}, {batch_size}, {vocab_size}")
+    for name, value, most in (("batch_size", batch_size, MAX_BATCH_SIZE), ("vocab_size", vocab_size, MAX_VOCAB_SIZE)):
+        if value is not None and value > most:  # sizes memory
+            raise DataError(f"data.{name} {value} is larger than {most}")
+    most_workers = max(MAX_WORKERS, os.cpu_count() or 1)
+    if not 0 <= num_workers <= most_workers:  # each worker is a process holding its own copy of the dataset
+        raise DataError(f"data.num_workers must be in 0..{most_workers}, got {num_workers}")
 
 
 def choose_sizes(texts, source: str, *, vocab_size: int | None, max_length: int | None, caps: list[int] | None,

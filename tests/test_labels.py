@@ -239,7 +239,7 @@ def test_multi_label_trains_and_its_thresholds_are_stored_and_reloaded(tmp_path)
 
 
 def test_the_balanced_sampler_fills_the_batches_with_each_class_about_equally():
-    from data.datamodule import BucketBatchSampler, balanced_draws
+    from data.batches import BucketBatchSampler, balanced_draws
 
     classes = torch.tensor([0] * 900 + [1] * 100)
     lengths = [1 + i % 7 for i in range(len(classes))]

@@ -487,11 +487,11 @@ def test_help_of_pretrain_is_pretrains_and_the_main_help_lists_it(capsys):
 
 def test_the_encoding_log_of_pretraining_names_no_labels_and_a_classifiers_does(tmp_path, caplog):
     files = labelled_files(tmp_path)
-    with caplog.at_level("INFO", logger="data.datamodule"):
+    with caplog.at_level("INFO", logger="data"):
         PretrainDataModule(train_file=str(files["train"]), tokenizer="word", cache_dir=str(tmp_path / "p")).state
     (pretraining,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("encoded")]
     caplog.clear()
-    with caplog.at_level("INFO", logger="data.datamodule"):
+    with caplog.at_level("INFO", logger="data"):
         train.TextDataModule(train_file=str(files["train"]), tokenizer="word", cache_dir=str(tmp_path / "c")).state
     (classifier,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("encoded")]
     assert "labels" not in pretraining and "labels [" in classifier

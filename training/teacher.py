@@ -3,19 +3,16 @@
 data module, whose training batches carry them as teacher_probs for model.distillation.
 
 The entry's key is what the probabilities depend on: the texts and labels read (the data's reading settings and files,
-TextDataModule.reading_key), the teacher and TEACHER_VERSION; not the tokenizer or the sizes, so a run that only
+data.cache.reading_key), the teacher and TEACHER_VERSION; not the tokenizer or the sizes, so a run that only
 changes those (or states the sizes its first run chose, as `<run>/config.yaml` does) reuses the teacher's answers.
 """
 
-import logging
-
 import torch
 
-from data.cache import entry_path, load_or_build
+from data.cache import data_name, entry_path, load_or_build, reading_key
 from data.labels import class_counts, is_imbalanced
 from training.ngram_teacher import EXACT_CHARS, FOLDS, SAMPLE, out_of_fold_probabilities
 
-log = logging.getLogger(__name__)
 TEACHER_VERSION = 1  # part of the key: bump it when the teacher's answers for the same texts change
 
 
@@ -25,11 +22,10 @@ def attach_teacher(data) -> None:
     hp = data.hparams
     if hp.get("teacher") is None:
         return
-    key = data.reading_key() | {"teacher": hp.teacher, "teacher_version": TEACHER_VERSION,
-                                "settings": [FOLDS, SAMPLE, EXACT_CHARS]}
-    name = data.cache_path().name.rsplit("-", 1)[0]  # the data's own name: sst2, reviews, ...
-    entry = load_or_build(entry_path(hp.cache_dir, f"{name}-teacher", key), lambda: fit_teacher(data), "teacher")
-    data.attach_soft_targets(entry["probabilities"])
+    key = reading_key(hp) | {"teacher": hp.teacher, "teacher_version": TEACHER_VERSION,
+                             "settings": [FOLDS, SAMPLE, EXACT_CHARS]}
+    path = entry_path(hp.cache_dir, f"{data_name(hp)}-teacher", key)
+    data.attach_soft_targets(load_or_build(path, lambda: fit_teacher(data), "teacher")["probabilities"])
 
 
 def fit_teacher(data) -> dict:
