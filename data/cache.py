@@ -11,6 +11,7 @@ lock it): with several processes (DDP) the first builds, the others wait and loa
 cache folder that cannot be written is not an error: the content is built in memory, with a warning.
 """
 
+import ctypes
 import hashlib
 import json
 import logging
@@ -89,6 +90,20 @@ def entry_path(cache_dir, name: str, key: dict) -> Path:
     return Path(cache_dir) / f"{name}-{digest}.pt"
 
 
+def load_encoded(settings, build: Callable[[], dict]) -> tuple[dict, list[list]]:
+    """The encoded data of these data settings (TextDataModule's) from their entry, or build() saved as it; and
+    [path, size, modification time] of each data file as read (the checkpoint records them). Sizes chosen because they
+    were unset also key the entry (a hard link), so `train.py test --config <run>/config.yaml`, which states them,
+    finds it."""
+    stamps = [list(stamp) for stamp in file_stamps(data_files(settings))]
+    path = encoded_path(settings)
+    content = load_or_build(path, build, "encoded data")
+    if settings.get("max_length") is None or settings.get("vocab_size") is None:
+        link(path, encoded_path(settings, max_length=content["max_length"], vocab_size=content["vocab_size"]))
+    return_freed_memory()
+    return content, stamps
+
+
 def load_or_build(path: Path, build: Callable[[], dict], what: str) -> dict:
     """The entry at `path`, or build() saved there and read back memory-mapped (the built copy is then freed)."""
     lock = FileLock(path.with_suffix(".lock"))
@@ -140,3 +155,12 @@ def link(path: Path, alias: Path) -> None:
             os.link(path, alias)
     except OSError as e:  # a filesystem without hard links: the alias is built again when asked for
         log.debug("cache %s not linked as %s: %s", path, alias, e)
+
+
+def return_freed_memory() -> None:
+    """Hand the memory that reading and tokenizing freed back to the system: glibc keeps freed small blocks in its
+    heap, and the run would carry them to its end (IMDB, built: 1.0 GB resident, 0.54 GB after)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): they return memory their own way
+        pass

@@ -10,8 +10,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from data.batches import balanced_draws, loader
-from data.cache import data_files, encoded_path, file_stamps, link, load_or_build
-from data.encoded import EncodedSplit, encode_splits, return_freed_memory
+from data.cache import encoded_path, load_encoded
+from data.encoded import EncodedSplit, encode_splits
 from data.labels import class_counts, describe_counts, is_imbalanced
 from data.sizes import bucket_pool, check_sizes, choose_sizes
 from data.sources import DataError, Splits, load_splits, local_copy_dir
@@ -160,22 +160,16 @@ class TextDataModule(L.LightningDataModule):
 
     @property
     def tokenizer(self):
-        self.state  # noqa: B018  (built together with the data)
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.state["tokenizer"])
         return self._tokenizer
 
     @property
     def state(self) -> dict:
         if self._state is None:
             self._record_local_copy()
-            self._files_read = [list(stamp) for stamp in file_stamps(data_files(self.hparams))]
-            path = self.cache_path()
-            stored = load_or_build(path, lambda: as_stored(self._build()), "encoded data")
+            stored, self._files_read = load_encoded(dict(self.hparams), lambda: as_stored(self._build()))
             self._state = {**stored, "splits": {name: EncodedSplit(**s) for name, s in stored["splits"].items()}}
-            if self.hparams.max_length is None or self.hparams.vocab_size is None:  # also found by the sizes chosen:
-                link(path, self.cache_path(max_length=self._state["max_length"],  # `test --config <run>/config.yaml`
-                                           vocab_size=self._state["vocab_size"]))
-            return_freed_memory()
-            self._tokenizer = load_tokenizer(self._state["tokenizer"])
             for choice in self._state.get("choices", []):  # adaptive sizes, once per process (also from the cache)
                 log.info("%s", choice)
         return self._state

@@ -7,7 +7,6 @@ The dict of tensors an EncodedSplit holds (state()) is what the data cache store
 memory-mapped, a split's ids are read from the file as batches need them.
 """
 
-import ctypes
 import logging
 import mmap
 import os
@@ -91,12 +90,3 @@ def mapped_ids(file) -> torch.Tensor:
     if size == 0:  # mmap cannot map an empty file
         return torch.zeros(0, dtype=torch.int32)
     return torch.frombuffer(mmap.mmap(file.fileno(), size, access=mmap.ACCESS_COPY), dtype=torch.int32)
-
-
-def return_freed_memory() -> None:
-    """Hand the memory that reading and tokenizing freed back to the system: glibc keeps freed small blocks in its
-    heap, and the run would carry them to its end (IMDB, built: 1.0 GB resident, 0.54 GB after)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (macOS, musl): they return memory their own way
-        pass
