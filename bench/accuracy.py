@@ -67,7 +67,7 @@ def accuracy(predicted, labels) -> float:
 
 
 def tfidf_logreg(splits, split: str = "validation") -> float:
-    """The n-gram teacher (data/teacher.py) fitted on the whole training split: TF-IDF character 1-3-grams for
+    """The n-gram teacher (training/ngram_teacher.py) fitted on the whole training split: TF-IDF character 1-3-grams for
     Chinese, word 1-2-grams (words of one letter or more) otherwise, then logistic regression."""
     vectorizer, classifier = fit_ngram_teacher(splits.texts["train"], splits.labels["train"])
     return accuracy(classifier.predict(vectorizer.transform(splits.texts[split])), splits.labels[split])

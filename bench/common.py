@@ -4,7 +4,7 @@ their own flags (whole numbers in range, folders and files they write, checked b
     python -m bench.common best-checkpoint lightning_logs/version_0    # prints the run's best checkpoint
 
 The TF-IDF + logistic regression peer is the teacher that `data.teacher: ngram` distills from, fitted by the same
-function (data/teacher.py: fit_ngram_teacher): character 1-3-grams for Chinese, Japanese or Korean text, word
+function (training/ngram_teacher.py: fit_ngram_teacher): character 1-3-grams for Chinese, Japanese or Korean text, word
 1-2-grams otherwise (words of one letter or more: on SST-2 validation 82.1% against 82.2% for two letters or more,
 on IMDB test 90.4% against 90.3%).
 """
@@ -34,9 +34,9 @@ def __getattr__(name):
     """The heavier helpers (torch, the network) on first use, so a bench that only checks its flags, or only
     starts child processes (bench.healthy), loads neither."""
     if name in ("fit_ngram_teacher", "is_cjk"):
-        import data.teacher
+        import training.ngram_teacher
 
-        return getattr(data.teacher, name)
+        return getattr(training.ngram_teacher, name)
     if name == "best_checkpoint":
         from data.checkpoint import best_checkpoint
 

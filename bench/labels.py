@@ -93,7 +93,7 @@ def goemotions_peers() -> dict:
     from sklearn.linear_model import LogisticRegression
     from sklearn.multiclass import OneVsRestClassifier
 
-    from data.teacher import ngram_features
+    from training.ngram_teacher import ngram_features
 
     splits = registered("goemotions")
     n = len(splits.label_names)

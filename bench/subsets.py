@@ -9,7 +9,7 @@ For each dataset and size: a stratified random subset of the training split (`--
 written to train.csv; the run holds its own validation split out of it (data.val_fraction, as for any own file) and
 chooses its checkpoint there. The reported figure is a split the run never saw: the dataset's test split
 (ChnSentiCorp's fixed 10%, IMDB's official test set), or for SST-2, which has none, its validation split (872),
-written as test.csv. The peer is fitted on the same subset (data/teacher.py's recipe). Prints a table and, last, one
+written as test.csv. The peer is fitted on the same subset (training/ngram_teacher.py's recipe). Prints a table and, last, one
 JSON line. Arguments after `--` go to every `train.py fit` (a setting to compare).
 """
 

@@ -14,7 +14,8 @@ import random
 
 import torch
 
-from data.datamodule import EncodedSplit, TextDataModule
+from data.datamodule import TextDataModule
+from data.encoded import EncodedSplit, encode_splits
 from data.sources import DataError, Splits, read_unlabeled
 from data.tokenizer import UNK_ID
 
@@ -57,16 +58,13 @@ class PretrainDataModule(TextDataModule):
         path = super().cache_path(**chosen)
         return path.with_name("pretrain-" + path.name)
 
-    def _extra_files(self) -> list[str]:
-        return list(self.hparams.unlabeled_files or [])
-
     def pretraining_texts(self) -> tuple[list[str], dict[str, int]]:
         """The training split's texts and the unlabeled files' texts, without any validation or test text; and how
         many texts each source gave."""
-        splits = self._read_splits()
+        splits = self.read_splits()
         texts, counts = list(splits.texts["train"]), {splits.sources.get("train", "train"): len(splits.texts["train"])}
         held_out = {text.strip() for name in ("validation", "test") for text in splits.texts.get(name, [])}
-        for path in self._extra_files():
+        for path in self.hparams.unlabeled_files or []:
             unlabeled = read_unlabeled(path, self.hparams.unlabeled_column)
             kept = [text for text in unlabeled if text.strip() not in held_out]
             if len(kept) < len(unlabeled):
@@ -91,13 +89,12 @@ class PretrainDataModule(TextDataModule):
         parts = {"train": [texts[i] for i in order[n_held:]], "validation": [texts[i] for i in order[:n_held]]}
         splits = Splits(parts, {name: [0] * len(part) for name, part in parts.items()}, [],
                         {"train": " + ".join(counts), "validation": "held-out pretraining text"})
-        vocab_size, max_length, choices = self._sizes(splits)
-        tokenizer = self._train_tokenizer(splits, vocab_size, max_length)
-        state = self._encode(tokenizer, splits, max_length)
+        tokenizer, sizes = self._tokenizer_for(splits)
+        encoded = encode_splits(tokenizer, splits, sizes["max_length"])
         for name in ("train", "validation"):
-            state["splits"][name] = maskable(state["splits"][name], f"{splits.sources['train']} ({name})")
+            encoded[name] = maskable(encoded[name], f"{splits.sources['train']} ({name})")
         log.info("pretraining text: %s", ", ".join(f"{source} {n}" for source, n in counts.items()))
-        return {**state, "label_names": [], "max_length": max_length, "vocab_size": vocab_size, "choices": choices}
+        return {"tokenizer": tokenizer.to_str(), "label_names": [], "multi_label": False, "splits": encoded, **sizes}
 
 
 def maskable(split: EncodedSplit, where: str) -> EncodedSplit:

@@ -166,6 +166,24 @@ def without_added_tokens(tokenizer: Tokenizer, keep: tuple[str, ...]) -> Tokeniz
     return Tokenizer.from_str(json.dumps(config))
 
 
+def pretrained_tokenizer(path, *, vocab_size: int | None, max_length: int | None) -> tuple:
+    """(tokenizer, vocab_size, max_length, [why]) of the pretraining checkpoint at `path` (train.py pretrain): fine-tuning
+    reads text exactly as pretraining did. vocab_size / max_length, when set, must be the checkpoint's."""
+    from data.checkpoint import PRETRAINING_DATA, read_pretraining_checkpoint  # torch: only for a checkpoint
+
+    checkpoint = read_pretraining_checkpoint(path)
+    network = checkpoint["hyper_parameters"]["network"]  # the sizes are stored once, with the network
+    theirs = {"vocab_size": network["vocab_size"], "max_length": network["max_length"]}
+    for name, mine in (("vocab_size", vocab_size), ("max_length", max_length)):
+        if mine is not None and mine != theirs[name]:
+            raise DataError(f"data.{name} {mine} differs from the pretraining checkpoint {path}'s {theirs[name]}: "
+                            f"leave data.{name} unset (fine-tuning uses the checkpoint's tokenizer and sizes)")
+    why = (f"tokenizer, vocab_size {theirs['vocab_size']} and max_length {theirs['max_length']} from the pretraining "
+           f"checkpoint {path}")
+    tokenizer = load_tokenizer(checkpoint[PRETRAINING_DATA]["tokenizer"], max_length=theirs["max_length"])
+    return tokenizer, theirs["vocab_size"], theirs["max_length"], [why]
+
+
 def load_tokenizer(json_string: str, max_length: int | None = None) -> Tokenizer:
     """The tokenizer a JSON string holds; with max_length, it cuts encodings to that many tokens."""
     tokenizer = Tokenizer.from_str(json_string)

@@ -156,7 +156,7 @@ class TextClassifier:
         texts = list(texts)
         ids, tokens, full_lengths = [], [], []
         for encoding in self.tokenizer.encode_batch(cut(texts, self.max_length)):
-            # As in training (data/datamodule.py): a text of only unknown symbols becomes one [UNK].
+            # As in training (data/encoded.py): a text of only unknown symbols becomes one [UNK].
             text_ids, text_tokens = (encoding.ids, encoding.tokens) if encoding.ids else ([UNK_ID], ["[UNK]"])
             ids.append(text_ids[: self.max_length])
             tokens.append(text_tokens[: self.max_length])

@@ -28,7 +28,7 @@ from matplotlib.text import Text
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from data.datamodule import collate
+from data.batches import collate
 from data.tokenizer import UNK_ID
 from model.config import ConfigError
 from model.errors import check_whole_number

@@ -14,7 +14,7 @@ import train
 import training.length
 from conftest import ONE_PROBE, QUIET, SMOKE
 from data import DataError, TextDataModule
-from data.datamodule import MAX_LENGTH_CAP, RARE_WORD_SHARE
+from data.sizes import MAX_LENGTH_CAP, RARE_WORD_SHARE
 from data.sources import load_splits
 from inference import TextClassifier
 from data.checkpoint import resolve_checkpoint
@@ -56,7 +56,7 @@ def test_small_data_keeps_the_words_seen_once_too(tmp_path):
 
 
 def test_vocab_size_cap_keeps_the_most_frequent_words(tmp_path, monkeypatch):
-    monkeypatch.setattr("data.datamodule.VOCAB_SIZE_CAP", 4)  # [PAD], [UNK] + the two most frequent words
+    monkeypatch.setattr("data.sizes.VOCAB_SIZE_CAP", 4)  # [PAD], [UNK] + the two most frequent words
     rows = [("good good good bad bad film", 1), ("good bad plot", 0), ("bad good x", 1), ("film", 0)]
     data = TextDataModule(train_file=str(write_csv(tmp_path / "train.csv", rows)),
                           val_file=str(write_csv(tmp_path / "val.csv", [("good", 1), ("bad", 0)])),

@@ -287,7 +287,7 @@ def test_an_unreadable_cache_names_the_reason(tmp_path, caplog):
 
 def test_the_emoji_only_teacher_hint_names_both_settings():
     from data import DataError
-    from data.teacher import out_of_fold_probabilities
+    from training.ngram_teacher import out_of_fold_probabilities
 
     with pytest.raises(DataError, match=r"--data.teacher null --model.distillation 0"):
         out_of_fold_probabilities(["🙂🙂", "🙁", "🙂", "🙁🙁"] * 5, [1, 0, 1, 0] * 5, 2, seed=0,

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import NEGATIVE, POSITIVE, ROOT, rows, write
-from data.datamodule import BucketBatchSampler, TextDataModule, collate
+from data.batches import BucketBatchSampler, collate
+from data.datamodule import TextDataModule
 from data.sources import DataError, load_splits, stratified_split
 from data.tokenizer import PAD_ID, load_tokenizer, train_tokenizer
 

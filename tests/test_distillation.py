@@ -1,4 +1,5 @@
-"""Distillation from an n-gram teacher: out-of-fold teacher probabilities (data/teacher.py), carried in the training
+"""Distillation from an n-gram teacher: out-of-fold teacher probabilities (training/ngram_teacher.py), fitted by the
+training side's teacher step and cached as an entry of their own (training/teacher.py), carried in the training
 batches, and the loss that mixes them with the labels (training/module.py)."""
 
 import logging
@@ -10,10 +11,13 @@ import torch.nn.functional as F
 
 import train
 from conftest import ROOT, fit, rows, write
+import training.teacher
 from data.datamodule import TextDataModule
-from data.teacher import is_cjk, out_of_fold_probabilities
+from data.sources import DataError
 from model.config import NetworkConfig
 from training.module import ClassifierModule
+from training.ngram_teacher import is_cjk, out_of_fold_probabilities
+from training.teacher import attach_teacher
 
 
 def test_teacher_learns_words_that_carry_the_label():
@@ -95,7 +99,7 @@ def test_one_label_on_every_text_is_no_traceback():
 
 def test_fewer_training_texts_than_folds_several_labels(caplog):
     texts = ["a red one", "a red blue one", "a blue one", "red again"]
-    with caplog.at_level(logging.INFO, logger="data.teacher"):
+    with caplog.at_level(logging.INFO, logger="training.ngram_teacher"):
         probabilities = out_of_fold_probabilities(texts, [[0], [0, 1], [1], [0]], num_classes=2)
     assert probabilities.shape == (4, 2) and ((probabilities >= 0) & (probabilities <= 1)).all()
     assert "4 folds for 4 training texts" in caplog.text
@@ -110,18 +114,40 @@ def test_cjk_texts_are_read_as_characters():
     assert is_cjk(["房间很干净，服务也好", "早餐差"]) and not is_cjk(["a great film", "boring"])
 
 
-def test_training_batches_carry_the_teacher_and_the_cache_keeps_it(tmp_path):
+def test_training_batches_carry_the_teacher_and_its_own_cache_entry_keeps_it(tmp_path, monkeypatch):
     path = write(tmp_path / "t.csv", rows(8))
     kwargs = dict(train_file=str(path), vocab_size=100, batch_size=8, cache_dir=str(tmp_path / "cache"), teacher="ngram")
     data = TextDataModule(**kwargs)
+    assert data.split("train").teacher_probs is None  # the data build fits no teacher
+    attach_teacher(data)
     train = data.split("train")
     assert train.teacher_probs.shape == (len(train), 2)
     batch = next(iter(data.train_dataloader()))
     assert batch["teacher_probs"].shape == (len(batch["labels"]), 2)
     assert "teacher_probs" not in next(iter(data.val_dataloader()))  # validation is scored on labels only
-    again = TextDataModule(**kwargs)  # from the cache
-    assert torch.equal(again.split("train").teacher_probs, train.teacher_probs)
-    assert TextDataModule(**(kwargs | {"teacher": None})).split("train").teacher_probs is None
+    assert len(list((tmp_path / "cache").glob("t-teacher-*.pt"))) == 1  # an entry of its own beside the data's
+
+    def no_refit(*args, **kwargs):
+        raise AssertionError("the teacher was fitted again")
+
+    monkeypatch.setattr(training.teacher, "out_of_fold_probabilities", no_refit)
+    for changed in ({}, {"vocab_size": 50, "max_length": 16}):  # the same texts read: the teacher's entry is reused
+        again = TextDataModule(**(kwargs | changed))
+        attach_teacher(again)
+        assert torch.equal(again.split("train").teacher_probs, train.teacher_probs)
+    plain = TextDataModule(**(kwargs | {"teacher": None}))
+    attach_teacher(plain)
+    assert plain.split("train").teacher_probs is None
+    assert plain.cache_path() == data.cache_path()  # the encoded data do not depend on the teacher
+
+
+def test_soft_targets_of_the_wrong_shape_are_refused(tmp_path):
+    data = TextDataModule(train_file=str(write(tmp_path / "t.csv", rows(8))), vocab_size=100,
+                          cache_dir=str(tmp_path / "cache"))
+    n = len(data.split("train"))
+    with pytest.raises(DataError, match=rf"the teacher's probabilities have shape \({n + 1}, 2\), the training split "
+                                        rf"needs \({n}, 2\)"):
+        data.attach_soft_targets(torch.full((n + 1, 2), 0.5))
 
 
 def test_unknown_teacher_is_refused(tmp_path):
@@ -186,7 +212,7 @@ def test_smoke_run_with_a_teacher_trains(tmp_path):
 
 @pytest.mark.slow
 def test_the_generic_default_distills_on_a_users_own_file(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="data.teacher")
+    caplog.set_level(logging.INFO, logger="training.ngram_teacher")
     path = write(tmp_path / "reviews.csv", rows(6), text="review", label="stars")
     train.main(["fit", "--config", str(ROOT / "configs" / "default.yaml"), "--data.train_file", str(path),
                 "--data.text_column", "review", "--data.label_column", "stars", "--data.cache_dir",

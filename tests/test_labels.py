@@ -239,7 +239,7 @@ def test_multi_label_trains_and_its_thresholds_are_stored_and_reloaded(tmp_path)
 
 
 def test_the_balanced_sampler_fills_the_batches_with_each_class_about_equally():
-    from data.datamodule import BucketBatchSampler, balanced_draws
+    from data.batches import BucketBatchSampler, balanced_draws
 
     classes = torch.tensor([0] * 900 + [1] * 100)
     lengths = [1 + i % 7 for i in range(len(classes))]
@@ -274,8 +274,11 @@ def balanced_or_not(tmp_path, negatives, **settings):
 @pytest.mark.parametrize("negatives, shifted", [(30, True), (29, False), (10, False)])
 def test_the_teacher_is_balanced_and_shifted_only_when_the_commonest_class_is_3_times_the_rarest(
         tmp_path, caplog, negatives, shifted):
-    caplog.set_level(logging.INFO, logger="data.teacher")
+    caplog.set_level(logging.INFO, logger="training.ngram_teacher")
+    from training.teacher import attach_teacher
+
     data = balanced_or_not(tmp_path, negatives, teacher="ngram")
+    attach_teacher(data)
     assert data.split("train").teacher_probs.shape == (negatives + 10, 2)
     assert ("class-balanced offsets" in caplog.text) is shifted
     assert data.balanced_sampler is False  # off unless asked for
@@ -298,7 +301,7 @@ def test_the_balanced_sampler_and_class_weights_never_both_balance_the_classes(t
 
 
 def test_the_balanced_teachers_out_of_fold_probabilities_are_shifted_to_even_recalls():
-    from data.teacher import balanced_out_of_fold
+    from training.ngram_teacher import balanced_out_of_fold
 
     torch.manual_seed(0)
     classes = torch.tensor([0] * 900 + [1] * 100)

@@ -1,6 +1,6 @@
 """The generic default on long texts: attention "auto" is full attention up to 256 tokens and local attention
 beyond, and with data.max_length unset the data read whole long texts (up to 2,048 tokens) when more than 20% of
-the training texts are longer than 256 tokens (model/config.py NetworkConfig.resolved, data/datamodule.py)."""
+the training texts are longer than 256 tokens (model/config.py NetworkConfig.resolved, data/sizes.py)."""
 
 import random
 
@@ -10,7 +10,7 @@ from conftest import QUIET, write_csv
 
 import train
 from data import TextDataModule
-from data.datamodule import LONG_TEXT_SHARE, MAX_LENGTH_CAP
+from data.sizes import LONG_TEXT_SHARE, MAX_LENGTH_CAP
 from model.classifier import AttentionClassifier
 from model.config import FULL_ATTENTION_MAX_LENGTH, LONG_MAX_LENGTH, ConfigError, NetworkConfig, max_length_caps
 from model.long_attention import LocalSelfAttention

@@ -188,7 +188,7 @@ def test_a_carved_validation_split_is_left_out_of_pretraining(tmp_path):
     files = labelled_files(tmp_path)
     data = PretrainDataModule(train_file=str(files["train"]), val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
     fit_data = train.TextDataModule(train_file=str(files["train"]), val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
-    splits = fit_data._read_splits()
+    splits = fit_data.read_splits()
     texts, _ = data.pretraining_texts()
     assert sorted(texts) == sorted(splits.texts["train"]) and not set(texts) & set(splits.texts["validation"])
 
@@ -488,11 +488,11 @@ def test_help_of_pretrain_is_pretrains_and_the_main_help_lists_it(capsys):
 
 def test_the_encoding_log_of_pretraining_names_no_labels_and_a_classifiers_does(tmp_path, caplog):
     files = labelled_files(tmp_path)
-    with caplog.at_level("INFO", logger="data.datamodule"):
+    with caplog.at_level("INFO", logger="data"):
         PretrainDataModule(train_file=str(files["train"]), tokenizer="word", cache_dir=str(tmp_path / "p")).state
     (pretraining,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("encoded")]
     caplog.clear()
-    with caplog.at_level("INFO", logger="data.datamodule"):
+    with caplog.at_level("INFO", logger="data"):
         train.TextDataModule(train_file=str(files["train"]), tokenizer="word", cache_dir=str(tmp_path / "c")).state
     (classifier,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("encoded")]
     assert "labels" not in pretraining and "labels [" in classifier

@@ -33,7 +33,7 @@ def test_a_given_test_file_is_scored_and_testing_the_run_reuses_its_data_teacher
     def no_refit(*args, **kwargs):
         raise AssertionError("the teacher was fitted again")
 
-    monkeypatch.setattr("data.datamodule.out_of_fold_probabilities", no_refit)
+    monkeypatch.setattr("training.teacher.out_of_fold_probabilities", no_refit)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tested = train.main(["test", "--config", str(run / "config.yaml"), "--ckpt_path", best])

@@ -13,13 +13,15 @@ import torch
 from conftest import ROOT, rows, write
 
 import data.columns
-import data.datamodule
-import data.teacher
+import data.encoded
+import data.sizes
+import training.ngram_teacher
 from data.columns import TextColumn
-from data.datamodule import EncodedSplit, TextDataModule
+from data.datamodule import TextDataModule
+from data.encoded import EncodedSplit
 from data.sources import DataError, load_splits, read_table
 from data.tokenizer import train_tokenizer
-from data.teacher import out_of_fold_probabilities
+from training.ngram_teacher import out_of_fold_probabilities
 
 TEXTS = [f"{'good' if i % 2 else 'bad'} film number {i} " + "and more " * (i % 7) for i in range(60)]
 LABELS = [i % 2 for i in range(60)]
@@ -45,7 +47,8 @@ def test_an_own_file_is_read_and_encoded_a_chunk_at_a_time(tmp_path, monkeypatch
     as_texts = data.columns.as_texts
     monkeypatch.setattr(data.columns, "as_texts", lambda values: read_sizes.append(len(values)) or as_texts(values))
     monkeypatch.setattr(data.columns, "CHUNK", 5)
-    monkeypatch.setattr(data.datamodule, "ENCODE_CHUNK", 5)
+    monkeypatch.setattr(data.encoded, "ENCODE_CHUNK", 5)
+    monkeypatch.setattr(data.sizes, "MEASURE_CHUNK", 5)
     built = TextDataModule(train_file=str(path), cache_dir=str(tmp_path / "cache"))  # sizes chosen: two more passes
     assert len(built.split("train")) + len(built.split("validation")) == 72
     assert read_sizes and max(read_sizes) <= 5  # every read of the texts (six passes) was one chunk of them
@@ -88,7 +91,7 @@ def test_a_bad_json_line_is_named_by_its_line_in_the_file(tmp_path):
 def test_encoding_in_chunks_gives_the_ids_of_one_piece(monkeypatch):
     tokenizer = train_tokenizer(TEXTS, vocab_size=200, max_length=8, kind="word")
     whole = EncodedSplit.encode(tokenizer, TEXTS, LABELS, max_length=8)
-    monkeypatch.setattr(data.datamodule, "ENCODE_CHUNK", 7)  # 60 texts: 8 full chunks and a short one
+    monkeypatch.setattr(data.encoded, "ENCODE_CHUNK", 7)  # 60 texts: 8 full chunks and a short one
     chunked = EncodedSplit.encode(tokenizer, TEXTS, LABELS, max_length=8)
     assert torch.equal(chunked.ids, whole.ids) and torch.equal(chunked.offsets, whole.offsets)
     assert chunked.lengths == whole.lengths and max(whole.lengths) == 8
@@ -97,14 +100,14 @@ def test_encoding_in_chunks_gives_the_ids_of_one_piece(monkeypatch):
 @pytest.mark.slow  # nine teacher fits
 def test_the_teacher_fits_on_a_bounded_sample_and_scores_every_text(monkeypatch):
     fitted_sizes = []
-    fit = data.teacher.fit_ngram_teacher
+    fit = training.ngram_teacher.fit_ngram_teacher
 
     def recording(texts, *rest):
         fitted_sizes.append(len(texts))
         return fit(texts, *rest)
 
-    monkeypatch.setattr(data.teacher, "fit_ngram_teacher", recording)
-    monkeypatch.setattr(data.teacher, "CHUNK", 4)
+    monkeypatch.setattr(training.ngram_teacher, "fit_ngram_teacher", recording)
+    monkeypatch.setattr(training.ngram_teacher, "CHUNK", 4)
     probabilities = out_of_fold_probabilities(TEXTS, LABELS, 2, folds=3, sample=30)
     assert probabilities.shape == (60, 2)
     assert torch.allclose(probabilities.sum(1), torch.ones(60))  # every text scored, the 30 outside the sample too
@@ -119,14 +122,14 @@ def test_above_the_size_rule_the_teacher_hashes_its_n_grams_and_stays_out_of_fol
     # As in test_distillation: each text one word of its own, its label a coin flip, so only a teacher that had seen
     # a text could agree with its label much more often than half the time.
     hashed_fits = []
-    fit = data.teacher.fit_ngram_teacher
+    fit = training.ngram_teacher.fit_ngram_teacher
 
     def recording(texts, labels, C, class_weight, hashed):
         hashed_fits.append(hashed)
         return fit(texts, labels, C, class_weight, hashed)
 
-    monkeypatch.setattr(data.teacher, "fit_ngram_teacher", recording)
-    monkeypatch.setattr(data.teacher, "HASH_FEATURES", 2**14)  # fewer columns: a quicker fit, same path
+    monkeypatch.setattr(training.ngram_teacher, "fit_ngram_teacher", recording)
+    monkeypatch.setattr(training.ngram_teacher, "HASH_FEATURES", 2**14)  # fewer columns: a quicker fit, same path
     rng = random.Random(1)
     texts = [f"word{i} word{i}x" for i in range(300)]
     labels = [rng.randrange(2) for _ in texts]
@@ -161,7 +164,7 @@ def exact_label_probabilities(texts, sets, num_classes, folds, seed=0, C=4.0):
     texts = np.asarray(texts, dtype=object)
     for fitted, scored in KFold(folds, shuffle=True, random_state=seed).split(texts):
         present = np.flatnonzero((y[fitted].sum(0) > 0) & (y[fitted].sum(0) < len(fitted)))
-        vectorizer = data.teacher.ngram_features(list(texts[fitted]))
+        vectorizer = training.ngram_teacher.ngram_features(list(texts[fitted]))
         x = vectorizer.fit_transform(texts[fitted])
         x.sum_duplicates()
         teacher = OneVsRestClassifier(LogisticRegression(C=C, solver="liblinear"), n_jobs=1)
@@ -171,7 +174,7 @@ def exact_label_probabilities(texts, sets, num_classes, folds, seed=0, C=4.0):
 
 
 def test_below_the_size_rule_the_several_labels_teacher_is_unchanged(monkeypatch):
-    monkeypatch.setattr(data.teacher, "CHUNK", 7)  # each fold scored 7 texts at a time
+    monkeypatch.setattr(training.ngram_teacher, "CHUNK", 7)  # each fold scored 7 texts at a time
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # the label fits in this process
     sets = label_sets(60, seed=2)
     assert torch.equal(out_of_fold_probabilities(TEXTS, sets, 3, folds=3),
@@ -182,15 +185,15 @@ def test_the_several_labels_teacher_fits_a_bounded_sample_of_hashed_n_grams_out_
     # Each text one word of its own, each label a coin flip: only a teacher that had seen a text could agree with its
     # labels much more often than half the time.
     fits = []
-    fit_ngrams = data.teacher.fit_ngrams
+    fit_ngrams = training.ngram_teacher.fit_ngrams
 
     def recording(texts, hashed):
         fits.append((len(texts), hashed))
         return fit_ngrams(texts, hashed)
 
-    monkeypatch.setattr(data.teacher, "fit_ngrams", recording)
-    monkeypatch.setattr(data.teacher, "HASH_FEATURES", 2**14)  # fewer columns: a quicker fit, same path
-    monkeypatch.setattr(data.teacher, "CHUNK", 40)
+    monkeypatch.setattr(training.ngram_teacher, "fit_ngrams", recording)
+    monkeypatch.setattr(training.ngram_teacher, "HASH_FEATURES", 2**14)  # fewer columns: a quicker fit, same path
+    monkeypatch.setattr(training.ngram_teacher, "CHUNK", 40)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     texts = [f"word{i} word{i}x" for i in range(300)]
     sets = label_sets(300, seed=1)
@@ -208,7 +211,7 @@ def test_hashed_n_grams_are_the_exact_tf_idf_when_nothing_collides():
     from sklearn.feature_extraction.text import TfidfVectorizer
 
     texts, unseen = ["a good film", "a bad film and a bad end", "good good"], ["a good end", "new words only"]
-    exact, hashed = data.teacher.ngram_features(texts), data.teacher.HashedNgrams(texts)
+    exact, hashed = training.ngram_teacher.ngram_features(texts), training.ngram_teacher.HashedNgrams(texts)
     assert isinstance(exact, TfidfVectorizer)
     for x, y in ((exact.fit_transform(texts), hashed.fit_transform(texts)), (exact.transform(unseen),
                                                                              hashed.transform(unseen))):

@@ -163,9 +163,9 @@ def test_ema_is_updated_once_per_optimizer_step_not_per_micro_batch(tmp_path, mo
 def test_each_epoch_draws_a_new_batch_order(tmp_path, monkeypatch):
     """Lightning reads len(loader) batches and stops: the sampler must not count epochs after its last batch (it did,
     and every epoch repeated the first one's order). Three epochs' first 6 batches: three different orders."""
-    import data.datamodule
+    import data.batches
 
-    epochs, collated = [], data.datamodule.collate
+    epochs, collated = [], data.batches.collate
 
     def recording(items):
         batch = collated(items)
@@ -173,9 +173,9 @@ def test_each_epoch_draws_a_new_batch_order(tmp_path, monkeypatch):
             epochs[-1].append(tuple(batch["input_ids"].sum(dim=1).tolist()))
         return batch
 
-    monkeypatch.setattr(data.datamodule, "collate", recording)
-    monkeypatch.setattr(data.datamodule.BucketBatchSampler, "batches",
-                        lambda self, real=data.datamodule.BucketBatchSampler.batches: epochs.append([]) or real(self))
+    monkeypatch.setattr(data.batches, "collate", recording)
+    monkeypatch.setattr(data.batches.BucketBatchSampler, "batches",
+                        lambda self, real=data.batches.BucketBatchSampler.batches: epochs.append([]) or real(self))
     fit(tmp_path, "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "0",
         "--trainer.num_sanity_val_steps", "0")
     assert len(epochs) == 3 and all(len(e) == 6 for e in epochs)

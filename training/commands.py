@@ -22,6 +22,7 @@ from training.checkpoints import SPECIAL_NAMES, check_fits, check_pretraining_fi
 from training.encoder import check_pretrained
 from training.length import training_epochs
 from training.runs import test_after_fit, version_of
+from training.teacher import attach_teacher
 
 log = logging.getLogger("train")
 
@@ -138,6 +139,10 @@ class CLI(LightningCLI):
             step = self.read(resumed).get("global_step")
             if step is not None:  # a weights-only checkpoint has none (and is refused for fit in before_fit)
                 logger_args["purge_step"] = step
+
+    def after_instantiate_classes(self):
+        if self.subcommand in ("fit", None):  # a fit's first step: the teacher's answers for its training batches
+            attach_teacher(self.datamodule)
 
     def instantiate_trainer(self, **kwargs):
         # The data are read by now (the links above built them). What was chosen from them goes into the config

@@ -22,7 +22,7 @@ import ctypes
 
 from lightning.pytorch.callbacks import Callback
 
-from data.datamodule import return_freed_memory
+from data.cache import return_freed_memory
 from model.errors import check_whole_number
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)

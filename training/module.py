@@ -55,7 +55,7 @@ class ClassifierModule(L.LightningModule):
             ema_decay: above 0, `model` (validated, monitored, saved) is an exponential moving average of the
                 network trained (`online_model`), smoothing out its last steps (training/average.py). 0 = none.
             distillation: weight α of the teacher in the training loss, (1 - α)·CE(labels) + α·CE(teacher's
-                probabilities); needs data.teacher (data/teacher.py). 0 = labels only.
+                probabilities); needs data.teacher (training/ngram_teacher.py). 0 = labels only.
             init_from: a pretraining checkpoint (`train.py pretrain`): a fresh fit starts from its embedding and
                 attention blocks (training/encoder.py), the data use its tokenizer; a --ckpt_path's weights win.
             word_vectors: epochs of skip-gram word vectors (training/word_vectors.py) trained on the training texts

@@ -9,7 +9,7 @@ tokens score high and random words low,
 Words that appear in the same company get similar vectors before a single label is read, so a word the labels
 see a few times starts next to the words it behaves like. Only u is kept: it becomes token_embedding.weight.
 
-Written for the flat id stream the data module already holds (data/datamodule.py EncodedSplit: ids, offsets):
+Written for the flat id stream the data module already holds (data/encoded.py EncodedSplit: ids, offsets):
 frequent words are thinned out each epoch (word2vec's subsampling), windows never cross from one text to the
 next, and the stream is cut into chunks of `chunk` tokens, one Adam step each.
 """

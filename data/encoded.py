@@ -1,0 +1,92 @@
+"""The splits as token ids: each split's ids stored flat (EncodedSplit), made ENCODE_CHUNK texts at a time.
+
+    encoded = encode_splits(tokenizer, splits, max_length)   # {"train": EncodedSplit, "validation": ..., ...}
+    ids = encoded["train"][i][0]                             # text i's token ids
+
+The dict of tensors an EncodedSplit holds (state()) is what the data cache stores (data/cache.py); read back
+memory-mapped, a split's ids are read from the file as batches need them.
+"""
+
+import logging
+import mmap
+import os
+import tempfile
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from data.labels import class_counts, describe_counts, multi_hot
+from data.progress import progress_bar
+from data.sources import Splits
+from data.tokenizer import UNK_ID, cut
+
+log = logging.getLogger(__name__)
+ENCODE_CHUNK = 10_000  # texts tokenized at a time
+
+
+class EncodedSplit(Dataset):
+    """Token ids of one split, stored flat: text i is ids[offsets[i]:offsets[i + 1]]. teacher_probs: soft targets a
+    training step attached (training/teacher.py), carried in each item."""
+
+    def __init__(self, ids: torch.Tensor, offsets: torch.Tensor, labels: torch.Tensor,
+                 teacher_probs: torch.Tensor | None = None):
+        self.ids, self.offsets, self.labels, self.teacher_probs = ids, offsets, labels, teacher_probs
+        self.lengths = (offsets[1:] - offsets[:-1]).tolist()
+
+    @classmethod
+    def encode(cls, tokenizer, texts, labels, max_length: int, name: str = "texts") -> "EncodedSplit":
+        """Token ids of each text, truncated to max_length tokens; texts are first cut to
+        max_length * CHARS_PER_TOKEN_BOUND characters (data.tokenizer.cut), so the tokenizer never sees a huge line
+        whole. ENCODE_CHUNK texts at a time: the tokenizer's encodings (tokens, offsets, masks) of a whole split
+        would take many times the memory of its ids. The ids go to a scratch file as they come and are read from it
+        memory-mapped: a million long texts have a GB of them, never held in memory."""
+        lengths = [0]
+        progress = progress_bar(len(texts), f"encoding {name}")
+        with tempfile.TemporaryFile(prefix="encoded-") as scratch, progress:
+            for at in range(0, len(texts), ENCODE_CHUNK):
+                chunk = cut(texts[at : at + ENCODE_CHUNK], max_length)
+                encoded = [e.ids or [UNK_ID] for e in tokenizer.encode_batch(chunk)]  # only unknown symbols → [UNK]
+                lengths += [len(ids) for ids in encoded]
+                scratch.write(np.array([i for ids in encoded for i in ids], dtype=np.int32))
+                progress.update(len(chunk))
+            ids = mapped_ids(scratch)
+        return cls(ids, torch.tensor(lengths).cumsum(0), torch.as_tensor(labels))
+
+    def state(self) -> dict:
+        """The split's tensors, for the cache: without teacher_probs, which the teacher's own entry keeps."""
+        return {"ids": self.ids, "offsets": self.offsets, "labels": self.labels}
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        ids = self.ids[self.offsets[i] : self.offsets[i + 1]]
+        return (ids, self.labels[i]) if self.teacher_probs is None else (ids, self.labels[i], self.teacher_probs[i])
+
+
+def encode_splits(tokenizer, splits: Splits, max_length: int) -> dict[str, EncodedSplit]:
+    """Every split encoded (labels as class ids, or multi-hot rows for several labels a text), logged in one line."""
+    n = len(splits.label_names)
+    encoded = {
+        name: EncodedSplit.encode(tokenizer, texts, multi_hot(splits.labels[name], n) if splits.multi_label
+                                  else splits.labels[name], max_length, name)
+        for name, texts in splits.texts.items()
+    }
+    counts = describe_counts(class_counts(encoded["train"].labels, n), splits.label_names) if n else "no labels"
+    log.info(
+        "encoded %s; vocabulary %d%s", ", ".join(f"{name} {len(s)}" for name, s in encoded.items()),
+        tokenizer.get_vocab_size(), f"; labels {splits.label_names} ({'several' if splits.multi_label else 'one'} a "
+        f"text; {counts})" if splits.label_names else "",  # pretraining has none
+    )
+    return encoded
+
+
+def mapped_ids(file) -> torch.Tensor:
+    """The int32 ids written to `file`, memory-mapped (copy-on-write: the tensor may be changed, the file never is);
+    the mapping keeps the file's content after the file is closed."""
+    file.flush()
+    size = file.seek(0, os.SEEK_END)
+    if size == 0:  # mmap cannot map an empty file
+        return torch.zeros(0, dtype=torch.int32)
+    return torch.frombuffer(mmap.mmap(file.fileno(), size, access=mmap.ACCESS_COPY), dtype=torch.int32)
