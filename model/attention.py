@@ -147,9 +147,9 @@ class MultiHeadSelfAttention(nn.Module):
     ) -> tuple[torch.Tensor, AttentionWeights | None]:
         """x (B, L, D); key_padding_mask (B, L) bool, True marks padding. Returns (out (B, L, D), weights or None)."""
         B, L, _ = x.shape
-        q = self.split_heads(self.w_q(x))  # (B, H, L, d)
-        k = self.split_heads(self.w_k(x))  # (B, H, L, d)
-        v = self.split_heads(self.w_v(x))  # (B, H, L, d)
+        # Laid out (3, B, H, L, d), so that q, k and v come out contiguous: the matrix products in attend() then
+        # read them as they are instead of copying each.
+        q, k, v = self.project(x).permute(2, 0, 3, 1, 4).contiguous()  # each (B, H, L, d)
         out, weights = self.attend(q, k, v, self.mask(key_padding_mask, L, x.device), need_weights)
         return self.w_o(self.merge_heads(self.gated(out))), weights  # (B, L, D)
 
@@ -158,17 +158,17 @@ class MultiHeadSelfAttention(nn.Module):
     ) -> tuple[torch.Tensor, AttentionWeights | None]:
         """forward() for callers that keep padding out of per-token work: x (N, D) holds the N real tokens of a
         (B, L) batch in row-major order, key_padding_mask (B, L) marks padding. Returns (out (N, D), weights or None).
+        x (B, L, D) is the whole grid, every place a token (a batch with nothing padded): that is forward() itself.
 
         The projections see only real tokens; the same `attend` sees the (B, L) grid, zeros at padded places.
         Equal to forward() at the real tokens, outputs and gradients (tests/test_attention.py).
         """
+        if x.dim() == 3:  # nothing left out, so nothing to put back on the grid
+            return self.forward(x, key_padding_mask, need_weights)
         B, L = key_padding_mask.shape
         real = ~key_padding_mask.bool()  # (B, L)
-        # One matrix product for W_Q, W_K and W_V together, and one scatter of all three onto the grid: on a CPU,
-        # writing the padded grid costs more than the projections do.
-        w_qkv = torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight])  # (3·H·d, D)
-        b_qkv = None if self.w_q.bias is None else torch.cat([self.w_q.bias, self.w_k.bias, self.w_v.bias])
-        qkv = F.linear(x, w_qkv, b_qkv).view(-1, 3, self.n_heads, self.d_head)  # (N, 3, H, d)
+        # One scatter of all three onto the grid: on a CPU, writing the padded grid costs more than the projections.
+        qkv = self.project(x)  # (N, 3, H, d)
         # The grid is laid out (3, B, H, L, d) and written through a (B, L, 3, H, d) view, so that q, k and v come
         # out contiguous: the matrix products in attend() then read them as they are instead of copying them.
         # Real places as (row, position) index pairs, not a boolean mask: an exported graph (export.py) then copies
@@ -179,6 +179,13 @@ class MultiHeadSelfAttention(nn.Module):
         q, k, v = grid  # each (B, H, L, d), zeros at padded places
         out, weights = self.attend(q, k, v, self.mask(key_padding_mask, L, x.device), need_weights)
         return self.w_o(self.gated(out).transpose(1, 2)[rows, positions].flatten(1)), weights  # (N, H·d) → (N, D)
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """Q = X W_Q, K = X W_K, V = X W_V for x (…, D) as one matrix product with the three weights stacked (one
+        pass over x, not three): (…, 3, H, d)."""
+        w_qkv = torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight])  # (3·H·d, D)
+        b_qkv = None if self.w_q.bias is None else torch.cat([self.w_q.bias, self.w_k.bias, self.w_v.bias])
+        return F.linear(x, w_qkv, b_qkv).unflatten(-1, (3, self.n_heads, self.d_head))
 
     def gated(self, out: torch.Tensor) -> torch.Tensor:
         """Each head's output (B, H, L, d) times its gate, when one is set."""

@@ -154,12 +154,15 @@ class AttentionEncoder(nn.Module):
 
         One path whether or not weights are asked for: padding is left out of every per-token step (embedding,
         projections, feed-forward, LayerNorm, dropout): only the N real tokens travel, and attention alone sees
-        the (B, L) grid. need_weights only makes each layer hand out what it computed.
+        the (B, L) grid. need_weights only makes each layer hand out what it computed. With no mask (nothing
+        padded, N = B·L) the tokens travel as the grid (B, L, D) itself, which attention then reads as it is
+        instead of scattering them onto a grid of zeros (forward_packed); the layers' masks are built as ever.
         """
         B, L = token_ids.shape
         if L > self.max_length:
             raise ValueError(f"sequence length {L} exceeds max_length {self.max_length}")
-        if key_padding_mask is None:
+        grid = key_padding_mask is None
+        if grid:
             key_padding_mask = torch.zeros(B, L, dtype=torch.bool, device=token_ids.device)
         real = ~key_padding_mask.bool()  # (B, L)
         rows, positions = real.nonzero(as_tuple=True)  # (N,) each: the real places, row-major (see forward_packed)
@@ -167,11 +170,13 @@ class AttentionEncoder(nn.Module):
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
         x = self.embedding_dropout(x)
+        if grid:
+            x = x.view(B, L, -1)  # (B, L, D): row-major, so the same vectors
         attention = []
         for block in self.blocks:
             x, weights = block(x, key_padding_mask, need_weights)
             attention.append(weights)
-        return x, real, attention
+        return x.reshape(-1, x.shape[-1]), real, attention  # (N, D)
 
     def reference_embeddings(self, token_ids: torch.Tensor, key_padding_mask: torch.Tensor,
                              positions: bool = True) -> torch.Tensor:
@@ -196,10 +201,12 @@ class AttentionClassifier(AttentionEncoder):
         self, token_ids: torch.Tensor, key_padding_mask: torch.Tensor | None = None, need_weights: bool = False
     ) -> ClassifierOutput:
         """token_ids (B, L) int; key_padding_mask (B, L) bool, True marks padding (None: no padding)."""
-        if key_padding_mask is None:
-            key_padding_mask = torch.zeros(token_ids.shape, dtype=torch.bool, device=token_ids.device)
         x, real, attention = self.encode(token_ids, key_padding_mask, need_weights)
-        x = unpack(x, real)  # (B, L, D), zeros at padding, which pooling ignores
+        if key_padding_mask is None:  # nothing padded: the N = B·L vectors are the grid already
+            key_padding_mask = ~real
+            x = x.view(*real.shape, -1)  # (B, L, D)
+        else:
+            x = unpack(x, real)  # (B, L, D), zeros at padding, which pooling ignores
         sentence = self.head_dropout(self.pool(x, key_padding_mask))  # (B, D)
         return ClassifierOutput(self.head(sentence), tuple(attention) if need_weights else None)
 
