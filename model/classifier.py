@@ -165,13 +165,15 @@ class AttentionEncoder(nn.Module):
         if grid:
             key_padding_mask = torch.zeros(B, L, dtype=torch.bool, device=token_ids.device)
         real = ~key_padding_mask.bool()  # (B, L)
-        rows, positions = real.nonzero(as_tuple=True)  # (N,) each: the real places, row-major (see forward_packed)
-        x = self.token_embedding(token_ids[rows, positions]) + self.position_embedding(positions)  # (N, D)
+        if grid:  # every place a token: the L position vectors broadcast over the batch, no N-row gather
+            positions = torch.arange(L, device=token_ids.device)
+            x = self.token_embedding(token_ids) + self.position_embedding(positions)  # (B, L, D)
+        else:
+            rows, positions = real.nonzero(as_tuple=True)  # (N,) each: the real places, row-major (forward_packed)
+            x = self.token_embedding(token_ids[rows, positions]) + self.position_embedding(positions)  # (N, D)
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
         x = self.embedding_dropout(x)
-        if grid:
-            x = x.view(B, L, -1)  # (B, L, D): row-major, so the same vectors
         attention = []
         for block in self.blocks:
             x, weights = block(x, key_padding_mask, need_weights)

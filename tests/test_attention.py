@@ -226,3 +226,47 @@ def test_packed_path_equals_reference_path_at_real_tokens(causal, left_padding, 
     grads_packed = torch.autograd.grad((packed * target).sum(), [x])
     for got, expected in zip(grads_packed, grads_reference):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("lengths", [[7, 5, 2], [7, 0, 3], None])
+def test_evaluation_without_gradient_gives_the_training_paths_numbers(causal, lengths):
+    """Under no_grad / inference_mode, attention() lets the softmax overwrite the scores nobody reads afterwards:
+    the same numbers, bit for bit, as with a gradient taken; asked for, the scores are still handed out whole."""
+    layer = make_layer(bias=True, causal=causal)
+    x = torch.randn(B, L, D, requires_grad=True)
+    mask = None if lengths is None else padding_mask(lengths, L)
+    trained, _ = layer(x, key_padding_mask=mask)
+    with torch.no_grad():
+        evaluated, _ = layer(x, key_padding_mask=mask)
+        _, attention = layer(x, key_padding_mask=mask, need_weights=True)
+    with torch.inference_mode():
+        inferred, _ = layer(x.detach(), key_padding_mask=mask)
+    assert torch.equal(evaluated, trained) and torch.equal(inferred, trained)
+    q, k, _ = qkv(layer, x.detach())
+    allowed = torch.ones(B, H, L, L, dtype=torch.bool) if attention.blocked is None else ~attention.blocked.expand(
+        B, H, L, L)
+    torch.testing.assert_close(attention.scores[allowed], (q @ k.transpose(-2, -1) * layer.scale)[allowed])
+    assert not torch.equal(attention.scores, attention.weights)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("lengths", [[7, 7, 7], [7, 5, 2]])
+def test_packed_path_reads_a_whole_grid_as_forward_does(causal, lengths):
+    """forward_packed on x (B, L, D), the grid a batch with nothing padded keeps: forward() itself, and with
+    nothing padded the same as the packed (N, D) path, outputs, weights and gradients."""
+    layer = make_layer(bias=True, causal=causal)
+    x = torch.randn(B, L, D, requires_grad=True)
+    mask = padding_mask(lengths, L)
+    grid, grid_attention = layer.forward_packed(x, mask, need_weights=True)
+    reference, reference_attention = layer(x, mask, need_weights=True)
+    assert torch.equal(grid, reference) and torch.equal(grid_attention.weights, reference_attention.weights)
+    if mask.any():
+        return
+    packed, packed_attention = layer.forward_packed(x.flatten(0, 1), mask, need_weights=True)
+    torch.testing.assert_close(grid.flatten(0, 1), packed, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(grid_attention.weights, packed_attention.weights, atol=1e-6, rtol=1e-5)
+    target = torch.randn_like(grid)
+    (grad_grid,) = torch.autograd.grad((grid * target).sum(), x)
+    (grad_packed,) = torch.autograd.grad((packed * target.flatten(0, 1)).sum(), x)
+    torch.testing.assert_close(grad_grid, grad_packed, atol=1e-5, rtol=1e-4)
