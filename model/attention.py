@@ -158,27 +158,33 @@ class MultiHeadSelfAttention(nn.Module):
     ) -> tuple[torch.Tensor, AttentionWeights | None]:
         """forward() for callers that keep padding out of per-token work: x (N, D) holds the N real tokens of a
         (B, L) batch in row-major order, key_padding_mask (B, L) marks padding. Returns (out (N, D), weights or None).
-        x (B, L, D) is the whole grid, every place a token (a batch with nothing padded): that is forward() itself.
 
         The projections see only real tokens; the same `attend` sees the (B, L) grid, zeros at padded places.
         Equal to forward() at the real tokens, outputs and gradients (tests/test_attention.py).
         """
-        if x.dim() == 3:  # nothing left out, so nothing to put back on the grid
-            return self.forward(x, key_padding_mask, need_weights)
         B, L = key_padding_mask.shape
-        real = ~key_padding_mask.bool()  # (B, L)
-        # One scatter of all three onto the grid: on a CPU, writing the padded grid costs more than the projections.
         qkv = self.project(x)  # (N, 3, H, d)
-        # The grid is laid out (3, B, H, L, d) and written through a (B, L, 3, H, d) view, so that q, k and v come
-        # out contiguous: the matrix products in attend() then read them as they are instead of copying them.
-        # Real places as (row, position) index pairs, not a boolean mask: an exported graph (export.py) then copies
-        # whole rows (ONNX ScatterND/GatherND over N pairs) instead of expanding the mask to every element.
-        rows, positions = real.nonzero(as_tuple=True)  # (N,) each
-        grid = qkv.new_zeros(3, B, self.n_heads, L, self.d_head)  # qkv's dtype: bfloat16 under autocast
-        grid.permute(1, 3, 0, 2, 4)[rows, positions] = qkv
-        q, k, v = grid  # each (B, H, L, d), zeros at padded places
+        # Nothing padded (N = B·L, known from the shapes alone): the N rows are the grid itself, read in place as
+        # forward() reads them. A compiled or exported graph never takes this branch: there N is known only when
+        # the graph runs, and it must hold for padded batches too.
+        whole = not torch.compiler.is_compiling() and x.shape[0] == B * L
+        if whole:
+            q, k, v = qkv.view(B, L, *qkv.shape[1:]).permute(2, 0, 3, 1, 4).contiguous()  # each (B, H, L, d)
+        else:
+            # One scatter of all three onto the grid: on a CPU, writing the padded grid costs more than projecting.
+            # The grid is laid out (3, B, H, L, d) and written through a (B, L, 3, H, d) view, so that q, k and v
+            # come out contiguous: the matrix products in attend() then read them as they are instead of copying
+            # them. Real places as (row, position) index pairs, not a boolean mask: an exported graph (export.py)
+            # then copies whole rows (ONNX ScatterND/GatherND over N pairs) instead of expanding the mask to every
+            # element.
+            rows, positions = (~key_padding_mask.bool()).nonzero(as_tuple=True)  # (N,) each
+            grid = qkv.new_zeros(3, B, self.n_heads, L, self.d_head)  # qkv's dtype: bfloat16 under autocast
+            grid.permute(1, 3, 0, 2, 4)[rows, positions] = qkv
+            q, k, v = grid  # each (B, H, L, d), zeros at padded places
         out, weights = self.attend(q, k, v, self.mask(key_padding_mask, L, x.device), need_weights)
-        return self.w_o(self.gated(out).transpose(1, 2)[rows, positions].flatten(1)), weights  # (N, H·d) → (N, D)
+        heads = self.gated(out).transpose(1, 2)  # (B, L, H, d)
+        heads = heads.reshape(B * L, -1) if whole else heads[rows, positions].flatten(1)  # (N, H·d)
+        return self.w_o(heads), weights  # (N, D)
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """Q = X W_Q, K = X W_K, V = X W_V for x (…, D) as one matrix product with the three weights stacked (one

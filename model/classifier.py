@@ -154,21 +154,20 @@ class AttentionEncoder(nn.Module):
 
         One path whether or not weights are asked for: padding is left out of every per-token step (embedding,
         projections, feed-forward, LayerNorm, dropout): only the N real tokens travel, and attention alone sees
-        the (B, L) grid. need_weights only makes each layer hand out what it computed. With no mask (nothing
-        padded, N = B·L) the tokens travel as the grid (B, L, D) itself, which attention then reads as it is
-        instead of scattering them onto a grid of zeros (forward_packed); the layers' masks are built as ever.
+        the (B, L) grid. need_weights only makes each layer hand out what it computed. With nothing padded
+        (N = B·L) the N rows are the grid itself, which attention reads in place (forward_packed).
         """
         B, L = token_ids.shape
         if L > self.max_length:
             raise ValueError(f"sequence length {L} exceeds max_length {self.max_length}")
-        grid = key_padding_mask is None
-        if grid:
+        if key_padding_mask is None:  # nothing padded: the L position vectors broadcast, no gather of N rows
             key_padding_mask = torch.zeros(B, L, dtype=torch.bool, device=token_ids.device)
-        real = ~key_padding_mask.bool()  # (B, L)
-        if grid:  # every place a token: the L position vectors broadcast over the batch, no N-row gather
-            positions = torch.arange(L, device=token_ids.device)
-            x = self.token_embedding(token_ids) + self.position_embedding(positions)  # (B, L, D)
+            real = ~key_padding_mask
+            # The token vectors come out (N, D) in row-major order on either path (explanations swap them there).
+            x = (self.token_embedding(token_ids.flatten()).view(B, L, -1)
+                 + self.position_embedding(torch.arange(L, device=token_ids.device))).flatten(0, 1)  # (N, D)
         else:
+            real = ~key_padding_mask.bool()  # (B, L)
             rows, positions = real.nonzero(as_tuple=True)  # (N,) each: the real places, row-major (forward_packed)
             x = self.token_embedding(token_ids[rows, positions]) + self.position_embedding(positions)  # (N, D)
         if self.embedding_norm is not None:
@@ -178,7 +177,7 @@ class AttentionEncoder(nn.Module):
         for block in self.blocks:
             x, weights = block(x, key_padding_mask, need_weights)
             attention.append(weights)
-        return x.reshape(-1, x.shape[-1]), real, attention  # (N, D)
+        return x, real, attention
 
     def reference_embeddings(self, token_ids: torch.Tensor, key_padding_mask: torch.Tensor,
                              positions: bool = True) -> torch.Tensor:
@@ -204,12 +203,9 @@ class AttentionClassifier(AttentionEncoder):
     ) -> ClassifierOutput:
         """token_ids (B, L) int; key_padding_mask (B, L) bool, True marks padding (None: no padding)."""
         x, real, attention = self.encode(token_ids, key_padding_mask, need_weights)
-        if key_padding_mask is None:  # nothing padded: the N = B·L vectors are the grid already
-            key_padding_mask = ~real
-            x = x.view(*real.shape, -1)  # (B, L, D)
-        else:
-            x = unpack(x, real)  # (B, L, D), zeros at padding, which pooling ignores
-        sentence = self.head_dropout(self.pool(x, key_padding_mask))  # (B, D)
+        # (B, L, D), zeros at padding, which pooling ignores; with nothing padded the N = B·L rows are the grid
+        x = x.view(*real.shape, -1) if key_padding_mask is None else unpack(x, real)
+        sentence = self.head_dropout(self.pool(x, ~real))  # (B, D)
         return ClassifierOutput(self.head(sentence), tuple(attention) if need_weights else None)
 
     def pool(self, x: torch.Tensor, key_padding_mask: torch.Tensor) -> torch.Tensor:

@@ -229,10 +229,7 @@ class OwnAttention(nn.Module):
     def forward_packed(self, x: torch.Tensor, key_padding_mask: torch.Tensor, need_weights: bool = False
                        ) -> tuple[torch.Tensor, AttentionWeights | None]:
         """x (N, D) the real tokens of a (B, L) batch in row-major order → (out (N, D), weights or None): put on the
-        (B, L) grid with zeros at padding, run as forward(), the real tokens taken back. x (B, L, D), the whole
-        grid (nothing padded), is run as forward() as it is."""
-        if x.dim() == 3:
-            return self.forward(x, key_padding_mask, need_weights)
+        (B, L) grid with zeros at padding, run as forward(), the real tokens taken back."""
         real = ~key_padding_mask.bool()  # (B, L)
         out, weights = self.forward(unpack(x, real), key_padding_mask, need_weights)
         return out[real.nonzero(as_tuple=True)], weights  # (N, D)

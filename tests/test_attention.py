@@ -251,22 +251,21 @@ def test_evaluation_without_gradient_gives_the_training_paths_numbers(causal, le
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("lengths", [[7, 7, 7], [7, 5, 2]])
-def test_packed_path_reads_a_whole_grid_as_forward_does(causal, lengths):
-    """forward_packed on x (B, L, D), the grid a batch with nothing padded keeps: forward() itself, and with
-    nothing padded the same as the packed (N, D) path, outputs, weights and gradients."""
+def test_packed_path_with_nothing_padded_reads_the_rows_as_the_grid(causal):
+    """N = B·L: forward_packed reads the rows in place instead of scattering them onto a grid of zeros; the same
+    as forward() and as the scatter path (the same texts with a padded place added), outputs, weights, gradients."""
     layer = make_layer(bias=True, causal=causal)
     x = torch.randn(B, L, D, requires_grad=True)
-    mask = padding_mask(lengths, L)
-    grid, grid_attention = layer.forward_packed(x, mask, need_weights=True)
-    reference, reference_attention = layer(x, mask, need_weights=True)
-    assert torch.equal(grid, reference) and torch.equal(grid_attention.weights, reference_attention.weights)
-    if mask.any():
-        return
-    packed, packed_attention = layer.forward_packed(x.flatten(0, 1), mask, need_weights=True)
-    torch.testing.assert_close(grid.flatten(0, 1), packed, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(grid_attention.weights, packed_attention.weights, atol=1e-6, rtol=1e-5)
-    target = torch.randn_like(grid)
-    (grad_grid,) = torch.autograd.grad((grid * target).sum(), x)
-    (grad_packed,) = torch.autograd.grad((packed * target.flatten(0, 1)).sum(), x)
-    torch.testing.assert_close(grad_grid, grad_packed, atol=1e-5, rtol=1e-4)
+    packed, packed_attention = layer.forward_packed(x.flatten(0, 1), torch.zeros(B, L, dtype=torch.bool), True)
+    reference, reference_attention = layer(x, None, need_weights=True)
+    torch.testing.assert_close(packed, reference.flatten(0, 1), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(packed_attention.weights, reference_attention.weights, atol=1e-6, rtol=1e-5)
+    mask = padding_mask([L] * B, L + 1)  # one padded place after every text
+    scattered, scattered_attention = layer.forward_packed(x.flatten(0, 1), mask, need_weights=True)
+    torch.testing.assert_close(packed, scattered, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(packed_attention.weights, scattered_attention.weights[..., :L, :L], atol=1e-6,
+                               rtol=1e-5)
+    target = torch.randn_like(packed)
+    (grad_packed,) = torch.autograd.grad((packed * target).sum(), x)
+    (grad_scattered,) = torch.autograd.grad((scattered * target).sum(), x)
+    torch.testing.assert_close(grad_packed, grad_scattered, atol=1e-5, rtol=1e-4)
