@@ -44,7 +44,8 @@ def attention(q, k, v, blocked=None, *, scale: float, dropout: nn.Module | None 
     query may not look at a key (None: none blocked). The leading dimensions (…) are (B, H) for full attention, or
     (B, H, blocks) when a long kind scores block by block. Returns (out (…, L, d), AttentionWeights or None).
     """
-    scores = (q @ k.transpose(-2, -1)) * scale  # (…, L, K)
+    # The scale multiplies the fresh product in place: no second (…, L, K) tensor, and autograd keeps neither.
+    scores = (q @ k.transpose(-2, -1)).mul_(scale)  # (…, L, K)
     if blocked is not None:
         # Blocked keys get half the most negative finite number added rather than -inf: exp() of the sum is
         # exactly 0 next to any allowed key, and a row with no allowed key at all stays finite (uniform; zeroed
@@ -53,14 +54,18 @@ def attention(q, k, v, blocked=None, *, scale: float, dropout: nn.Module | None 
         # does not keep.
         lowest = torch.finfo(scores.dtype).min / 2
         scores += torch.zeros(blocked.shape, dtype=scores.dtype, device=scores.device).masked_fill_(blocked, lowest)
-    weights = scores.softmax(dim=-1)  # (…, L, K), each row sums to 1
+    # When nobody reads the scores afterwards (not handed out, no gradient through them) the weights overwrite
+    # them: the same numbers, without a second (…, L, K) tensor (at 512 tokens a fresh one, 64 MB for a batch
+    # of 16, costs more in page faults than the softmax itself).
+    keep = need_weights or scores.requires_grad
+    weights = torch.softmax(scores, dim=-1, out=None if keep else scores)  # (…, L, K), each row sums to 1
     out = (weights if dropout is None else dropout(weights)) @ v  # (…, L, d)
     if blocked is not None:
         # A query with no key to look at (a text of padding only, a padded query whose window is all padding)
         # gives 0, not an average. Always applied, never behind an `if empty.any()`: no data-dependent branch, so
         # a traced export (ONNX) keeps it; it costs one pass over out, small next to the scores.
         empty = blocked.all(dim=-1, keepdim=True)  # (…, L, 1)
-        out = out.masked_fill(empty, 0.0)
+        out = out.masked_fill_(empty, 0.0)  # in place: the product is fresh and its backward does not read it
         if need_weights:
             weights = weights.masked_fill(empty, 0.0)
     return out, AttentionWeights(weights, scores, blocked) if need_weights else None
@@ -148,9 +153,9 @@ class MultiHeadSelfAttention(nn.Module):
     ) -> tuple[torch.Tensor, AttentionWeights | None]:
         """x (B, L, D); key_padding_mask (B, L) bool, True marks padding. Returns (out (B, L, D), weights or None)."""
         B, L, _ = x.shape
-        q = self.split_heads(self.w_q(x))  # (B, H, L, d)
-        k = self.split_heads(self.w_k(x))  # (B, H, L, d)
-        v = self.split_heads(self.w_v(x))  # (B, H, L, d)
+        # Laid out (3, B, H, L, d), so that q, k and v come out contiguous: the matrix products in attend() then
+        # read them as they are instead of copying each.
+        q, k, v = self.project(x).permute(2, 0, 3, 1, 4).contiguous()  # each (B, H, L, d)
         out, weights = self.attend(q, k, v, self.mask(key_padding_mask, L, x.device), need_weights)
         return self.w_o(self.merge_heads(self.gated(out))), weights  # (B, L, D)
 
@@ -164,22 +169,35 @@ class MultiHeadSelfAttention(nn.Module):
         Equal to forward() at the real tokens, outputs and gradients (tests/test_attention.py).
         """
         B, L = key_padding_mask.shape
-        real = ~key_padding_mask.bool()  # (B, L)
-        # One matrix product for W_Q, W_K and W_V together, and one scatter of all three onto the grid: on a CPU,
-        # writing the padded grid costs more than the projections do.
+        qkv = self.project(x)  # (N, 3, H, d)
+        # Nothing padded (N = B·L, known from the shapes alone): the N rows are the grid itself, read in place as
+        # forward() reads them. A compiled or exported graph never takes this branch: there N is known only when
+        # the graph runs, and it must hold for padded batches too.
+        whole = not torch.compiler.is_compiling() and x.shape[0] == B * L
+        if whole:
+            q, k, v = qkv.view(B, L, *qkv.shape[1:]).permute(2, 0, 3, 1, 4).contiguous()  # each (B, H, L, d)
+        else:
+            # One scatter of all three onto the grid: on a CPU, writing the padded grid costs more than projecting.
+            # The grid is laid out (3, B, H, L, d) and written through a (B, L, 3, H, d) view, so that q, k and v
+            # come out contiguous: the matrix products in attend() then read them as they are instead of copying
+            # them. Real places as (row, position) index pairs, not a boolean mask: an exported graph (export.py)
+            # then copies whole rows (ONNX ScatterND/GatherND over N pairs) instead of expanding the mask to every
+            # element.
+            rows, positions = (~key_padding_mask.bool()).nonzero(as_tuple=True)  # (N,) each
+            grid = qkv.new_zeros(3, B, self.n_heads, L, self.d_head)  # qkv's dtype: bfloat16 under autocast
+            grid.permute(1, 3, 0, 2, 4)[rows, positions] = qkv
+            q, k, v = grid  # each (B, H, L, d), zeros at padded places
+        out, weights = self.attend(q, k, v, self.mask(key_padding_mask, L, x.device), need_weights)
+        heads = self.gated(out).transpose(1, 2)  # (B, L, H, d)
+        heads = heads.reshape(B * L, -1) if whole else heads[rows, positions].flatten(1)  # (N, H·d)
+        return self.w_o(heads), weights  # (N, D)
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """Q = X W_Q, K = X W_K, V = X W_V for x (…, D) as one matrix product with the three weights stacked (one
+        pass over x, not three): (…, 3, H, d)."""
         w_qkv = torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight])  # (3·H·d, D)
         b_qkv = None if self.w_q.bias is None else torch.cat([self.w_q.bias, self.w_k.bias, self.w_v.bias])
-        qkv = F.linear(x, w_qkv, b_qkv).view(-1, 3, self.n_heads, self.d_head)  # (N, 3, H, d)
-        # The grid is laid out (3, B, H, L, d) and written through a (B, L, 3, H, d) view, so that q, k and v come
-        # out contiguous: the matrix products in attend() then read them as they are instead of copying them.
-        # Real places as (row, position) index pairs, not a boolean mask: an exported graph (export.py) then copies
-        # whole rows (ONNX ScatterND/GatherND over N pairs) instead of expanding the mask to every element.
-        rows, positions = real.nonzero(as_tuple=True)  # (N,) each
-        grid = qkv.new_zeros(3, B, self.n_heads, L, self.d_head)  # qkv's dtype: bfloat16 under autocast
-        grid.permute(1, 3, 0, 2, 4)[rows, positions] = qkv
-        q, k, v = grid  # each (B, H, L, d), zeros at padded places
-        out, weights = self.attend(q, k, v, self.mask(key_padding_mask, L, x.device), need_weights)
-        return self.w_o(self.gated(out).transpose(1, 2)[rows, positions].flatten(1)), weights  # (N, H·d) → (N, D)
+        return F.linear(x, w_qkv, b_qkv).unflatten(-1, (3, self.n_heads, self.d_head))
 
     def gated(self, out: torch.Tensor) -> torch.Tensor:
         """Each head's output (B, H, L, d) times its gate, when one is set."""

@@ -154,16 +154,22 @@ class AttentionEncoder(nn.Module):
 
         One path whether or not weights are asked for: padding is left out of every per-token step (embedding,
         projections, feed-forward, LayerNorm, dropout): only the N real tokens travel, and attention alone sees
-        the (B, L) grid. need_weights only makes each layer hand out what it computed.
+        the (B, L) grid. need_weights only makes each layer hand out what it computed. With nothing padded
+        (N = B·L) the N rows are the grid itself, which attention reads in place (forward_packed).
         """
         B, L = token_ids.shape
         if L > self.max_length:
             raise ValueError(f"sequence length {L} exceeds max_length {self.max_length}")
-        if key_padding_mask is None:
+        if key_padding_mask is None:  # nothing padded: the L position vectors broadcast, no gather of N rows
             key_padding_mask = torch.zeros(B, L, dtype=torch.bool, device=token_ids.device)
-        real = ~key_padding_mask.bool()  # (B, L)
-        rows, positions = real.nonzero(as_tuple=True)  # (N,) each: the real places, row-major (see forward_packed)
-        x = self.token_embedding(token_ids[rows, positions]) + self.position_embedding(positions)  # (N, D)
+            real = ~key_padding_mask
+            # The token vectors come out (N, D) in row-major order on either path (explanations swap them there).
+            x = (self.token_embedding(token_ids.flatten()).view(B, L, -1)
+                 + self.position_embedding(torch.arange(L, device=token_ids.device))).flatten(0, 1)  # (N, D)
+        else:
+            real = ~key_padding_mask.bool()  # (B, L)
+            rows, positions = real.nonzero(as_tuple=True)  # (N,) each: the real places, row-major (forward_packed)
+            x = self.token_embedding(token_ids[rows, positions]) + self.position_embedding(positions)  # (N, D)
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
         x = self.embedding_dropout(x)
@@ -196,11 +202,10 @@ class AttentionClassifier(AttentionEncoder):
         self, token_ids: torch.Tensor, key_padding_mask: torch.Tensor | None = None, need_weights: bool = False
     ) -> ClassifierOutput:
         """token_ids (B, L) int; key_padding_mask (B, L) bool, True marks padding (None: no padding)."""
-        if key_padding_mask is None:
-            key_padding_mask = torch.zeros(token_ids.shape, dtype=torch.bool, device=token_ids.device)
         x, real, attention = self.encode(token_ids, key_padding_mask, need_weights)
-        x = unpack(x, real)  # (B, L, D), zeros at padding, which pooling ignores
-        sentence = self.head_dropout(self.pool(x, key_padding_mask))  # (B, D)
+        # (B, L, D), zeros at padding, which pooling ignores; with nothing padded the N = B·L rows are the grid
+        x = x.view(*real.shape, -1) if key_padding_mask is None else unpack(x, real)
+        sentence = self.head_dropout(self.pool(x, ~real))  # (B, D)
         return ClassifierOutput(self.head(sentence), tuple(attention) if need_weights else None)
 
     def pool(self, x: torch.Tensor, key_padding_mask: torch.Tensor) -> torch.Tensor:

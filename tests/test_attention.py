@@ -226,3 +226,46 @@ def test_packed_path_equals_reference_path_at_real_tokens(causal, left_padding, 
     grads_packed = torch.autograd.grad((packed * target).sum(), [x])
     for got, expected in zip(grads_packed, grads_reference):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("lengths", [[7, 5, 2], [7, 0, 3], None])
+def test_evaluation_without_gradient_gives_the_training_paths_numbers(causal, lengths):
+    """Under no_grad / inference_mode, attention() lets the softmax overwrite the scores nobody reads afterwards:
+    the same numbers, bit for bit, as with a gradient taken; asked for, the scores are still handed out whole."""
+    layer = make_layer(bias=True, causal=causal)
+    x = torch.randn(B, L, D, requires_grad=True)
+    mask = None if lengths is None else padding_mask(lengths, L)
+    trained, _ = layer(x, key_padding_mask=mask)
+    with torch.no_grad():
+        evaluated, _ = layer(x, key_padding_mask=mask)
+        _, attention = layer(x, key_padding_mask=mask, need_weights=True)
+    with torch.inference_mode():
+        inferred, _ = layer(x.detach(), key_padding_mask=mask)
+    assert torch.equal(evaluated, trained) and torch.equal(inferred, trained)
+    q, k, _ = qkv(layer, x.detach())
+    allowed = torch.ones(B, H, L, L, dtype=torch.bool) if attention.blocked is None else ~attention.blocked.expand(
+        B, H, L, L)
+    torch.testing.assert_close(attention.scores[allowed], (q @ k.transpose(-2, -1) * layer.scale)[allowed])
+    assert not torch.equal(attention.scores, attention.weights)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_path_with_nothing_padded_reads_the_rows_as_the_grid(causal):
+    """N = B·L: forward_packed reads the rows in place instead of scattering them onto a grid of zeros; the same
+    as forward() and as the scatter path (the same texts with a padded place added), outputs, weights, gradients."""
+    layer = make_layer(bias=True, causal=causal)
+    x = torch.randn(B, L, D, requires_grad=True)
+    packed, packed_attention = layer.forward_packed(x.flatten(0, 1), torch.zeros(B, L, dtype=torch.bool), True)
+    reference, reference_attention = layer(x, None, need_weights=True)
+    torch.testing.assert_close(packed, reference.flatten(0, 1), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(packed_attention.weights, reference_attention.weights, atol=1e-6, rtol=1e-5)
+    mask = padding_mask([L] * B, L + 1)  # one padded place after every text
+    scattered, scattered_attention = layer.forward_packed(x.flatten(0, 1), mask, need_weights=True)
+    torch.testing.assert_close(packed, scattered, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(packed_attention.weights, scattered_attention.weights[..., :L, :L], atol=1e-6,
+                               rtol=1e-5)
+    target = torch.randn_like(packed)
+    (grad_packed,) = torch.autograd.grad((packed * target).sum(), x)
+    (grad_scattered,) = torch.autograd.grad((scattered * target).sum(), x)
+    torch.testing.assert_close(grad_packed, grad_scattered, atol=1e-5, rtol=1e-4)

@@ -186,3 +186,28 @@ def test_bf16_autocast_runs_every_kind_close_to_float32(registered_kind):
     logits.float().sum().backward()
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
     torch.testing.assert_close(logits.float(), exact, atol=0.05, rtol=0.05)  # bfloat16 keeps ~3 significant digits
+
+
+def test_no_mask_equals_an_all_false_mask_and_a_padded_batch(registered_kind):
+    """A batch given without a mask (its position vectors broadcast, its rows read in place as the grid) gets the
+    logits, handed-out weights and gradients of the same batch given an all-false mask, and of the same texts
+    padded by one place (the scatter path)."""
+    settings = dict(vocab_size=20, num_classes=3, d_model=16, n_heads=2, n_layers=2, d_ff=32, bias=True,
+                    dropout=0.0, embedding_dropout=0.0, attention=registered_kind, **SMALL)
+    torch.manual_seed(0)
+    model = classifier(**settings)
+    token_ids = torch.randint(1, 20, (3, 5))
+    grid = model(token_ids, need_weights=True)
+    packed = model(token_ids, torch.zeros(3, 5, dtype=torch.bool), need_weights=True)
+    torch.testing.assert_close(grid.logits, packed.logits, atol=1e-5, rtol=1e-5)
+    for ours, theirs in zip(grid.attention, packed.attention):
+        torch.testing.assert_close(ours.weights, theirs.weights, atol=1e-5, rtol=1e-5)
+    parameters = list(model.parameters())
+    for got, expected in zip(torch.autograd.grad(grid.logits.square().sum(), parameters),
+                             torch.autograd.grad(packed.logits.square().sum(), parameters)):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    padded = torch.cat([token_ids, torch.zeros(3, 1, dtype=torch.long)], dim=1)
+    scattered = model(padded, (torch.arange(6) >= 5).expand(3, 6), need_weights=True)
+    torch.testing.assert_close(grid.logits, scattered.logits, atol=1e-5, rtol=1e-5)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(token_ids).logits, grid.logits, atol=0, rtol=0)
