@@ -1,9 +1,9 @@
-"""The no-config default on imbalanced classes, measured: plain against balanced class weights, each run chosen on
+"""The no-config default on imbalanced classes, measured: unweighted against balanced class weights, each run chosen on
 validation and scored on a test split by accuracy and macro-F1, beside TF-IDF + logistic regression (plain and
-class_weight="balanced"). docs/RESULTS.md "Imbalanced classes" comes from it.
+class_weight="balanced"). docs/RESULTS.md "Imbalanced classes: the no-config default" comes from it.
 
     python -m bench.class_weights --out runs/class_weights                     # both sets, both settings, seeds 0 1
-    python -m bench.class_weights --sets ekman --settings plain --seeds 2      # one cell
+    python -m bench.class_weights --sets ekman --settings unweighted --seeds 2 # one cell
 
 Sets (files written under --out; labels are names, so the runs read them as a user's own files):
     sst2_imbalanced  the shipped imbalanced case (bench/labels.py): SST-2's training split less 95% of its positives,
@@ -15,16 +15,15 @@ Sets (files written under --out; labels are names, so the runs read them as a us
                      training); training subsampled to 5,400 texts (seed 0, about the size of the question set of
                      issue 49).
 Settings (each a plain `train.py fit --data.train_file ...`, only these flags added):
-    balanced  the default on imbalanced classes (model.class_weights auto → balanced; the n-gram teacher balanced
-              with its offsets; checkpoints chosen on macro-F1, val/f1)
-    plain     --model.class_weights null --early_stopping.monitor val/acc, and the n-gram teacher unweighted (no flag
-              sets it: the run's data/datamodule.py is told the classes are not imbalanced, its own cache folder):
-              nothing weighted, chosen on accuracy, as on balanced classes
+    balanced    model.class_weights balanced (what `auto` chose on these files before): the loss weighs each class
+                the same
+    unweighted  --model.class_weights null (what `auto` chooses now): the loss weighs each text the same
+Both keep the rest of the default on imbalanced classes: the n-gram teacher balanced with its offsets, checkpoints
+chosen on macro-F1 (val/f1).
 """
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
@@ -36,11 +35,7 @@ import pandas as pd
 from bench.common import ROOT, check_writable, fit_ngram_teacher, whole_number
 from data.sources import local_copy_dir
 
-SETTINGS = {"balanced": [], "plain": ["--model.class_weights", "null", "--early_stopping.monitor", "val/acc"],
-            "plain_f1": ["--model.class_weights", "null"]}
-# train.py as a user runs it; `plain` also fits the n-gram teacher unweighted (its balance has no flag of its own).
-PLAIN_TEACHER = "import sys, train, data.datamodule as d; d.state_is_imbalanced = lambda state, splits: False; train.main()"
-FIT = {"balanced": "import sys, train; train.main()", "plain": PLAIN_TEACHER, "plain_f1": PLAIN_TEACHER}
+SETTINGS = {"balanced": ["--model.class_weights", "balanced"], "unweighted": ["--model.class_weights", "null"]}
 EKMAN = {"anger": ["anger", "annoyance", "disapproval"], "disgust": ["disgust"], "fear": ["fear", "nervousness"],
          "joy": ["joy", "amusement", "approval", "excitement", "gratitude", "love", "optimism", "relief", "pride",
                  "admiration", "desire", "caring"],
@@ -106,7 +101,8 @@ def peers(files: dict) -> dict:
     rows = {}
     for weight in (None, "balanced"):
         vectorizer, classifier = fit_ngram_teacher(texts, labels, class_weight=weight)
-        rows[f"tfidf_lr_{weight or 'plain'}"] = scores(truth, list(classifier.predict(vectorizer.transform(test_texts))))
+        predicted = classifier.predict(vectorizer.transform(test_texts))
+        rows[f"tfidf_lr_{weight or 'plain'}"] = scores(truth, list(predicted))
     return rows
 
 
@@ -116,14 +112,13 @@ def fit_and_score(files: dict, setting: str, seed: int, out: Path) -> dict:
     from inference.classifier import TextClassifier
 
     save_dir = out / "runs" / f"{files['train'].stem}-{setting}-seed{seed}"
-    teacher = "plain" if FIT[setting] == PLAIN_TEACHER else "balanced"  # its own cache: the key does not say it
-    command = [sys.executable, "-c", FIT[setting], "fit", "--data.train_file", str(files["train"]),
+    command = [sys.executable, str(ROOT / "train.py"), "fit", "--data.train_file", str(files["train"]),
                *(["--data.val_file", str(files["val"])] if files["val"] else []),
                "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save_dir),
-               "--trainer.enable_progress_bar", "false", "--data.cache_dir", str(out / "cache" / teacher),
+               "--trainer.enable_progress_bar", "false", "--data.cache_dir", str(out / "cache"),
                *SETTINGS[setting]]
     print("running", " ".join(command), file=sys.stderr, flush=True)
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False, env=os.environ)
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise SystemExit(f"training failed ({files['train'].name}, {setting}, seed {seed}):\n{result.stderr[-3000:]}")
     runs = sorted(save_dir.glob("lightning_logs/version_*"), key=lambda p: p.stat().st_mtime)

@@ -24,6 +24,12 @@ from training.schedule import WarmupThenCosine
 log = logging.getLogger(__name__)
 
 
+# Why `auto` leaves imbalanced classes unweighted, said where a run starts (measured: docs/RESULTS.md).
+IMBALANCED_UNWEIGHTED = ("each text weighs the same: on held-out texts as imbalanced as these, balanced weights cost "
+                         "accuracy and macro-F1; --model.class_weights balanced where the classes met in use are "
+                         "more even")
+
+
 def check_class_weights(weights, label_names: list[str]) -> None:
     """ConfigError (one line) unless `weights` is one finite number > 0 per class: a weight of 0 or below would
     unlearn or ignore its class, and NaN or inf would make the loss NaN at the first step (blamed on nothing)."""
@@ -87,9 +93,10 @@ class ClassifierModule(L.LightningModule):
                 labels whose probability reaches their threshold; train.py sets it from the data (docs/LABELS.md).
             class_weights: weights of the classes in the training loss: "balanced" (each class weighs the same:
                 scikit-learn's rule; several labels a text: each label's positives as much as its negatives), a
-                list (one finite number > 0 per class, in label order), null (none), or "auto": balanced when one label a text and the commonest
-                class is 3 times the rarest or more, else none (several labels a text: thresholds instead); none
-                when data.balanced_sampler already draws the classes evenly.
+                list (one finite number > 0 per class, in label order), null (none), or "auto": none, imbalanced
+                classes too (on held-out texts as imbalanced as the training texts, balanced weights cost accuracy
+                and macro-F1: docs/RESULTS.md "Imbalanced classes"); balanced suits classes met in use more even
+                than the training texts.
             calibration: after each validation pass of a fit, fit on validation a temperature (one label a text)
                 or per-label thresholds (several), stored in the checkpoint and applied by predict, serve and the
                 ONNX export. false: temperature 1, thresholds 0.5.
@@ -333,9 +340,10 @@ class ClassifierModule(L.LightningModule):
             log.info("class weights: none (model.class_weights auto: data.balanced_sampler draws the classes evenly; "
                      "%s)", describe_counts(counts, self.label_names))
             return
-        if setting == "auto" and (multi or not is_imbalanced(counts, multi)):
+        if setting == "auto":
             log.info("class weights: none (model.class_weights auto: %s; %s)", "several labels a text, thresholds "
-                     "fitted instead" if multi else "classes not imbalanced", describe_counts(counts, self.label_names))
+                     "fitted instead" if multi else IMBALANCED_UNWEIGHTED if is_imbalanced(counts, multi) else
+                     "classes not imbalanced", describe_counts(counts, self.label_names))
             return
         self.loss_weights = balanced_weights(counts, len(labels), multi).to(self.device)
         log.info("class weights balanced (model.class_weights %s; %s): %s", setting,
