@@ -11,6 +11,11 @@ from model.config import ConfigError
 
 log = logging.getLogger(__name__)
 
+# Why `auto` leaves imbalanced classes unweighted, said where a run starts (measured: docs/RESULTS.md).
+IMBALANCED_UNWEIGHTED = ("each text weighs the same: on held-out texts as imbalanced as these, balanced weights cost "
+                         "accuracy and macro-F1; --model.class_weights balanced where the classes met in use are "
+                         "more even")
+
 
 def check_class_weights(weights, label_names: list[str]) -> None:
     """ConfigError (one line) unless `weights` is auto, balanced, null or one finite number > 0 per class: a weight
@@ -47,9 +52,10 @@ def choose_loss_weights(setting, multi_label: bool, data, label_names: list[str]
         log.info("class weights: none (model.class_weights auto: data.balanced_sampler draws the classes evenly; "
                  "%s)", describe_counts(counts, label_names))
         return None
-    if setting == "auto" and (multi_label or not is_imbalanced(counts, multi_label)):
+    if setting == "auto":
         log.info("class weights: none (model.class_weights auto: %s; %s)", "several labels a text, thresholds "
-                 "fitted instead" if multi_label else "classes not imbalanced", describe_counts(counts, label_names))
+                 "fitted instead" if multi_label else IMBALANCED_UNWEIGHTED if is_imbalanced(counts, multi_label)
+                 else "classes not imbalanced", describe_counts(counts, label_names))
         return None
     weights = balanced_weights(counts, len(labels), multi_label).to(device)
     log.info("class weights balanced (model.class_weights %s; %s): %s", setting, describe_counts(counts, label_names),

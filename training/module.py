@@ -65,9 +65,9 @@ class ClassifierModule(L.LightningModule):
                 labels whose probability reaches their threshold; train.py sets it from the data (docs/LABELS.md).
             class_weights: weights of the classes in the training loss: "balanced" (each class weighs the same:
                 scikit-learn's rule; several labels a text: each label's positives as much as its negatives), a list
-                (one finite number > 0 per class, in label order), null (none), or "auto": balanced when one label a
-                text and the commonest class is 3 times the rarest or more, else none (several labels a text:
-                thresholds instead); none when data.balanced_sampler already draws the classes evenly.
+                (one finite number > 0 per class, in label order), null (none), or "auto": none, imbalanced
+                classes too (balanced weights cost accuracy and macro-F1 on texts as imbalanced as the training
+                texts: docs/RESULTS.md "Imbalanced classes"; balanced suits classes met in use more even).
             calibration: at each validation of a fit, fit a temperature (one label a text) or per-label thresholds
                 (several) for predict, serve and the ONNX export (training/scoring.py). false: 1 and 0.5.
         """
