@@ -71,6 +71,11 @@ def attention(q, k, v, blocked=None, *, scale: float, dropout: nn.Module | None 
     return out, AttentionWeights(weights, scores, blocked) if need_weights else None
 
 
+# The scores one slice of an inference pass holds (MultiHeadSelfAttention.attend): about what a core's L2 cache
+# holds, measured best of 1, 4 and 16 MB at 128 and 512 tokens (docs/RESULTS.md "Speed").
+SLICE_BYTES = 4 << 20
+
+
 class MultiHeadSelfAttention(nn.Module):
     """Full attention, the "full" kind (model/kinds.py): every query sees all L keys."""
 
@@ -146,7 +151,17 @@ class MultiHeadSelfAttention(nn.Module):
         broadcasts to (B, H, L, L), True = may not look. Returns (out (B, H, L, d), AttentionWeights or None)."""
         if self.kernel == "fused" and not need_weights:  # the opt-in; weights are only ever handed out by attention()
             return fused_attention(q, k, v, blocked, self.scale, self.dropout.p if self.training else 0.0), None
-        return attention(q, k, v, blocked, scale=self.scale, dropout=self.dropout, need_weights=need_weights)
+        B, H, L, _ = q.shape
+        per = max(1, SLICE_BYTES // (H * L * k.shape[-2] * q.element_size()))  # texts a slice holds
+        sliced = per < B and not (need_weights or self.training or torch.is_grad_enabled()
+                                  or torch.compiler.is_compiling() or torch.jit.is_tracing())
+        if not sliced:
+            return attention(q, k, v, blocked, scale=self.scale, dropout=self.dropout, need_weights=need_weights)
+        # Inference of a large batch: the same formula on slices of texts whose scores stay in the CPU's cache (a
+        # fresh (B, H, L, L) tensor is written to memory and read back twice; each text's rows are independent).
+        part = lambda t, s: t if t is None or t.shape[0] == 1 else t[s:s + per]  # noqa: E731 (a mask may broadcast)
+        return torch.cat([attention(q[s:s + per], k[s:s + per], v[s:s + per], part(blocked, s), scale=self.scale)[0]
+                          for s in range(0, B, per)]), None
 
     def forward(
         self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, need_weights: bool = False

@@ -269,3 +269,23 @@ def test_packed_path_with_nothing_padded_reads_the_rows_as_the_grid(causal):
     (grad_packed,) = torch.autograd.grad((packed * target).sum(), x)
     (grad_scattered,) = torch.autograd.grad((scattered * target).sum(), x)
     torch.testing.assert_close(grad_packed, grad_scattered, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_inference_in_slices_of_texts_gives_the_whole_batchs_numbers(monkeypatch, causal):
+    """Inference of a batch whose scores pass SLICE_BYTES runs attention() on slices of texts: each text's
+    numbers are its own, so they equal the whole batch's (with a gradient taken, never sliced); masks follow their
+    texts (a padded text, a text of padding only), a look-ahead mask broadcasts to every slice."""
+    import model.attention as attention_module
+
+    layer = make_layer(bias=True, causal=causal).eval()
+    x = torch.randn(B, L, D, requires_grad=True)
+    mask = padding_mask([L, 0, 3][:B] + [L] * max(0, B - 3), L)
+    whole, _ = layer(x, key_padding_mask=mask)
+    monkeypatch.setattr(attention_module, "SLICE_BYTES", 1)  # one text a slice
+    calls, formula = [], attention_module.attention
+    monkeypatch.setattr(attention_module, "attention", lambda *a, **k: calls.append(a[0].shape[0]) or formula(*a, **k))
+    with torch.no_grad():
+        sliced, _ = layer(x, key_padding_mask=mask)
+    assert calls == [1] * B
+    torch.testing.assert_close(sliced, whole, atol=1e-6, rtol=1e-5)
