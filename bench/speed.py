@@ -98,6 +98,7 @@ class TransformerEncoderClassifier(nn.Module):
         self.config = config
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.position_embedding = position_embedding(config.positions, config.max_length, config.d_model)
+        self.embedding_norm = nn.LayerNorm(config.d_model) if config.embedding_norm else None  # as ours has
         self.embedding_dropout = nn.Dropout(config.embedding_dropout)
         layer = nn.TransformerEncoderLayer(
             config.d_model, config.n_heads, dim_feedforward=config.d_ff, dropout=config.dropout, activation="gelu",
@@ -112,7 +113,8 @@ class TransformerEncoderClassifier(nn.Module):
 
     def forward(self, token_ids, key_padding_mask=None):
         positions = torch.arange(token_ids.shape[1], device=token_ids.device)
-        x = self.embedding_dropout(self.token_embedding(token_ids) + self.position_embedding(positions))
+        x = self.token_embedding(token_ids) + self.position_embedding(positions)
+        x = self.embedding_dropout(x if self.embedding_norm is None else self.embedding_norm(x))
         x = self.encoder(x, src_key_padding_mask=key_padding_mask)
         if key_padding_mask is None:
             key_padding_mask = torch.zeros(token_ids.shape, dtype=torch.bool, device=token_ids.device)
