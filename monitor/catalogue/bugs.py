@@ -46,6 +46,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -431,31 +432,34 @@ def head_learning_rate(plant):
     """The classifier head's parameters put in a group of their own at 10× the configured learning rate, by a
     configure_optimizers edited by hand, while the config gives one rate to all."""
 
-    def edit(module):
-        configure = module.configure_optimizers
+    plant.module(partial(scale_head_and_rest, head=10.0, rest=1.0))
 
-        def configure_optimizers():
-            from training.schedule import WarmupThenCosine  # here: the catalogue loads no Lightning
 
-            result = configure()
-            scheduler = result["lr_scheduler"]["scheduler"]
-            head = {id(p) for p in module.online_model.head.parameters()}
-            groups = []
-            for group in scheduler.optimizer.param_groups:
-                settings = {key: value for key, value in group.items() if key not in ("params", "lr", "initial_lr")}
-                for scale, inside in ((10.0, True), (1.0, False)):
-                    params = [p for p in group["params"] if (id(p) in head) == inside]
-                    if params:
-                        groups.append({**settings, "params": params, "lr": group["initial_lr"] * scale})
-            optimizer = type(scheduler.optimizer)(groups)
-            result["optimizer"] = optimizer
-            result["lr_scheduler"]["scheduler"] = WarmupThenCosine(  # the same schedule over the new groups
-                optimizer, module.trainer.estimated_stepping_batches, module.hparams.warmup_fraction)
-            return result
+def scale_head_and_rest(module, head: float, rest: float) -> None:
+    """Edits module.configure_optimizers by hand, as a user would: each optimizer group split in two, the
+    classifier head's parameters at lr · head, the rest at lr · rest, under the same schedule."""
+    configure = module.configure_optimizers
 
-        module.configure_optimizers = configure_optimizers
+    def configure_optimizers():
+        from training.schedule import WarmupThenCosine  # here: the catalogue loads no Lightning
 
-    plant.module(edit)
+        result = configure()
+        scheduler = result["lr_scheduler"]["scheduler"]
+        in_head = {id(p) for p in module.online_model.head.parameters()}
+        groups = []
+        for group in scheduler.optimizer.param_groups:
+            settings = {key: value for key, value in group.items() if key not in ("params", "lr", "initial_lr")}
+            for scale, inside in ((head, True), (rest, False)):
+                params = [p for p in group["params"] if (id(p) in in_head) == inside]
+                if params:
+                    groups.append({**settings, "params": params, "lr": group["initial_lr"] * scale})
+        optimizer = type(scheduler.optimizer)(groups)
+        result["optimizer"] = optimizer
+        result["lr_scheduler"]["scheduler"] = WarmupThenCosine(  # the same schedule over the new groups
+            optimizer, module.trainer.estimated_stepping_batches, module.hparams.warmup_fraction)
+        return result
+
+    module.configure_optimizers = configure_optimizers
 
 
 # ---- outside the catalogue: no check was designed for these -----------------------------------------------------

@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from monitor.catalogue.bugs import Plant, bug, masked_kinds, networks, replace_attention, replace_mask
+from monitor.catalogue.bugs import (Plant, bug, masked_kinds, networks, replace_attention, replace_mask,
+                                   scale_head_and_rest)
 from model.attention import AttentionWeights, attention_mask
 
 ROBERTA_PAD_ID = 1  # the padding id of RoBERTa-style tokenizers; this project's [PAD] is 0 and 1 is [UNK]
@@ -432,31 +433,7 @@ def layer_decay_zero(plant):
     (num_layers - i)), https://github.com/huggingface/pytorch-image-models/pull/2532
     """
 
-    def edit(module):
-        configure = module.configure_optimizers
-
-        def configure_optimizers():
-            from training.schedule import WarmupThenCosine  # here: the catalogue loads no Lightning
-
-            result = configure()
-            scheduler = result["lr_scheduler"]["scheduler"]
-            head = {id(p) for p in module.online_model.head.parameters()}
-            groups = []  # each healthy group split in two: the head's parameters at lr · 1, the rest at lr · 0
-            for group in scheduler.optimizer.param_groups:
-                settings = {key: value for key, value in group.items() if key not in ("params", "lr", "initial_lr")}
-                for scale, inside in ((1.0, True), (0.0, False)):
-                    params = [p for p in group["params"] if (id(p) in head) == inside]
-                    if params:
-                        groups.append({**settings, "params": params, "lr": group["initial_lr"] * scale})
-            optimizer = type(scheduler.optimizer)(groups)
-            result["optimizer"] = optimizer
-            result["lr_scheduler"]["scheduler"] = WarmupThenCosine(  # the same schedule over the new groups
-                optimizer, module.trainer.estimated_stepping_batches, module.hparams.warmup_fraction)
-            return result
-
-        module.configure_optimizers = configure_optimizers
-
-    plant.module(edit)
+    plant.module(partial(scale_head_and_rest, head=1.0, rest=0.0))  # lr · 0 for all but the head
 
 
 @bug(group="heldout")
