@@ -34,3 +34,9 @@ class WeightAverage:
 
     def _update(self, averaged, current, n_averaged):
         get_ema_multi_avg_fn(warmed_up_decay(self.decay, self.step))(averaged, current, n_averaged)
+
+
+def networks(module) -> list:
+    """The networks a ClassifierModule holds: `model`, and with ema_decay the `online_model` it averages (once each:
+    without an average they are one network)."""
+    return list({id(network): network for network in (module.model, module.online_model)}.values())

@@ -10,6 +10,7 @@
 import lightning as L
 
 from model.config import ConfigError
+from training.average import networks
 from training.class_weights import choose_loss_weights
 from training.encoder import load_encoder
 from training.word_vectors import start_from_word_vectors
@@ -20,11 +21,6 @@ def check_starting_weights(word_vectors: int, init_from: str | None) -> None:
         raise ConfigError(f"model.word_vectors must be 0 (off) or a number of epochs, got {word_vectors}")
     if word_vectors and init_from:
         raise ConfigError("model.word_vectors and model.init_from both set the starting embedding: give one")
-
-
-def networks(pl_module) -> list:
-    """The networks a ClassifierModule holds: `model`, and with ema_decay the `online_model` it averages."""
-    return list({id(network): network for network in (pl_module.model, pl_module.online_model)}.values())
 
 
 class StartOfFit(L.Callback):

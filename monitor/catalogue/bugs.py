@@ -189,8 +189,11 @@ def replaced(replacements: list[tuple[object, object]]) -> Iterator[None]:
 
 
 def networks(module) -> list:
-    """The networks a ClassifierModule holds: `model`, and with ema_decay the `online_model` it averages."""
-    return list({id(network): network for network in (module.model, module.online_model)}.values())
+    """The networks a ClassifierModule holds (training/average.py networks; imported here, where a module exists:
+    the catalogue loads no Lightning of its own)."""
+    from training.average import networks as held
+
+    return held(module)
 
 
 def attention_layers(module) -> list:
