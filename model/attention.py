@@ -72,7 +72,7 @@ def attention(q, k, v, blocked=None, *, scale: float, dropout: nn.Module | None 
 
 
 # The scores one slice of an inference pass holds (MultiHeadSelfAttention.attend): about what a core's L2 cache
-# holds, measured best of 1, 4 and 16 MB at 128 and 512 tokens (docs/RESULTS.md "Speed").
+# holds. At 512 tokens 1, 2 and 4 MB measured alike and faster than 16 MB or no slicing (docs/RESULTS.md "Speed").
 SLICE_BYTES = 4 << 20
 
 
