@@ -21,6 +21,7 @@ from inference.limits import IG_STEPS_DEFAULT, PREDICT_BATCH
 from inference.texts import COUNT_CHARACTERS, check_texts
 from model.classifier import AttentionClassifier
 from model.config import network_config
+from model.threads import adapt
 from monitor.views import stacked_layers
 
 __all__ = ["Prediction", "TextClassifier"]
@@ -186,6 +187,7 @@ class TextClassifier:
         order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
         predictions: list[Prediction | None] = [None] * len(texts)
         for start in range(0, len(order), batch_size):
+            adapt()  # the pool's size to the cores other programs leave free (model/threads.py), once a second
             batch = order[start : start + batch_size]
             probabilities, (weights, keys, global_weights) = self._forward([ids[i] for i in batch], attention)
             for row, i in enumerate(batch):

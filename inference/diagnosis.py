@@ -28,6 +28,7 @@ from inference.splits import SPLIT_KEYS
 from inference.verdicts import monitor_history
 from data.checkpoint import CheckpointError, open_checkpoint, read_checkpoint
 from data.files import describe
+from model.threads import adapt
 from monitor.checks import SAMPLE_TEXTS
 from monitor.doctor import (NOT_LEARNING_TEXTS, Finding, figure_table_markdown, head_titles, not_learning,
                             verdict_table_markdown, warnings)
@@ -219,6 +220,7 @@ def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch
     health = AttentionHealth(rows_per_batch=None, causal=config.causal)
     logits = []
     for batch in progress(batches):
+        adapt()  # the pool's size to the cores other programs leave free (model/threads.py), once a second
         output = model(batch["input_ids"], batch["padding_mask"], need_weights=True)
         health.update(output.attention, batch["padding_mask"])
         logits.append(output.logits.float())

@@ -1,51 +1,87 @@
-"""How many threads torch computes with, and how they wait: chosen once per process, before torch is loaded.
+"""How many threads torch computes with, how they wait, and how freed memory is kept: chosen once per process,
+before torch is loaded.
 
-torch runs its operations on an OpenMP thread pool (libgomp). Two of that pool's defaults hurt on a shared
-machine, and a laptop always runs something else (a browser, an editor, the test suite):
+torch runs its operations on an OpenMP thread pool (libgomp). Its defaults hurt on a shared machine, and a laptop
+always runs something else (a browser, an editor, the test suite):
 - its size is every core the machine has, not the cores this process may use (a CPU affinity mask, a container's
   CPU quota), so threads queue for cores they will never get;
 - between two operations its threads spin (about 300,000 pause instructions, several milliseconds) before they
   sleep. A spinning thread holds its core while the thread it waits for waits for a core: with one busy program
   beside a 2-core run, training took 4.5× as long, with two 26× (not the 2× that losing a core costs).
-So each process uses the cores it may run on (`available_cores`) and waits passively (OMP_WAIT_POLICY=PASSIVE: a
-thread with nothing to do sleeps at once), and another program costs about the cores it takes.
+Sleeping at once (OMP_WAIT_POLICY=PASSIVE) fixes that but costs a wake-up at each of the hundreds of operations of a
+step: quiet, 2 passive threads trained no faster than 1. So each process
+- starts with the cores it may run on (`available_cores`);
+- spins briefly before it sleeps (GOMP_SPINCOUNT=SPIN_COUNT, tens of µs: the gap between two operations);
+- and, when its long loops call `adapt()` (every training batch: training/adapt.py; each batch of predict.py and
+  diagnose.py; each request of serve.py), shrinks its pool to the cores other programs left free over the last
+  second, and grows it back when they leave. With 1 thread nothing waits for a core, so nothing spins in vain.
+Measured on sst2.yaml, ms a step quiet / beside 1 / beside 2 busy programs: passive 28.7-30.3 / 30.4-35.0 / 53.8-55.5,
+this 26.0-26.1 / 31.7-32.2 / 45.9-46.5 (docs/RESULTS.md "Speed").
 
 OpenMP reads its variables once, when torch's library loads, and only from the environment: every face (train.py,
 predict.py, serve.py, diagnose.py, export.py, prune.py, bench/, the tests' conftest.py) imports this module before
 anything that loads torch. The setting goes into os.environ, so the processes a run starts (DataLoader workers,
-which torch then sets to one thread each; a bench's training runs; serve's workers) inherit it. The user's own
-OMP_NUM_THREADS and OMP_WAIT_POLICY (and GOMP_SPINCOUNT) are kept as they are. `log_setting()` logs the one line
-that says what was chosen and why, once per process.
+which torch then sets to one thread each; a bench's training runs; serve's workers) inherit it; CHOSEN marks the
+thread count as this module's, so that a child chooses (and adapts) again. The user's own OMP_NUM_THREADS,
+OMP_WAIT_POLICY and GOMP_SPINCOUNT are kept as they are, and a thread count the user set is never adapted.
+`log_setting()` logs the one line that says what was chosen and why, once per process.
+
+Freed memory (glibc's malloc, on Linux). torch asks the C library for each tensor's memory and gives it back when
+the tensor dies. glibc serves any block over its mmap threshold (128 KB at first, raised as such blocks are freed)
+with fresh pages from the kernel and returns them at once when freed; free memory at the top of its heap beyond a
+trim threshold goes back too. A training step makes and frees the same large tensors again and again, so every step
+faulted its pages in anew (the kernel zeroes each 4 KB page): a third of an SST-2 step (27 → 18 ms) and of
+inference at 32-512 tokens (docs/RESULTS.md "Speed"). `keep_freed_memory` raises both thresholds (MMAP_THRESHOLD,
+TRIM_THRESHOLD) through mallopt, so freed blocks are reused from the heap; the process keeps up to TRIM_THRESHOLD
+of free memory for its next step. The user's own MALLOC_*_ variables (glibc's tunables) are kept, and so is a
+C library that is not glibc.
 
 This module imports nothing heavy (model/__init__.py loads the network lazily), so importing it loads no torch.
 """
 
+import ctypes
 import logging
 import math
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-WAIT_POLICY = "PASSIVE"  # when the environment names none
+SPIN_COUNT = 2000  # GOMP_SPINCOUNT when the environment names no wait: sst2.yaml steps, quiet, 300 and 700 as slow
+# as a passive wait (28 ms), 2,000 26 ms; beside busy programs adapt() takes the pool to 1 thread, which never spins
+CHOSEN = "ATTENTION_THREADS"  # the OMP_NUM_THREADS this module wrote: not the user's, so a child chooses again
+ADAPT_SECONDS = 1.0  # adapt() looks at the machine's load at most this often
+PROC_STAT = Path("/proc/stat")  # Linux: the time every core spent busy since boot, in clock ticks
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" in µs, or "max <period>"
+# glibc's allocator (keep_freed_memory): blocks up to MMAP_THRESHOLD come from the heap and are reused when freed;
+# free memory at the heap's top is given back beyond TRIM_THRESHOLD. Measured on an SST-2 step (ms): unchanged 27,
+# 32 MB / 256 MB 18, 8 MB / 128 MB 19, 32 MB / 64 MB 20, 256 MB / 1 GB 23; a raised trim threshold alone 41.
+MMAP_THRESHOLD = 32 << 20
+TRIM_THRESHOLD = 256 << 20
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
+MALLOC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
+                    "GLIBC_TUNABLES")
 
 
 @dataclass(frozen=True)
 class ThreadSetting:
     threads: int
-    wait_policy: str
+    wait_policy: str  # "PASSIVE", "ACTIVE", or "spin N" (GOMP_SPINCOUNT N, then sleep)
     source: str  # where the thread count came from, in words
     torch_first: bool = False  # torch was loaded before this module: its wait policy could no longer change
+    memory: str = ""  # what keep_freed_memory did, in words
+    adapts: bool = False  # adapt() resizes the pool to the cores other programs leave free
 
     def describe(self) -> str:
-        wait = f"OMP_WAIT_POLICY {self.wait_policy}"
+        wait = self.wait_policy if self.wait_policy.startswith("spin") else f"OMP_WAIT_POLICY {self.wait_policy}"
         if self.torch_first:
             wait += " (not in force: torch was loaded before model.threads, so its pool waits as it did)"
-        spin = os.environ.get("GOMP_SPINCOUNT")
-        return f"torch threads: {self.threads} ({self.source}); {wait}" + (f", GOMP_SPINCOUNT {spin}" if spin else "")
+        adapting = "; fewer while other programs use the cores (looked at each second)" if self.adapts else ""
+        return (f"torch threads: {self.threads} ({self.source}){adapting}; {wait}"
+                + (f"; {self.memory}" if self.memory else ""))
 
 
 def cgroup_cores(cpu_max: Path = CGROUP_CPU_MAX) -> int | None:
@@ -79,10 +115,13 @@ def requested_threads(value: str | None) -> int | None:
     return threads if threads >= 1 else None
 
 
-def choose(environ=os.environ, cpu_max: Path = CGROUP_CPU_MAX) -> ThreadSetting:
-    """The setting this environment asks for: the user's OMP_NUM_THREADS and OMP_WAIT_POLICY when set, else the
-    available cores and a passive wait. Writes the chosen values into `environ`."""
+def choose(environ=os.environ, cpu_max: Path = CGROUP_CPU_MAX, proc_stat: Path = PROC_STAT) -> ThreadSetting:
+    """The setting this environment asks for: the user's OMP_NUM_THREADS, OMP_WAIT_POLICY and GOMP_SPINCOUNT when
+    set, else the available cores (adapted, where the machine's load can be read) and a short spin. Writes the chosen
+    values into `environ`."""
     given = environ.get("OMP_NUM_THREADS")
+    if given is not None and given == environ.get(CHOSEN):  # a parent process's choice, not the user's
+        given = None
     threads = requested_threads(given)
     if threads is not None:
         source = "OMP_NUM_THREADS"
@@ -90,23 +129,58 @@ def choose(environ=os.environ, cpu_max: Path = CGROUP_CPU_MAX) -> ThreadSetting:
         threads, source = available_cores(cpu_max)
         if given is not None:
             source += f"; OMP_NUM_THREADS {given!r} is not a thread count, so it was replaced"
-        environ["OMP_NUM_THREADS"] = str(threads)
+        environ["OMP_NUM_THREADS"] = environ[CHOSEN] = str(threads)
     if environ.get("OMP_WAIT_POLICY", "").strip().upper() in ("ACTIVE", "PASSIVE"):
         wait_policy = environ["OMP_WAIT_POLICY"].strip().upper()
     else:
-        wait_policy = environ["OMP_WAIT_POLICY"] = WAIT_POLICY
-    return ThreadSetting(threads, wait_policy, source)
+        environ.pop("OMP_WAIT_POLICY", None)  # a value OpenMP does not know: the spin count below decides
+        environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
+        wait_policy = f"spin {environ['GOMP_SPINCOUNT']}"
+    return ThreadSetting(threads, wait_policy, source, adapts=source != "OMP_NUM_THREADS" and readable(proc_stat))
+
+
+def readable(path: Path) -> bool:
+    try:
+        return bool(path.read_text())
+    except OSError:
+        return False
+
+
+def is_glibc() -> bool:
+    try:
+        return sys.platform.startswith("linux") and (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    except (AttributeError, ValueError, OSError):  # no confstr, or a platform without that name
+        return False
+
+
+def keep_freed_memory(environ=os.environ, libc=None) -> str:
+    """Raise glibc's mmap and trim thresholds for this process (see the module's docstring); says what was done.
+    Nothing when the user set glibc's own variables, or the C library is not glibc (its mallopt is glibc's)."""
+    given = [name for name in MALLOC_VARIABLES if name in environ]
+    if given:
+        return f"freed memory as the user's {', '.join(given)} say"
+    if libc is None:
+        if not is_glibc():
+            return ""
+        libc = ctypes.CDLL(None)
+    try:
+        done = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    except AttributeError:  # no mallopt in this C library
+        return ""
+    return (f"freed memory reused (glibc mmap threshold {MMAP_THRESHOLD >> 20} MB, trim {TRIM_THRESHOLD >> 20} MB)"
+            if done else "")
 
 
 def configure() -> ThreadSetting:
     """Choose the setting for this process, once; a torch already loaded gets the thread count set directly."""
     setting = choose()
-    if "torch" in sys.modules:  # too late for the environment to reach its pool's wait
+    memory = keep_freed_memory()
+    torch_first = "torch" in sys.modules
+    if torch_first:  # too late for the environment to reach its pool's wait
         import torch
 
         torch.set_num_threads(setting.threads)
-        setting = ThreadSetting(setting.threads, setting.wait_policy, setting.source, torch_first=True)
-    return setting
+    return ThreadSetting(setting.threads, setting.wait_policy, setting.source, torch_first, memory, setting.adapts)
 
 
 SETTING = configure()
@@ -120,3 +194,64 @@ def log_setting() -> ThreadSetting:
         _logged = True
         log.info(SETTING.describe())
     return SETTING
+
+
+def cpu_ticks(proc_stat: Path = PROC_STAT) -> tuple[int, int]:
+    """(clock ticks all cores spent busy, clock ticks this process spent on them), since boot."""
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(f) for f in proc_stat.read_text().split()[1:9])
+    own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()  # after "pid (name)": state is field 3
+    return user + nice + system + irq + softirq + steal, int(own[11]) + int(own[12])  # utime, stime
+
+
+class Adapter:
+    """Sizes torch's pool to the cores other programs left free: `cores` less the cores they used since the last
+    look (the machine's busy time, the hypervisor's steal included, less this process's own), rounded, at least 1.
+    A new size is taken when two looks in a row agree, so a load at the edge does not flip it every second."""
+
+    def __init__(self, cores: int, read=cpu_ticks, clock=time.monotonic, seconds: float = ADAPT_SECONDS):
+        self.cores, self.read, self.clock, self.seconds = cores, read, clock, seconds
+        self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.last = None  # (time, busy ticks, own ticks) at the last look
+        self.wanted = None  # the size the last look asked for
+        self.changes = 0  # sizes taken (adapt(): the first is logged at INFO)
+        self.others = 0.0  # cores other programs used between the last two looks
+
+    def size(self, others: float) -> int:
+        return max(1, min(self.cores, math.floor(self.cores - others + 0.5)))
+
+    def look(self) -> int | None:
+        """At most once a `seconds`: the pool's size to take now, or None (too soon, or no change)."""
+        now = self.clock()
+        if self.last is not None and now - self.last[0] < self.seconds:
+            return None
+        try:
+            busy, own = self.read()
+        except (OSError, ValueError, IndexError):  # /proc gone or unreadable: keep the pool as it is
+            return None
+        previous, self.last = self.last, (now, busy, own)
+        if previous is None:
+            return None
+        others = max(0.0, ((busy - previous[1]) - (own - previous[2])) / self.hz / max(now - previous[0], 1e-9))
+        wanted, self.others = self.size(others), others
+        agreed, self.wanted = wanted == self.wanted, wanted
+        return wanted if agreed else None
+
+
+_adapter = Adapter(SETTING.threads) if SETTING.adapts else None
+
+
+def adapt() -> None:
+    """Called from a face's long loops (each batch, each request): at most once a second, resize torch's pool to the
+    cores other programs leave free (Adapter). Nothing when the user set the thread count, or off Linux."""
+    if _adapter is None:
+        return
+    size = _adapter.look()
+    import torch
+
+    if size is None or size == torch.get_num_threads():
+        return
+    _adapter.changes += 1
+    (log.info if _adapter.changes == 1 else log.debug)(
+        "torch threads: %d → %d (other programs used %.1f of %d cores over the last second; looked at each second, "
+        "changes after this one are logged at DEBUG)", torch.get_num_threads(), size, _adapter.others, _adapter.cores)
+    torch.set_num_threads(size)

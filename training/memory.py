@@ -9,6 +9,8 @@ longer than the ones before does not fit in the holes they left, the heap grows,
 resident until the heap is trimmed. On whole IMDB reviews the heap's free space reached 7 GB and resident memory
 3.3 GB by the fifth epoch.
 So this callback, on glibc:
+- gives freed memory at the heap's top back at once again (glibc's own trim threshold, where model/threads.py keeps
+  up to 256 MB of it for the next step's reuse: speed over resident memory);
 - maps every block of `mmap_threshold` bytes or more on its own (mallopt M_MMAP_THRESHOLD): freed, it goes straight
   back to the system, whatever size the next batch needs;
 - hands the heap's free pages back (malloc_trim) at the start of each training and validation epoch, at the end of
@@ -25,7 +27,8 @@ from lightning.pytorch.callbacks import Callback
 from data.cache import return_freed_memory
 from model.errors import check_whole_number
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
+GLIBC_TRIM_THRESHOLD = 128 * 2**10  # glibc's default
 MMAP_THRESHOLD = 4 * 2**20
 # glibc takes a threshold up to 32 MiB on 64-bit machines (DEFAULT_MMAP_THRESHOLD_MAX) and ignores a larger one; below
 # a page every block would be a system call of its own.
@@ -33,13 +36,17 @@ MMAP_THRESHOLD_RANGE = (4096, 32 * 2**20)
 MIN_TOKENS = 8192  # 32 texts of 256 tokens: IMDB's longer half of batches; SST-2's batches hold 1-4k
 
 
-def map_large_blocks(threshold: int) -> bool:
-    """Blocks of `threshold` bytes or more mapped on their own from now on (glibc; False elsewhere: other allocators
-    hand memory back their own way)."""
+def mallopt(parameter: int, value: int) -> bool:
+    """glibc's mallopt (False elsewhere: other allocators hand memory back their own way)."""
     try:
-        return bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, threshold))
+        return bool(ctypes.CDLL("libc.so.6").mallopt(parameter, value))
     except (OSError, AttributeError):
         return False
+
+
+def map_large_blocks(threshold: int) -> bool:
+    """Blocks of `threshold` bytes or more mapped on their own from now on, when the heap must grow for them."""
+    return mallopt(M_MMAP_THRESHOLD, threshold)
 
 
 class ReturnFreedMemory(Callback):
@@ -57,6 +64,7 @@ class ReturnFreedMemory(Callback):
         self.largest = 0  # the largest batch (texts × padded length) since the last trim
 
     def setup(self, trainer, pl_module, stage):
+        mallopt(M_TRIM_THRESHOLD, GLIBC_TRIM_THRESHOLD)
         if self.mmap_threshold:
             map_large_blocks(self.mmap_threshold)
 

@@ -8,6 +8,7 @@ from torchmetrics import MeanMetric
 from data.tokenizer import FIRST_WORD_ID, MASK_ID
 from model.config import ConfigError, NetworkConfig
 from model.pretraining import OBJECTIVES, PretrainingNetwork, corrupt
+from training.adapt import AdaptThreads
 from training.module import NonFiniteLossError
 from training.optimizer import adamw_with_warmup, optimizer_settings
 
@@ -73,6 +74,9 @@ class PretrainModule(L.LightningModule):
         self.log("val/loss", self.val_loss, prog_bar=True)
         self.log("val/acc", self.val_acc, prog_bar=True)
         return {"attention": output.attention}
+
+    def configure_callbacks(self):
+        return [AdaptThreads()]
 
     def configure_optimizers(self):
         return adamw_with_warmup(self, self.model)
