@@ -27,7 +27,8 @@ inference tokens/s time the trained network over the validation split in evaluat
 `make train` adds set-up, validation passes and the config's epochs to the measured step time.
 
 The thread pool is the product's own (model/threads.py): to compare another setting, run the bench again under it,
-e.g. `OMP_WAIT_POLICY=ACTIVE python -m bench.roofline --quick` (libgomp's spinning wait, torch's default) or
+e.g. `GOMP_SPINCOUNT=300000 python -m bench.roofline --quick` (libgomp's long spin, torch's default),
+`OMP_WAIT_POLICY=PASSIVE …` (threads sleep at once) or
 `OMP_NUM_THREADS=1 …`. The tables go to stderr; the last line of stdout is one JSON object of every figure.
 """
 

@@ -14,9 +14,10 @@ step: quiet, 2 passive threads trained no faster than 1. So each process
 - spins briefly before it sleeps (GOMP_SPINCOUNT=SPIN_COUNT, tens of µs: the gap between two operations);
 - and, when its long loops call `adapt()` (every training batch: training/adapt.py; each batch of predict.py and
   diagnose.py; each request of serve.py), shrinks its pool to the cores other programs left free over the last
-  second, and grows it back when they leave. With 1 thread nothing waits for a core, so nothing spins in vain.
-Measured on sst2.yaml, ms a step quiet / beside 1 / beside 2 busy programs: passive 28.7-30.3 / 30.4-35.0 / 53.8-55.5,
-this 26.0-26.1 / 31.7-32.2 / 45.9-46.5 (docs/RESULTS.md "Speed").
+  second (at once), and grows it back when they leave (two looks in a row). With 1 thread nothing waits for a core,
+  so nothing spins in vain.
+400 steps of sst2.yaml, seconds quiet / beside 1 / beside 2 busy programs: passive 17.3 / 17.7 / 29.7, this
+14.9-15.2 / 17.0 / 26.7-27.2 (docs/RESULTS.md "Speed").
 
 OpenMP reads its variables once, when torch's library loads, and only from the environment: every face (train.py,
 predict.py, serve.py, diagnose.py, export.py, prune.py, bench/, the tests' conftest.py) imports this module before
@@ -206,7 +207,8 @@ def cpu_ticks(proc_stat: Path = PROC_STAT) -> tuple[int, int]:
 class Adapter:
     """Sizes torch's pool to the cores other programs left free: `cores` less the cores they used since the last
     look (the machine's busy time, the hypervisor's steal included, less this process's own), rounded, at least 1.
-    A new size is taken when two looks in a row agree, so a load at the edge does not flip it every second."""
+    A smaller pool is taken at once (threads waiting for a taken core cost the most); a larger one when two looks in
+    a row agree, so a load at the edge does not flip it every second."""
 
     def __init__(self, cores: int, read=cpu_ticks, clock=time.monotonic, seconds: float = ADAPT_SECONDS):
         self.cores, self.read, self.clock, self.seconds = cores, read, clock, seconds
@@ -219,8 +221,9 @@ class Adapter:
     def size(self, others: float) -> int:
         return max(1, min(self.cores, math.floor(self.cores - others + 0.5)))
 
-    def look(self) -> int | None:
-        """At most once a `seconds`: the pool's size to take now, or None (too soon, or no change)."""
+    def look(self, current: int) -> int | None:
+        """At most once a `seconds`: the pool's size to take now instead of `current`, or None (too soon, or no
+        change)."""
         now = self.clock()
         if self.last is not None and now - self.last[0] < self.seconds:
             return None
@@ -234,7 +237,7 @@ class Adapter:
         others = max(0.0, ((busy - previous[1]) - (own - previous[2])) / self.hz / max(now - previous[0], 1e-9))
         wanted, self.others = self.size(others), others
         agreed, self.wanted = wanted == self.wanted, wanted
-        return wanted if agreed else None
+        return wanted if wanted < current or (wanted > current and agreed) else None
 
 
 _adapter = Adapter(SETTING.threads) if SETTING.adapts else None
@@ -245,10 +248,10 @@ def adapt() -> None:
     cores other programs leave free (Adapter). Nothing when the user set the thread count, or off Linux."""
     if _adapter is None:
         return
-    size = _adapter.look()
     import torch
 
-    if size is None or size == torch.get_num_threads():
+    size = _adapter.look(torch.get_num_threads())
+    if size is None:
         return
     _adapter.changes += 1
     (log.info if _adapter.changes == 1 else log.debug)(

@@ -201,16 +201,19 @@ def test_the_pool_shrinks_to_the_cores_others_leave_and_grows_back():
     machine = Machine()
     adapter = threads.Adapter(4, read=machine.read, clock=lambda: machine.now)
     adapter.hz = 100
-    assert adapter.look() is None  # the first look: nothing to compare with yet
+    pool = 4
+    assert adapter.look(pool) is None  # the first look: nothing to compare with yet
     sizes = []
-    for others in (0.1, 0.1, 1.1, 1.1, 1.1, 3.0, 3.0, 5.0, 0.4, 0.4):
+    for others in (0.1, 0.1, 1.1, 1.1, 3.0, 0.4, 0.4, 2.2, 1.1, 1.1, 0.2, 0.2):
         machine.run(1.0, others=others, own=2.0)
-        sizes.append(adapter.look())
-    # a size is taken when two looks in a row agree; this process's own busy time is not counted as others'
-    assert sizes == [None, 4, None, 3, 3, None, 1, 1, None, 4]
+        size = adapter.look(pool)
+        sizes.append(size)
+        pool = size or pool
+    # smaller at once, larger when two looks in a row agree; this process's own busy time is not others'
+    assert sizes == [None, None, 3, None, 1, None, 4, 2, None, 3, None, 4]
     assert adapter.size(0.6) == 3 and adapter.size(0.4) == 4 and adapter.size(9.0) == 1
     machine.run(0.5, others=9.0, own=2.0)
-    assert adapter.look() is None and adapter.last[0] == machine.now - 0.5  # too soon: not looked at
+    assert adapter.look(pool) is None and adapter.last[0] == machine.now - 0.5  # too soon: not looked at
 
 
 def test_a_load_that_cannot_be_read_leaves_the_pool_as_it_is():
@@ -218,7 +221,7 @@ def test_a_load_that_cannot_be_read_leaves_the_pool_as_it_is():
         raise OSError("no /proc")
 
     adapter = threads.Adapter(2, read=unreadable, clock=iter(range(0, 100, 5)).__next__)
-    assert [adapter.look() for _ in range(3)] == [None, None, None]
+    assert [adapter.look(2) for _ in range(3)] == [None, None, None]
 
 
 @pytest.mark.skipif(not threads.PROC_STAT.exists(), reason="the machine's load is read from Linux's /proc/stat")
