@@ -235,3 +235,36 @@ def test_cpu_ticks_reads_this_machine_and_this_process():
     busy2, own2 = threads.cpu_ticks()
     hz = os.sysconf("SC_CLK_TCK")
     assert own2 - own >= 0.2 * hz and busy2 - busy >= own2 - own - 2
+
+
+class Looks:
+    """A stand-in Adapter whose looks ask for `size` threads, counting them."""
+
+    def __init__(self, size):
+        self.size, self.calls, self.changes, self.others, self.cores = size, [], 0, 1.0, 2
+
+    def look(self, current):
+        self.calls.append(current)
+        return self.size
+
+
+def test_prediction_and_every_training_loop_adapt_the_pool(monkeypatch):
+    import torch
+
+    from conftest import tiny_classifier
+    from training.adapt import AdaptThreads
+    from training.module import ClassifierModule
+
+    before = torch.get_num_threads()
+    looks = Looks(size=max(1, before - 1) if before > 1 else 2)
+    monkeypatch.setattr(threads, "_adapter", looks)
+    try:
+        tiny_classifier().predict(["one two three"] * 3, batch_size=2)  # two batches: two looks
+        assert len(looks.calls) == 2 and torch.get_num_threads() == looks.size
+        callback = next(c for c in ClassifierModule().configure_callbacks() if isinstance(c, AdaptThreads))
+        for hook in ("on_train_batch_start", "on_validation_batch_start", "on_test_batch_start",
+                     "on_predict_batch_start"):
+            getattr(callback, hook)(None, None, None, 0)
+        assert len(looks.calls) == 6
+    finally:
+        torch.set_num_threads(before)
