@@ -24,7 +24,9 @@ def balanced_draws(labels: torch.Tensor, num_classes: int) -> list[float]:
 
 def collate(items) -> dict[str, torch.Tensor]:
     """(ids, label[, teacher_probs]) items → a batch padded to its longest text; padding_mask from the lengths
-    (data.tokenizer.pad), as prediction builds it."""
+    (data.tokenizer.pad), as prediction builds it. A batch already made (EncodedSplit.__getitems__) passes as it is."""
+    if isinstance(items, dict):
+        return items
     input_ids, padding_mask = pad([item[0] for item in items])
     batch = {"input_ids": input_ids, "padding_mask": padding_mask, "labels": torch.stack([item[1] for item in items])}
     if len(items[0]) == 3:  # the training split with data.teacher

@@ -294,3 +294,27 @@ def test_collate_pads_with_pad_id_and_marks_exactly_the_padding():
     assert batch["input_ids"].tolist() == [[5, PAD_ID, 7], [8, PAD_ID, PAD_ID]]
     assert batch["padding_mask"].tolist() == [[False, False, False], [False, True, True]]
     assert batch["labels"].tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("several_labels", [False, True])
+def test_a_batch_fetched_whole_equals_the_collated_items(several_labels):
+    """EncodedSplit.__getitems__ (what the DataLoader calls for a batch) gives exactly what collate makes of the
+    rows' items one by one: ids padded with PAD_ID (a text's own PAD_ID kept), the mask, labels, teacher_probs."""
+    import random
+
+    from data.encoded import EncodedSplit
+
+    torch.manual_seed(0)
+    lengths = torch.randint(1, 30, (500,))
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    ids = torch.randint(0, 50, (int(offsets[-1]),), dtype=torch.int32)  # PAD_ID (0) among the texts' own ids
+    labels = (torch.rand(500, 4) > 0.5).float() if several_labels else torch.randint(0, 3, (500,))
+    split = EncodedSplit(ids, offsets, labels, None if several_labels else torch.rand(500, 3))
+    rng = random.Random(0)
+    for n in (1, 2, 7, 64):
+        rows = rng.sample(range(500), n)
+        whole, items = split.__getitems__(rows), collate([split[i] for i in rows])
+        assert whole.keys() == items.keys()
+        for key in whole:
+            assert whole[key].dtype == items[key].dtype and torch.equal(whole[key], items[key]), key
+    assert collate(whole) is whole
