@@ -30,9 +30,10 @@ OMP_WAIT_POLICY and GOMP_SPINCOUNT are kept as they are, and a thread count the 
 Freed memory (glibc's malloc, on Linux). torch asks the C library for each tensor's memory and gives it back when
 the tensor dies. glibc serves any block over its mmap threshold (128 KB at first, raised as such blocks are freed)
 with fresh pages from the kernel and returns them at once when freed; free memory at the top of its heap beyond a
-trim threshold goes back too. A training step makes and frees the same large tensors again and again, so every step
-faulted its pages in anew (the kernel zeroes each 4 KB page): a third of an SST-2 step (27 → 18 ms) and of
-inference at 32-512 tokens (docs/RESULTS.md "Speed"). `keep_freed_memory` raises both thresholds (MMAP_THRESHOLD,
+trim threshold goes back too. A step makes and frees the same large tensors again and again; until the threshold has
+risen (in a training run the data load raises it), every step faults its pages in anew (the kernel zeroes each 4 KB
+page): in a fresh process, a third of a plain-PyTorch SST-2 step (27 → 18 ms) and, at SST-2 lengths, a quarter of
+`bench.timing speed`'s throughput (docs/RESULTS.md "Speed"). `keep_freed_memory` raises both thresholds (MMAP_THRESHOLD,
 TRIM_THRESHOLD) through mallopt, so freed blocks are reused from the heap; the process keeps up to TRIM_THRESHOLD
 of free memory for its next step. The user's own MALLOC_*_ variables (glibc's tunables) are kept, and so is a
 C library that is not glibc.
@@ -51,15 +52,16 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SPIN_COUNT = 2000  # GOMP_SPINCOUNT when the environment names no wait: sst2.yaml steps, quiet, 300 and 700 as slow
-# as a passive wait (28 ms), 2,000 26 ms; beside busy programs adapt() takes the pool to 1 thread, which never spins
+SPIN_COUNT = 2000  # GOMP_SPINCOUNT when the environment names no wait: sst2.yaml steps quiet (roofline), 300: 27.1 ms
+# and 700: 27.9, as slow as a passive wait (27.7), 2,000: 21.9; beside busy programs adapt() takes the pool to 1 thread
 CHOSEN = "ATTENTION_THREADS"  # the OMP_NUM_THREADS this module wrote: not the user's, so a child chooses again
 ADAPT_SECONDS = 1.0  # adapt() looks at the machine's load at most this often
 PROC_STAT = Path("/proc/stat")  # Linux: the time every core spent busy since boot, in clock ticks
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" in µs, or "max <period>"
 # glibc's allocator (keep_freed_memory): blocks up to MMAP_THRESHOLD come from the heap and are reused when freed;
-# free memory at the heap's top is given back beyond TRIM_THRESHOLD. Measured on an SST-2 step (ms): unchanged 27,
-# 32 MB / 256 MB 18, 8 MB / 128 MB 19, 32 MB / 64 MB 20, 256 MB / 1 GB 23; a raised trim threshold alone 41.
+# free memory at the heap's top is given back beyond TRIM_THRESHOLD. A plain-PyTorch SST-2 step in a fresh process
+# (a scratch script), ms: unchanged 27, 32 MB / 256 MB 18, 8 MB / 128 MB 19, 32 MB / 64 MB 20, 256 MB / 1 GB 23; a
+# raised trim threshold alone 41 (it fixes glibc's moving mmap threshold at 128 KB).
 MMAP_THRESHOLD = 32 << 20
 TRIM_THRESHOLD = 256 << 20
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
