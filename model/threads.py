@@ -243,15 +243,23 @@ class Adapter:
 
 
 _adapter = Adapter(SETTING.threads) if SETTING.adapts else None
+_pool_checked = False  # whether adapt() has seen that torch's pool is OpenMP's
 
 
 def adapt() -> None:
     """Called from a face's long loops (each batch, each request): at most once a second, resize torch's pool to the
-    cores other programs leave free (Adapter). Nothing when the user set the thread count, or off Linux."""
+    cores other programs leave free (Adapter). Nothing when the user set the thread count, off Linux, or with a torch
+    whose pool is not OpenMP's (its native pool cannot be resized once it has run)."""
+    global _adapter, _pool_checked
     if _adapter is None:
         return
     import torch
 
+    if not _pool_checked:
+        _pool_checked = True
+        if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+            _adapter = None
+            return
     size = _adapter.look(torch.get_num_threads())
     if size is None:
         return
