@@ -15,8 +15,8 @@ step: quiet, 2 passive threads trained no faster than 1. So each process
 - and, when its long loops call `adapt()` (every training batch: training/adapt.py; each batch of predict.py and
   diagnose.py; each request of serve.py), shrinks its pool to the cores other programs left free over the last
   second (at once), and grows it back when they leave (two looks in a row). With 1 thread nothing waits for a core,
-  so nothing spins in vain. A different thread count can round sums differently, so a seeded run repeats bit for
-  bit only at a fixed count: set OMP_NUM_THREADS for that.
+  so nothing spins in vain. A different thread count can split (and so round) sums differently: to repeat a seeded
+  run bit for bit whatever else runs, set OMP_NUM_THREADS, which is never adapted.
 400 steps of sst2.yaml, seconds quiet / beside 1 / beside 2 busy programs: passive 17.3 / 17.7 / 29.7, this
 14.9-15.2 / 17.0 / 26.7-27.2 (docs/RESULTS.md "Speed").
 
