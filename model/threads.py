@@ -140,7 +140,10 @@ def choose(environ=os.environ, cpu_max: Path = CGROUP_CPU_MAX, proc_stat: Path =
         environ.pop("OMP_WAIT_POLICY", None)  # a value OpenMP does not know: the spin count below decides
         environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
         wait_policy = f"spin {environ['GOMP_SPINCOUNT']}"
-    return ThreadSetting(threads, wait_policy, source, adapts=source != "OMP_NUM_THREADS" and readable(proc_stat))
+    # Not under a container's CPU quota: /proc/stat counts the whole host, whose other programs do not take this
+    # process's share; nor with a thread count the user set.
+    adapts = source.startswith("the cores this process may run on") and readable(proc_stat)
+    return ThreadSetting(threads, wait_policy, source, adapts=adapts)
 
 
 def readable(path: Path) -> bool:
@@ -200,16 +203,24 @@ def log_setting() -> ThreadSetting:
     return SETTING
 
 
-def cpu_ticks(proc_stat: Path = PROC_STAT) -> tuple[int, int]:
-    """(clock ticks all cores spent busy, clock ticks this process spent on them), since boot."""
-    user, nice, system, idle, iowait, irq, softirq, steal = (int(f) for f in proc_stat.read_text().split()[1:9])
+def cpu_ticks(proc_stat: Path = PROC_STAT, cpus: set[int] | None = None) -> tuple[int, int]:
+    """(clock ticks the cores `cpus` (default: this process's affinity) spent busy, clock ticks this process spent),
+    since boot. Busy: user, nice, system, irq, softirq and the hypervisor's steal (guest time is inside user)."""
+    cpus = os.sched_getaffinity(0) if cpus is None else cpus
+    busy = 0
+    for line in proc_stat.read_text().splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            user, nice, system, idle, iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+            busy += user + nice + system + irq + softirq + steal
     own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()  # after "pid (name)": state is field 3
-    return user + nice + system + irq + softirq + steal, int(own[11]) + int(own[12])  # utime, stime
+    return busy, int(own[11]) + int(own[12])  # utime, stime
 
 
 class Adapter:
     """Sizes torch's pool to the cores other programs left free: `cores` less the cores they used since the last
-    look (the machine's busy time, the hypervisor's steal included, less this process's own), rounded, at least 1.
+    look (the busy time of the cores this process may run on, the hypervisor's steal included, less this process's
+    own), rounded, at least 1.
     A smaller pool is taken at once (threads waiting for a taken core cost the most); a larger one when two looks in
     a row agree, so a load at the edge does not flip it every second."""
 

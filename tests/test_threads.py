@@ -224,6 +224,22 @@ def test_a_load_that_cannot_be_read_leaves_the_pool_as_it_is():
     assert [adapter.look(2) for _ in range(3)] == [None, None, None]
 
 
+def test_only_the_cores_this_process_may_run_on_count(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  70 0 7 100 0 0 0 0 0 0\ncpu0 10 0 1 50 0 0 0 0 0 0\ncpu1 20 0 2 50 0 0 0 0 0 0\n"
+                    "cpu2 40 0 4 0 9 0 0 5 0 0\nintr 1 2 3\n")
+    assert threads.cpu_ticks(stat, cpus={0, 1})[0] == 33 and threads.cpu_ticks(stat, cpus={2})[0] == 49
+
+
+def test_a_container_quota_is_not_adapted(tmp_path, monkeypatch):
+    """/proc/stat counts the whole host, whose other programs do not take a container's CPU quota."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("200000 100000\n")
+    setting = threads.choose({}, cpu_max=cpu_max)
+    assert setting.threads == 2 and not setting.adapts
+
+
 @pytest.mark.skipif(not threads.PROC_STAT.exists(), reason="the machine's load is read from Linux's /proc/stat")
 def test_cpu_ticks_reads_this_machine_and_this_process():
     import time
