@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.dropout import Dropout
+
 
 class AttentionWeights(NamedTuple):
     """What a layer hands out when asked for its weights: exactly what it computed, for the monitor and heatmaps.
@@ -141,7 +143,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.w_k = nn.Linear(d_model, inner, bias=bias)
         self.w_v = nn.Linear(d_model, inner, bias=bias)
         self.w_o = nn.Linear(inner, d_model, bias=bias)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         # (H,) multiplies each head's output before W_O when set: head importance (its gradient) and ablation
         # (a 0) in inference/heads.py. Not a parameter: None in training, and never in the checkpoint.
         self.head_gate: torch.Tensor | None = None
