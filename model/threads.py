@@ -18,7 +18,7 @@ step: quiet, 2 passive threads trained no faster than 1. So each process
   so nothing spins in vain. A different thread count can split (and so round) sums differently: to repeat a seeded
   run bit for bit whatever else runs, set OMP_NUM_THREADS, which is never adapted.
 400 steps of sst2.yaml, seconds quiet / beside 1 / beside 2 busy programs: passive 17.3 / 17.7 / 29.7, this
-14.9-15.2 / 17.0 / 26.7-27.2 (docs/RESULTS.md "Speed").
+14.9-15.2 / 17.0 / 26.7-27.2 (docs/RESULTS.md "Speed"; 12.7 / 15.4 / 23.3 with the faster dropout since).
 
 OpenMP reads its variables once, when torch's library loads, and only from the environment: every face (train.py,
 predict.py, serve.py, diagnose.py, export.py, prune.py, bench/, the tests' conftest.py) imports this module before
