@@ -68,7 +68,8 @@ class EncodedSplit(Dataset):
         """A whole batch (torch's DataLoader fetches a batch's rows with this when a dataset has it): what
         data.batches.collate makes of the rows' items, in a few tensor operations instead of a few per text."""
         rows = torch.as_tensor(rows)
-        starts, lengths = self.offsets[rows], self.offsets[rows + 1] - self.offsets[rows]
+        starts = self.offsets[rows]
+        lengths = self.offsets[rows + 1] - starts
         mask = padding_mask(lengths)  # (B, L), True at padding
         places = (starts[:, None] + torch.arange(mask.shape[1])).masked_fill_(mask, 0)  # (B, L) into the flat ids
         batch = {"input_ids": self.ids[places].long().masked_fill_(mask, PAD_ID), "padding_mask": mask,

@@ -160,20 +160,26 @@ def is_glibc() -> bool:
         return False
 
 
+def mallopt(parameter: int, value: int, libc=None) -> bool:
+    """glibc's mallopt(parameter, value) for this process (also training/memory.py's); False where the C library is
+    not glibc (other allocators hand memory back their own way) or refuses the value."""
+    if libc is None:
+        if not is_glibc():
+            return False
+        libc = ctypes.CDLL(None)
+    try:
+        return bool(libc.mallopt(parameter, value))
+    except AttributeError:  # no mallopt in this C library
+        return False
+
+
 def keep_freed_memory(environ=os.environ, libc=None) -> str:
     """Raise glibc's mmap and trim thresholds for this process (see the module's docstring); says what was done.
     Nothing when the user set glibc's own variables, or the C library is not glibc (its mallopt is glibc's)."""
     given = [name for name in MALLOC_VARIABLES if name in environ]
     if given:
         return f"freed memory as the user's {', '.join(given)} say"
-    if libc is None:
-        if not is_glibc():
-            return ""
-        libc = ctypes.CDLL(None)
-    try:
-        done = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-    except AttributeError:  # no mallopt in this C library
-        return ""
+    done = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD, libc) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD, libc)
     return (f"freed memory reused (glibc mmap threshold {MMAP_THRESHOLD >> 20} MB, trim {TRIM_THRESHOLD >> 20} MB)"
             if done else "")
 

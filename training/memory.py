@@ -20,28 +20,18 @@ So this callback, on glibc:
 docs/RESULTS.md "Memory and data size" measures each part and its time.
 """
 
-import ctypes
-
 from lightning.pytorch.callbacks import Callback
 
 from data.cache import return_freed_memory
 from model.errors import check_whole_number
+from model.threads import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, mallopt
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
 GLIBC_TRIM_THRESHOLD = 128 * 2**10  # glibc's default
 MMAP_THRESHOLD = 4 * 2**20
 # glibc takes a threshold up to 32 MiB on 64-bit machines (DEFAULT_MMAP_THRESHOLD_MAX) and ignores a larger one; below
 # a page every block would be a system call of its own.
 MMAP_THRESHOLD_RANGE = (4096, 32 * 2**20)
 MIN_TOKENS = 8192  # 32 texts of 256 tokens: IMDB's longer half of batches; SST-2's batches hold 1-4k
-
-
-def mallopt(parameter: int, value: int) -> bool:
-    """glibc's mallopt (False elsewhere: other allocators hand memory back their own way)."""
-    try:
-        return bool(ctypes.CDLL("libc.so.6").mallopt(parameter, value))
-    except (OSError, AttributeError):
-        return False
 
 
 def map_large_blocks(threshold: int) -> bool:
