@@ -50,7 +50,7 @@ bench: setup
 	$(PY) -m bench.accuracy
 
 # The docs' generated tables from the registries they describe: the README's attention kinds (model/kinds.py),
-# docs/DOCTOR.md's verdicts (monitor/units.py) and planted bugs (monitor/catalogue/); tests/test_docs.py compares.
+# docs/DOCTOR.md's verdicts (monitor/units.py) and planted bugs (bench/catalogue/); tests/test_docs.py compares.
 docs: setup
 	$(PY) -m scripts.docs
 

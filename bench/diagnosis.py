@@ -1,4 +1,4 @@
-"""The proof of the attention doctor: each planted bug (monitor/catalogue/bugs.py) trained into short runs, and what
+"""The proof of the attention doctor: each planted bug (bench/catalogue/bugs.py) trained into short runs, and what
 the doctor said about them; healthy runs, which must get no warning.
 
     python -m bench.diagnosis                                     # every bug × synthetic, SST-2, ChnSentiCorp
@@ -8,7 +8,7 @@ the doctor said about them; healthy runs, which must get no warning.
     python -m bench.diagnosis --healthy-checkpoints lightning_logs/version_3 --bugs none --no-healthy
     python -m bench.diagnosis --merge synthetic.json sst2.json     # the tables of runs saved with --out X.json
 
-A run is monitor/catalogue/proof.py's fit(): `train.py fit` in this process, the bug's network settings as flags,
+A run is bench/catalogue/proof.py's fit(): `train.py fit` in this process, the bug's network settings as flags,
 its edits made on the built module, its replacements in place while it trains. Every run trains 1 epoch (healthy runs
 `--healthy-epochs`) on a subset of the dataset's training split (`--rows`, stratified, seed 0) written as a CSV,
 and validates on the whole validation split every `--check-every` optimizer steps, so the step at which a verdict
@@ -37,9 +37,9 @@ from data.checkpoint import open_checkpoint
 from data.files import WriteError, check_target, describe, write_text
 from inference.limits import POSITIVE, Parser
 from model.kinds import ATTENTION_KINDS
-from monitor.catalogue.bugs import GROUPS, Bug, select_bugs
-from monitor.catalogue.proof import SHIPPED, checkpoint_run, measure
-from monitor.catalogue.scores import Run, report, summary
+from bench.catalogue.bugs import GROUPS, Bug, select_bugs
+from bench.catalogue.proof import SHIPPED, checkpoint_run, measure
+from bench.catalogue.scores import Run, report, summary
 
 log = logging.getLogger("bench.diagnosis")
 
@@ -49,7 +49,7 @@ def main(argv=None):
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", nargs="+", default=list(SHIPPED), choices=list(SHIPPED))
     parser.add_argument("--bugs", nargs="+", default=["all"],
-                        help="bug names (python -m monitor.catalogue.bugs lists them), module:function, 'all', "
+                        help="bug names (python -m bench.catalogue.bugs lists them), module:function, 'all', "
                              f"'none', or a group: {', '.join(GROUPS)}")
     parser.add_argument("--rows", type=POSITIVE.argument(), default=3000, help="training rows of each subset")
     parser.add_argument("--check-every", type=POSITIVE.argument(), default=25,

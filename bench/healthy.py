@@ -6,7 +6,7 @@ seeds and attention kinds, and counts the warnings each run's AttentionMonitor s
     python -m bench.healthy --max-epochs 3 --limit-train-batches 50 --jobs 4 --out healthy.json
     python -m bench.healthy --configs none --datasets sst2 --kinds full local --seeds 0 --limit-train-batches 20
 
-The runs and how their warnings are read: monitor/catalogue/healthy.py. Every run writes its own folder under
+The runs and how their warnings are read: bench/catalogue/healthy.py. Every run writes its own folder under
 --work; a run that fails is recorded with its error's last line and the sweep goes on. Prints one row per run and the
 totals; --out FILE.json writes every run's validations and warnings. Exit status 0 when every run finished without a
 warning, 1 otherwise.
@@ -29,7 +29,7 @@ from pathlib import Path
 from bench.common import check_writable, positive_number, whole_number  # flag checks; nothing heavy
 from data.sources import NAMES as DATASETS  # the registered datasets (data/sources.py loads no dataset library)
 from inference.limits import Parser  # one-line errors; imports nothing heavy
-from monitor.catalogue.healthy import (CONFIGURED, KINDS, NO_CONFIG_DATASETS, ROOT, Run, execute, plan,
+from bench.catalogue.healthy import (CONFIGURED, KINDS, NO_CONFIG_DATASETS, ROOT, Run, execute, plan,
                                        shipped_configs, table, totals)
 
 

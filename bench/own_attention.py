@@ -1,5 +1,5 @@
 """The attention contract (`diagnose.py --attention`) on user-written classes it never saw: the catalogue of
-monitor/catalogue/user_attention/, correct and buggy, written by someone who had not read the checks. Per class its
+bench/catalogue/user_attention/, correct and buggy, written by someone who had not read the checks. Per class its
 verdicts, whether it FAILs and with which checks, and whether a FAIL names the property the class's mistake breaks;
 then recall (buggy classes that FAIL with a right check / buggy classes), the FAILs on correct classes, the runtime.
 
@@ -7,7 +7,7 @@ then recall (buggy classes that FAIL with a right check / buggy classes), the FA
     python -m bench.own_attention --command            # each class through `python diagnose.py --attention` (timed)
     python -m bench.own_attention --d-model 32 --heads 4
 
-The catalogue names properties of attention (its CATEGORIES), not the checks; monitor/catalogue/proof.py's RIGHT
+The catalogue names properties of attention (its CATEGORIES), not the checks; bench/catalogue/proof.py's RIGHT
 says which categories each check's FAIL is evidence of. Nothing here sets a threshold: the checks are those of
 monitor/layer_contract.py as they are.
 """
@@ -20,9 +20,9 @@ import sys
 import time
 
 from bench.common import ROOT
-from monitor.catalogue.proof import RIGHT, USER_CLASSES, judge, judged
-from monitor.catalogue.scores import class_report, class_summary
-from monitor.catalogue.user_attention.catalogue import CATALOGUE
+from bench.catalogue.proof import RIGHT, USER_CLASSES, judge, judged
+from bench.catalogue.scores import class_report, class_summary
+from bench.catalogue.user_attention.catalogue import CATALOGUE
 
 
 def judge_command(entry: dict, d_model: int, heads: int) -> dict:

@@ -25,7 +25,7 @@ from pathlib import Path
 from bench.accuracy import accuracy, score_run
 from bench.common import ROOT, fit_ngram_teacher
 from data.sources import load_splits
-from monitor.catalogue.proof import subset, write_csv
+from bench.catalogue.proof import subset, write_csv
 
 log = logging.getLogger("bench.subsets")
 

@@ -2,7 +2,7 @@
 
     README.md        kinds table     model/kinds.py's ATTENTION_KINDS: what a query computes, the cost, the weights
     docs/DOCTOR.md   verdict table   monitor/units.py's checks and the verdicts each gives
-                     bug table       monitor/catalogue/bugs.py's planted bugs, the held-out ones included
+                     bug table       bench/catalogue/bugs.py's planted bugs, the held-out ones included
 
 A table lies between `<!-- NAME: make docs -->` and `<!-- end of NAME -->`; the text around it is written by hand.
 `--check` writes nothing and exits 1 naming each file whose tables are stale (tests/test_docs.py compares the same).
@@ -33,7 +33,7 @@ def verdict_table() -> str:
 
 
 def bug_table() -> str:
-    from monitor.catalogue.bugs import bug_table_markdown
+    from bench.catalogue.bugs import bug_table_markdown
 
     return bug_table_markdown()
 

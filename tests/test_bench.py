@@ -306,10 +306,9 @@ def test_the_roofline_bench_splits_a_step_and_runs_beside_busy_programs():
 def test_a_bad_bench_flag_is_one_line_before_anything_runs(bench, args, said, capsys, monkeypatch):
     import importlib
 
-    import monitor.catalogue.proof
-
+    proof = importlib.import_module("bench.catalogue.proof")
     module = importlib.import_module(f"bench.{bench}")
-    monkeypatch.setattr(monitor.catalogue.proof, "fit", lambda *a, **k: pytest.fail("a run started"))
+    monkeypatch.setattr(proof, "fit", lambda *a, **k: pytest.fail("a run started"))
     with pytest.raises(SystemExit) as stop:
         module.main(args)
     message = stop.value.code if isinstance(stop.value.code, str) else capsys.readouterr().err.strip()

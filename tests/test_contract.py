@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from monitor.catalogue.bugs import BUGS, Plant
+from bench.catalogue.bugs import BUGS, Plant
 from conftest import refuses_causal
 from inference.diagnosis import Diagnosis
 from model.attention import AttentionWeights

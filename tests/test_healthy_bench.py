@@ -1,4 +1,4 @@
-"""The healthy sweep (monitor/catalogue/healthy.py, run by bench/healthy.py): which runs it plans, how it counts a
+"""The healthy sweep (bench/catalogue/healthy.py, run by bench/healthy.py): which runs it plans, how it counts a
 run's warnings from what the monitor stored in its checkpoint, and that a failing run is recorded with its error while
 the sweep goes on. No training."""
 
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from model.kinds import ATTENTION_KINDS, DEFAULT_KIND
-from monitor.catalogue.healthy import (CONFIGURED, Run, best_metric, execute, plan, shipped_configs, table, totals,
+from bench.catalogue.healthy import (CONFIGURED, Run, best_metric, execute, plan, shipped_configs, table, totals,
                                       validations)
 
 

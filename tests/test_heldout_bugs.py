@@ -1,4 +1,4 @@
-"""The held-out bugs (monitor/catalogue/bugs_heldout.py) are well-formed, checked without the doctor: each plants into a tiny
+"""The held-out bugs (bench/catalogue/bugs_heldout.py) are well-formed, checked without the doctor: each plants into a tiny
 ClassifierModule the way a run is built (network settings, then edit(module), the forward inside applied()), every
 attention kind it names takes it without crashing, and it changes what the model computes: its output at the same
 seed, or for a bug of the optimizer or the training loop, the weights after two training steps on a tiny batch."""
@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import monitor.catalogue.bugs
-import monitor.catalogue.bugs_heldout  # noqa: F401 (registers the held-out bugs)
-from monitor.catalogue.bugs import BUGS, GROUPS, Plant
+import bench.catalogue.bugs
+import bench.catalogue.bugs_heldout  # noqa: F401 (registers the held-out bugs)
+from bench.catalogue.bugs import BUGS, GROUPS, Plant
 from model.config import NetworkConfig
 from model.kinds import ATTENTION_KINDS
 from training.module import ClassifierModule
@@ -95,7 +95,7 @@ def test_heldout_bugs_are_registered_with_sources():
 
 def test_heldout_names_leave_the_other_bugs_registered():
     # The registry is keyed by name: a held-out bug named like a catalogued one would silently replace it.
-    for function in vars(monitor.catalogue.bugs).values():
+    for function in vars(bench.catalogue.bugs).values():
         entry = getattr(function, "bug", None)
         if entry is not None:
             assert BUGS[entry.name] is entry, f"{entry.name} is registered twice"
@@ -181,14 +181,14 @@ STUCK = {  # bug → what the not-learning finding (or the warning) must say abo
 
 @pytest.fixture(scope="module")
 def short_data(tmp_path_factory):
-    from monitor.catalogue.proof import subset_files
+    from bench.catalogue.proof import subset_files
 
     # 1,200 texts in batches of 16: epoch 2 ends at step 225, past the step not-learning is judged from (200)
     return subset_files("synthetic", 1200, tmp_path_factory.mktemp("stuck") / "data", validation_rows=200)
 
 
 def diagnosed_run(short_data, root, name):
-    from monitor.catalogue.proof import SHIPPED, fit, run_args
+    from bench.catalogue.proof import SHIPPED, fit, run_args
     from inference.diagnosis import diagnose_checkpoint
 
     args = run_args(SHIPPED["synthetic"], *short_data, root, root / "cache", ["--data.batch_size", "16"], epochs=3)

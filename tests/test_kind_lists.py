@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import train
-from monitor.catalogue import bugs
-from monitor.catalogue.bugs import BUGS, Plant
+from bench.catalogue import bugs
+from bench.catalogue.bugs import BUGS, Plant
 from conftest import ROOT
 from model.attention import MultiHeadSelfAttention, attention_mask
 from model.classifier import AttentionClassifier

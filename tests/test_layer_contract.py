@@ -360,9 +360,9 @@ def test_learn_compares_with_the_built_in_layer_and_names_the_contracts_findings
 
 
 def test_the_held_out_bench_judges_a_class_by_the_property_its_mistake_breaks():
-    from monitor.catalogue.proof import judge
-    from monitor.catalogue.scores import class_summary
-    from monitor.catalogue.user_attention.catalogue import CATALOGUE
+    from bench.catalogue.proof import judge
+    from bench.catalogue.scores import class_summary
+    from bench.catalogue.user_attention.catalogue import CATALOGUE
 
     entries = {entry["file"]: entry for entry in CATALOGUE}
     results = [judge(entries[name]) for name in ("course_self_attention.py", "course_no_scale.py")]

@@ -1,4 +1,4 @@
-"""Planted bugs (monitor/catalogue/bugs.py): each breaks what it claims, planted from outside and undone afterwards;
+"""Planted bugs (bench/catalogue/bugs.py): each breaks what it claims, planted from outside and undone afterwards;
 and the doctor names them in tiny training runs on the synthetic task, while a healthy tiny run gets no warning."""
 
 import json
@@ -14,9 +14,9 @@ import model.attention as core
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
 from model.kinds import ATTENTION_KINDS
-from monitor.catalogue.bugs import BUGS, Plant, load_bug, replaced, select_bugs
-from monitor.catalogue.proof import SHIPPED, fit, run_args, subset_files
-from monitor.catalogue.scores import Run, confusion_table, first_step_table, group_table, summary, verdict_table
+from bench.catalogue.bugs import BUGS, Plant, load_bug, replaced, select_bugs
+from bench.catalogue.proof import SHIPPED, fit, run_args, subset_files
+from bench.catalogue.scores import Run, confusion_table, first_step_table, group_table, summary, verdict_table
 from monitor.views import token_window
 
 KINDS = list(ATTENTION_KINDS)
@@ -186,7 +186,7 @@ def test_planting_is_undone_even_when_the_run_fails():
 
 def test_a_users_bug_loads_from_their_module(tmp_path, monkeypatch):
     (tmp_path / "my_bugs.py").write_text(textwrap.dedent('''
-        from monitor.catalogue.bugs import bug
+        from bench.catalogue.bugs import bug
 
         @bug(expects="padding-leak")
         def my_bug(plant):
@@ -265,12 +265,12 @@ def test_a_healthy_tiny_run_gets_no_warning(tiny_data, tmp_path):
 
 
 def test_a_users_bug_that_cannot_load_or_raises_is_one_line_and_the_bench_goes_on(tmp_path, monkeypatch, caplog):
-    import monitor.catalogue.proof as proof
-    from monitor.catalogue.bugs import Bug
+    import bench.catalogue.proof as proof
+    from bench.catalogue.bugs import Bug
 
     (tmp_path / "broken_bugs.py").write_text("def broken(plant):\n    return (\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with caplog.at_level("ERROR", logger="monitor.catalogue.bugs"):
+    with caplog.at_level("ERROR", logger="bench.catalogue.bugs"):
         assert [b.name for b in select_bugs(["broken_bugs:broken", "padding-ignored"])] == ["padding-ignored"]
     (record,) = caplog.records
     assert "broken_bugs:broken" in record.getMessage() and "SyntaxError" in record.getMessage()
@@ -283,7 +283,7 @@ def test_a_users_bug_that_cannot_load_or_raises_is_one_line_and_the_bench_goes_o
     monkeypatch.setattr(proof, "fit", lambda args, bug, every: (bug.plant(Plant()) if bug else None) or (
         [{"step": 1, "warnings": [], "notes": []}], 0.5, None))
     caplog.clear()
-    with caplog.at_level("ERROR", logger="monitor.catalogue.proof"):
+    with caplog.at_level("ERROR", logger="bench.catalogue.proof"):
         runs = proof.measure([Bug("mine", raising, group="outside"), None], ["synthetic"], 10, tmp_path, 1)
     assert [run.bug for run in runs] == ["healthy", "healthy"]  # the shipped config's and the no-config run
     assert "my bug is broken" in caplog.records[0].getMessage()
@@ -297,7 +297,7 @@ def test_every_bug_and_each_group_includes_the_held_out_bugs():
 
 
 def test_the_bench_reads_verdicts_of_another_version_as_notes():
-    from monitor.catalogue.proof import check
+    from bench.catalogue.proof import check
 
     told = check(7, [{"verdict": "a-verdict-of-tomorrow"}, {"verdict": "padding-leak", "layer": 0, "head": None,
                                                             "figures": {}}])

@@ -1,9 +1,9 @@
-"""The subsets of bench/subsets.py and of the doctor's proof (monitor/catalogue/proof.py subset): stratified,
+"""The subsets of bench/subsets.py and of the doctor's proof (bench/catalogue/proof.py subset): stratified,
 reproducible, and never larger than asked."""
 
 from collections import Counter
 
-from monitor.catalogue.proof import subset
+from bench.catalogue.proof import subset
 
 
 def test_a_subset_keeps_each_class_share_and_is_the_same_for_the_same_seed():

@@ -91,7 +91,7 @@ def test_a_check_of_one_layer_alone_runs_on_a_layer_subject():
 
 @pytest.mark.slow
 def test_a_registered_check_reaches_the_monitor_and_diagnose(own_check, tiny_checkpoint, tmp_path):
-    from monitor.catalogue.proof import SHIPPED, fit, run_args, subset_files
+    from bench.catalogue.proof import SHIPPED, fit, run_args, subset_files
     from inference.diagnosis import diagnose_checkpoint, text_report
 
     data = subset_files("synthetic", 200, tmp_path / "data", validation_rows=50)

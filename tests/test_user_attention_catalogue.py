@@ -1,8 +1,8 @@
-"""The user-attention catalogue (monitor/catalogue/user_attention) is what it says: every class imports on its own, builds from
+"""The user-attention catalogue (bench/catalogue/user_attention) is what it says: every class imports on its own, builds from
 the names it declares and runs; the correct ones compute softmax(Q Kᵀ/√d_k) V (W_O) from their own projection
 weights and keep every property below; each buggy one breaks every property its entry names.
 
-The properties are the categories of monitor/catalogue/user_attention/catalogue.py, checked here from behaviour and from each
+The properties are the categories of bench/catalogue/user_attention/catalogue.py, checked here from behaviour and from each
 class's own weights (found by the names the files use). How each class takes its mask is written in MASKS (its
 header comment says the same); a product must find it by probing, so the manifest does not carry it.
 Where a property cannot be checked for a class (weights it does not return, a mask it does not take) it is skipped
@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from monitor.catalogue.user_attention.catalogue import CATALOGUE, CATEGORIES
+from bench.catalogue.user_attention.catalogue import CATALOGUE, CATEGORIES
 
-FOLDER = Path(__file__).resolve().parents[1] / "monitor" / "catalogue" / "user_attention"
+FOLDER = Path(__file__).resolve().parents[1] / "bench" / "catalogue" / "user_attention"
 D, HEADS, HEAD_SIZE = 32, 4, 8  # the model width, heads and head size every class is built with
 WIDTH_NAMES = ("d_model", "embed_dim", "hidden_size", "dim")
 HEAD_COUNT_NAMES = ("n_heads", "num_heads", "num_attention_heads", "heads")

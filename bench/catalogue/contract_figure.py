@@ -3,7 +3,7 @@ its kind's definition recomputed from the layer's own input and weights (monitor
 and for planted bugs (bugs.py). A layer that computes the formula lies on the diagonal at every stage; a bug leaves
 it at the first stage it changes.
 
-    python -m monitor.catalogue.contract_figure docs/doctor_contract.png [--bugs tiny-scale values-are-keys]
+    python -m bench.catalogue.contract_figure docs/doctor_contract.png [--bugs tiny-scale values-are-keys]
 
 A random smoke-sized network (configs/smoke.yaml: d_model 32, 2 heads), full attention, one padded batch; the last
 stdout line is JSON: each row's first differing stage and how, as the doctor words it.
@@ -18,7 +18,7 @@ import torch
 from model.attention import unpack
 from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
-from monitor.catalogue.bugs import BUGS, Plant
+from bench.catalogue.bugs import BUGS, Plant
 from monitor.contract import captured, compare, dense_handout
 
 

@@ -11,11 +11,11 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from monitor.catalogue.bugs import GROUPS, Bug, every_bug, load_bug
+from bench.catalogue.bugs import GROUPS, Bug, every_bug, load_bug
 from monitor.doctor import VERDICTS
 
 NO_CONFIG = "no config"
-HELD_OUT = "heldout"  # the group of bugs written by someone who never read monitor/ (monitor/catalogue/bugs_heldout.py)
+HELD_OUT = "heldout"  # the group of bugs written by someone who never read monitor/ (bench/catalogue/bugs_heldout.py)
 FIRST_STEPS = 200  # the goal: each verdict within this many optimizer steps
 
 

@@ -24,8 +24,8 @@ from data.files import describe
 from data.sources import load_splits
 from inference.diagnosis import diagnose_checkpoint
 from monitor import AttentionMonitor
-from monitor.catalogue.bugs import Bug, Plant
-from monitor.catalogue.scores import NO_CONFIG, Run
+from bench.catalogue.bugs import Bug, Plant
+from bench.catalogue.scores import NO_CONFIG, Run
 from monitor.doctor import Finding
 from monitor.layer_contract import layer_contract
 from training.module import NonFiniteLossError

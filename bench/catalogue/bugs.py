@@ -1,7 +1,7 @@
 """Planted attention bugs: the catalogue the doctor's verdicts are measured against (bench/diagnosis.py,
 tests/test_planted_bugs.py).
 
-    python -m monitor.catalogue.bugs    # lists the catalogue: name, expected verdict, kinds, what the bug does
+    python -m bench.catalogue.bugs    # lists the catalogue: name, expected verdict, kinds, what the bug does
     make docs                           # writes it, and the checks' verdicts (monitor/units.py), into docs/DOCTOR.md
 
 A bug is a small function registered by name with the verdict the doctor should give. It plants itself through a
@@ -18,7 +18,7 @@ A bug is a small function registered by name with the verdict the doctor should 
 
 Your own bug, in your own module:
 
-    from monitor.catalogue.bugs import bug
+    from bench.catalogue.bugs import bug
 
     @bug(expects="padding-leak")
     def my_bug(plant):
@@ -502,7 +502,7 @@ def mask_after_softmax(plant):
 
 
 # Modules that register more bugs on import (the held-out group): loaded by every_bug().
-BUG_MODULES = ("monitor.catalogue.bugs_heldout",)
+BUG_MODULES = ("bench.catalogue.bugs_heldout",)
 
 
 def every_bug() -> dict[str, Bug]:
@@ -548,7 +548,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    # Through the importable module: BUG_MODULES register into monitor.catalogue.bugs.BUGS, not __main__'s.
-    from monitor.catalogue.bugs import main as registered_main
+    # Through the importable module: BUG_MODULES register into bench.catalogue.bugs.BUGS, not __main__'s.
+    from bench.catalogue.bugs import main as registered_main
 
     registered_main()

@@ -1,9 +1,9 @@
 """Held-out attention bugs: mistakes people make when they write or train attention by hand, each taken from a
-public report or a textbook, written without reading the doctor's checks or the catalogue of monitor/catalogue/bugs.py.
+public report or a textbook, written without reading the doctor's checks or the catalogue of bench/catalogue/bugs.py.
 
-    python -m bench.diagnosis --bugs monitor.catalogue.bugs_heldout:scaled_twice     # one of them, by module:function
+    python -m bench.diagnosis --bugs bench.catalogue.bugs_heldout:scaled_twice     # one of them, by module:function
 
-They plant themselves through monitor.catalogue.bugs' Plant only (network settings, replacements of attention(),
+They plant themselves through bench.catalogue.bugs' Plant only (network settings, replacements of attention(),
 edits of the built module and its layers), so nothing in the product code knows about them. `expects` is None for all
 of them: any warning is right, silence is wrong. Each docstring's first paragraph says what the bug does, its
 `Source:` line where such a mistake is reported. In five parts, in this order: the formula, the masks, the network
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from monitor.catalogue.bugs import (Plant, bug, masked_kinds, networks, replace_attention, replace_mask,
+from bench.catalogue.bugs import (Plant, bug, masked_kinds, networks, replace_attention, replace_mask,
                                    scale_head_and_rest)
 from model.attention import AttentionWeights, attention_mask
 
