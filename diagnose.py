@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-import model.threads  # noqa: F401  (before anything loads torch: model/threads.py)
+import runtime
 from inference.limits import Parser
 
 DESCRIPTION = """\
@@ -150,6 +150,7 @@ def attention_main(args) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    runtime.configure()  # before torch loads: runtime.py
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.attention:
         return attention_main(args)

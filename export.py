@@ -16,7 +16,7 @@ import sys
 import warnings
 from pathlib import Path
 
-import model.threads  # noqa: F401  (before anything loads torch: model/threads.py)
+import runtime
 from inference.faces import notes_to_stderr, run_face
 
 log = logging.getLogger("export")
@@ -223,6 +223,7 @@ class ExportError(ValueError):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    runtime.configure()  # before torch loads: runtime.py
     notes_to_stderr(log)
     return run_face(run, args)  # CheckpointError, ExportError, WriteError: one line
 

@@ -10,9 +10,9 @@ import logging
 import sys
 from pathlib import Path
 
-import model.threads  # noqa: F401  (before anything loads torch: model/threads.py)
 from tqdm import tqdm
 
+import runtime
 from data.sources import has_text
 from inference.faces import notes_to_stderr, run_face
 from inference.limits import BATCH_SIZE, IG_STEPS, IG_STEPS_DEFAULT, POSITIVE, PREDICT_BATCH
@@ -172,6 +172,7 @@ class InputError(ValueError):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    runtime.configure()  # before torch loads: runtime.py
     notes_to_stderr(log, "note: ")
     return run_face(run, args)  # CheckpointError, InputError, a bad --device: one line, no traceback
 

@@ -17,14 +17,7 @@ import argparse
 import json
 import sys
 
-import model.threads  # noqa: F401  (before anything loads torch: model/threads.py)
-import torch
-
-from data.files import WriteError, check_target, write_atomically
-from data.checkpoint import CheckpointError, open_checkpoint
-from inference import TextClassifier
-from inference.heads import (ablation, accuracy, head_importance, labelled, least_important, prune_checkpoint,
-                             pruned_classifier, pruning_table)
+import runtime
 from inference.limits import POSITIVE, Parser
 
 
@@ -55,6 +48,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if (args.prune is None) != (args.out is None):
         parser.error("--prune and --out go together")
+    runtime.configure()  # before torch loads: runtime.py
+    import torch
+
+    from data.checkpoint import CheckpointError, open_checkpoint
+    from data.files import WriteError, check_target, write_atomically
+    from inference import TextClassifier
+    from inference.heads import (ablation, accuracy, head_importance, labelled, least_important, prune_checkpoint,
+                                 pruned_classifier, pruning_table)
+
     try:  # every input checked before the computation (minutes on a real split)
         if args.out is not None:
             check_target(args.out, "pruned checkpoint (--out)", inputs=[args.ckpt])

@@ -25,10 +25,13 @@ import yaml
 
 # One intra-op thread in this process and in every process a test starts (they inherit the variable; it must be set
 # before torch is imported): pytest-xdist already keeps both cores busy. A value set by the caller is kept; the
-# passive wait and the log line come from model/threads.py, as in every face.
+# rest of the setting comes from runtime.py, as in every command (this process is the test run's command).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import model.threads  # noqa: E402,F401 (after the thread count, before torch)
+import runtime  # noqa: E402
+
+runtime.configure()  # after the thread count, before torch
+
 import torch  # noqa: E402 (after the thread setting)
 import torch.nn.functional as F  # noqa: E402
 

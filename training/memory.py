@@ -9,7 +9,7 @@ longer than the ones before does not fit in the holes they left, the heap grows,
 resident until the heap is trimmed. On whole IMDB reviews the heap's free space reached 7 GB and resident memory
 3.3 GB by the fifth epoch.
 So this callback, on glibc:
-- gives freed memory at the heap's top back at once again (glibc's own trim threshold, where model/threads.py keeps
+- gives freed memory at the heap's top back at once again (glibc's own trim threshold, where runtime.py keeps
   up to 256 MB of it for the next step's reuse: speed over resident memory);
 - maps every block of `mmap_threshold` bytes or more on its own (mallopt M_MMAP_THRESHOLD): freed, it goes straight
   back to the system, whatever size the next batch needs;
@@ -22,9 +22,8 @@ docs/RESULTS.md "Memory and data size" measures each part and its time.
 
 from lightning.pytorch.callbacks import Callback
 
-from data.cache import return_freed_memory
 from model.errors import check_whole_number
-from model.threads import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, mallopt
+from model.threads import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, mallopt, return_freed_memory
 
 GLIBC_TRIM_THRESHOLD = 128 * 2**10  # glibc's default
 MMAP_THRESHOLD = 4 * 2**20
