@@ -20,7 +20,7 @@ step: quiet, 2 passive threads trained no faster than 1. So a command
   split (and so round) sums differently: to repeat a seeded run bit for bit whatever else runs, set
   OMP_NUM_THREADS, which is never adapted.
 400 steps of sst2.yaml, seconds quiet / beside 1 / beside 2 busy programs: passive 17.3 / 17.7 / 29.7, this
-14.9-15.2 / 17.0 / 26.7-27.2 (docs/RESULTS.md "Speed"; 12.7 / 15.4 / 23.3 with the faster dropout since).
+14.9-15.2 / 17.0 / 26.7-27.2 (docs/RESULTS.md "Speed").
 
 OpenMP reads its variables once, when torch's library loads, and only from the environment: so `configure()` must
 run before torch is imported, and the faces import torch inside main(), after it. The setting goes into os.environ,

@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.dropout import Dropout
 
 
 class AttentionWeights(NamedTuple):
@@ -143,7 +142,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.w_k = nn.Linear(d_model, inner, bias=bias)
         self.w_v = nn.Linear(d_model, inner, bias=bias)
         self.w_o = nn.Linear(inner, d_model, bias=bias)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         # (H,) multiplies each head's output before W_O when set: head importance (its gradient) and ablation
         # (a 0) in inference/heads.py. Not a parameter: None in training, and never in the checkpoint.
         self.head_gate: torch.Tensor | None = None

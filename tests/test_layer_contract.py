@@ -1,6 +1,6 @@
 """The attention contract on one layer (monitor/layer_contract.py): a correct class of each style a user writes gets
 no FAIL, and one mistake planted per check makes that check FAIL. The classes below are written the way tutorials
-write them, not to fit the checks: the single-head class of the course (read from ../shared/examples), multi-head
+write them, not to fit the checks: the single-head class in the course's form (docs/examples), multi-head
 with W_O and a padding mask, one fused qkv Linear, nn.MultiheadAttention wrapped."""
 
 import math
@@ -19,7 +19,7 @@ from model.kinds import ATTENTION_KINDS
 from monitor import assert_attention_contract
 from monitor.layer_contract import CHECKS, layer_contract, table
 
-SEED_CLASS = Path(__file__).resolve().parents[1].parent / "shared" / "examples" / "seed_self_attention.py"
+SEED_CLASS = Path(__file__).resolve().parents[1] / "docs" / "examples" / "course_attention.py"
 TINY = NetworkConfig(window=2, global_tokens=1, projection_length=4, max_length=16)
 KIND_SETTINGS = {name: kind.settings(TINY) for name, kind in ATTENTION_KINDS.items()}  # each kind's own arguments
 
@@ -323,7 +323,7 @@ def page_commands():
 
 def test_the_page_shows_three_commands():
     assert [argv[1] for argv, _ in page_commands()] == [
-        "../shared/examples/seed_self_attention.py:SelfAttention", "docs/examples/my_attention.py:MyAttention",
+        "docs/examples/course_attention.py:SelfAttention", "docs/examples/my_attention.py:MyAttention",
         "docs/examples/my_attention_mistake.py:MyAttention"]
 
 
