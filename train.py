@@ -88,13 +88,10 @@ def cli(args=None, run=True):
     from training.pretraining import PretrainModule
     from training.runs import SaveRunConfig
 
-    from_command_line = args is None
-    args = list(sys.argv[1:] if from_command_line else args)
+    args = list(sys.argv[1:] if args is None else args)  # handed to LightningCLI, which then reads no sys.argv
     pretrain = args[:1] == ["pretrain"]
     if pretrain:  # `fit` of the pretraining classes (no subcommand at all when not run)
         args = ["fit", *args[1:]] if run else args[1:]
-        if from_command_line:  # LightningCLI reads sys.argv itself (and warns when handed args beside it)
-            sys.argv[1] = "fit"
     monitor, mode = ("val/loss", "min") if pretrain else ("val/acc", "max")
     parser_kwargs = {"description": DESCRIPTION, "fit": {"description": PRETRAIN_DESCRIPTION}} if pretrain else {
         "description": DESCRIPTION}
@@ -133,7 +130,7 @@ def cli(args=None, run=True):
                 LearningRateMonitor(logging_interval="step"),
             ],
         },
-        args=None if from_command_line else args,
+        args=args,
         run=run,
     )
 

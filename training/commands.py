@@ -72,8 +72,20 @@ class CLI(LightningCLI):
         # On unless a config lists its own callbacks (the shipped ones list the monitor too, the IMDB ones both).
         parser.set_defaults({"trainer.callbacks": DEFAULT_CALLBACKS})
 
+    def init_parser(self, **kwargs):
+        """Each parser of this command line (the main one, then one per subcommand) knows the others, so an error the
+        main one reports can name the options of the subcommand given (training/cli.py)."""
+        parser = super().init_parser(**kwargs)
+        if not hasattr(self, "parsers"):
+            self.parsers = []
+        self.parsers.append(parser)
+        parser.family = self.parsers
+        return parser
+
     def parse_arguments(self, parser, args):
-        super().parse_arguments(parser, args)
+        # train.py always hands the arguments over (never rewriting sys.argv), so LightningCLI's warning about args
+        # given beside a command line does not apply: its parse, without that warning.
+        self.config = parser.parse_args(args)
         # LightningCLI then reads the checkpoint's hyperparameters into the config (so `validate --ckpt_path X`
         # rebuilds X's network); make sure first that the file is a safe, readable checkpoint of this project.
         subcommand = self.config.get("subcommand")
@@ -229,7 +241,7 @@ class PretrainCLI(CLI):
         parser.set_defaults({"trainer.callbacks": DEFAULT_CALLBACKS})
 
     def parse_arguments(self, parser, args):
-        LightningCLI.parse_arguments(self, parser, args)
+        self.config = parser.parse_args(args)  # as CLI's (train.py hands the arguments over)
         ckpt_path = (self.config["fit"] if "fit" in self.config else self.config).get("ckpt_path")
         if ckpt_path and ckpt_path not in SPECIAL_NAMES:
             self.read(ckpt_path)
