@@ -6,9 +6,9 @@ import (a command tunes its process through runtime.py).
   `start_adapting`), it shrinks torch's pool to the cores other programs left free over the last second (at once),
   and grows it back when they leave (two looks in a row). With 1 thread nothing waits for a core, so nothing spins
   in vain. In a process no command configured (a user's own script importing `inference`), it does nothing.
-- `mallopt()` and `return_freed_memory()`: glibc's allocator, for runtime.py's `keep_freed_memory`, the
-  ReturnFreedMemory callback (training/memory.py) and the data cache's build (data/cache.py), the one place this
-  package calls the C library.
+- `mallopt()`: glibc's allocator settings, for runtime.py's `keep_freed_memory` and the ReturnFreedMemory callback
+  (training/memory.py). (data/cache.py's `return_freed_memory` hands freed memory back after a build: an act, not a
+  setting.)
 
 The standard library only: importing it loads no torch.
 """
@@ -46,13 +46,6 @@ def mallopt(parameter: int, value: int, libc=None) -> bool:
         return bool(libc.mallopt(parameter, value))
     except AttributeError:  # no mallopt in this C library
         return False
-
-
-def return_freed_memory() -> None:
-    """Hand the freed memory glibc keeps in its heap back to the system (malloc_trim); nothing on another C library
-    (macOS, musl: they return memory their own way)."""
-    if is_glibc():
-        ctypes.CDLL(None).malloc_trim(0)
 
 
 def cpu_ticks(proc_stat: Path = PROC_STAT, cpus: set[int] | None = None) -> tuple[int, int]:

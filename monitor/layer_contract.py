@@ -346,10 +346,10 @@ CHECKS: list[Check] = [
 
 
 def learning(probe: Probe) -> Outcome:
-    """The class in the classifier on the synthetic task against the built-in full layer (training/learning.py)."""
+    """The class in the classifier on the synthetic task against the built-in full layer (monitor/learning.py)."""
     if not isinstance(probe.spec, str):
         return Outcome("NOTE", "not run: give the class as file.py:ClassName (or package.module:ClassName) to train it")
-    from training.learning import EPOCHS, MARGIN, learns
+    from monitor.learning import EPOCHS, MARGIN, learns
 
     found = learns(probe.spec, probe.args)
     figures = {"accuracy": found["accuracy"], "built_in_accuracy": found["built_in"]}

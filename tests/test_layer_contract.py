@@ -338,15 +338,15 @@ def test_every_output_on_the_page_is_what_its_command_prints(argv, printed, caps
 @pytest.mark.parametrize("accuracy,verdict", [(0.95, "PASS"), (0.55, "FAIL")])
 def test_learn_compares_with_the_built_in_layer_and_names_the_contracts_findings(accuracy, verdict, tmp_path,
                                                                                  monkeypatch):
-    import training.learning
+    import monitor.learning
 
     trained = []
 
-    def synthetic_accuracy(attention, attention_args=None, epochs=training.learning.EPOCHS, seed=0, **network):
+    def synthetic_accuracy(attention, attention_args=None, epochs=monitor.learning.EPOCHS, seed=0, **network):
         trained.append((attention, network))
         return (accuracy, {"n_heads": 1, "d_head": 16}) if attention != "full" else (0.96, {})
 
-    monkeypatch.setattr(training.learning, "synthetic_accuracy", synthetic_accuracy)
+    monkeypatch.setattr(monitor.learning, "synthetic_accuracy", synthetic_accuracy)
     broken = tmp_path / "broken.py"
     broken.write_text(BROKEN_FILE)
     rows = layer_contract(f"{broken}:Attention", d_model=64, n_heads=1, learn=True)

@@ -310,7 +310,7 @@ def test_large_blocks_are_mapped_on_their_own_after_map_large_blocks():
     script = """
 import ctypes, sys
 import runtime
-from model.threads import return_freed_memory
+from data.cache import return_freed_memory
 from training.memory import map_large_blocks
 runtime.configure()
 class Info(ctypes.Structure):

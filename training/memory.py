@@ -22,8 +22,9 @@ docs/RESULTS.md "Memory and data size" measures each part and its time.
 
 from lightning.pytorch.callbacks import Callback
 
+from data.cache import return_freed_memory
 from model.errors import check_whole_number
-from model.threads import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, mallopt, return_freed_memory
+from model.threads import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, mallopt
 
 GLIBC_TRIM_THRESHOLD = 128 * 2**10  # glibc's default
 MMAP_THRESHOLD = 4 * 2**20
