@@ -224,12 +224,10 @@ class MultiHeadSelfAttention(nn.Module):
         return attention_mask(key_padding_mask, self.look_ahead, L, device)
 
     def split_heads(self, t: torch.Tensor) -> torch.Tensor:
-        B, L, _ = t.shape
-        return t.view(B, L, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, L, d)
+        return split_heads(t, self.n_heads)
 
     def merge_heads(self, t: torch.Tensor) -> torch.Tensor:
-        B, H, L, d = t.shape
-        return t.transpose(1, 2).reshape(B, L, H * d)  # (B, L, H·d)
+        return merge_heads(t)
 
     def reference_keys(self, L: int, causal: bool, device=None) -> torch.Tensor:
         """(L, L) bool: True where this kind's definition lets query i see key j (before padding); the doctor's
@@ -243,6 +241,18 @@ class MultiHeadSelfAttention(nn.Module):
         q, k, v = reference_projections(self, x)
         allowed = self.reference_keys(x.shape[1], causal, x.device)[None, None] & ~padding[:, None, None, :]
         return dense_reference(self, q, k, v, allowed, scale)
+
+
+def split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, L, H·d) → (B, H, L, d): the heads side by side become a dimension of their own."""
+    B, L, inner = t.shape
+    return t.view(B, L, heads, inner // heads).transpose(1, 2)  # (B, H, L, d)
+
+
+def merge_heads(t: torch.Tensor) -> torch.Tensor:
+    """(B, H, L, d) → (B, L, H·d): the heads' outputs side by side again."""
+    B, H, L, d = t.shape
+    return t.transpose(1, 2).reshape(B, L, H * d)  # (B, L, H·d)
 
 
 def attention_mask(

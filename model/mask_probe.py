@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from model.attention import AttentionWeights
 from model.errors import ConfigError
 from model.user_class import first_line
 
@@ -116,12 +117,15 @@ def call_layer(user: nn.Module, x: torch.Tensor, mask: torch.Tensor | None, conv
 
 
 def split_output(result) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """out, or (out, weights): (out (B, L, W), weights (B, L, L) / (B, H, L, L) or None)."""
+    """out, or (out, weights, …): (out (B, L, W), weights (B, L, L) / (B, H, L, L) or None); a built-in layer's
+    AttentionWeights give their weights."""
     if isinstance(result, torch.Tensor):
         return result, None
     if isinstance(result, (tuple, list)) and result and isinstance(result[0], torch.Tensor):
-        weights = result[1] if len(result) > 1 and isinstance(result[1], torch.Tensor) else None
-        return result[0], weights
+        weights = result[1] if len(result) > 1 else None
+        if isinstance(weights, AttentionWeights):
+            weights = weights.weights
+        return result[0], weights if isinstance(weights, torch.Tensor) else None
     raise TypeError(f"forward returned {type(result).__name__}; expected out or (out, weights)")
 
 

@@ -33,11 +33,11 @@ import torch
 from data.tokenizer import pad
 from model.attention import unpack
 from model.classifier import feed_forward_reference, layer_norm_reference
+from monitor.thresholds import FORMULA_TOLERANCE
 from monitor.views import token_window
 
 CONTRACT_TEXTS = 16  # texts of the validation sample the contract checks read (a spread of lengths)
 DENSE_ELEMENTS = 2**23  # at most B·H·L² entries per dense reference tensor: long texts are left out of the sample
-FORMULA_TOLERANCE = 1e-3  # float32 rounding gives ≤ 1e-5 (relative; weights: absolute); see docs/DOCTOR.md
 MATCH = 1e-2  # a candidate explanation ("× c", "other axis", "other operand") fits when its residual is below this
 STAGES = ("scores", "mask", "weights", "output before W_O", "output")
 

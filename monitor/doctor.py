@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 from monitor.health import HealthFigures
 from monitor.loss_contract import LOSS_TOLERANCE
+from monitor.thresholds import FORMULA_TOLERANCE, INVARIANCE, SCALE_FACTOR
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,6 @@ AVERAGING_ENTROPY = 0.95  # a head this uniform averages its keys
 NEEDED_LOSS = 0.005  # Δloss when the head is zeroed: above this the loss needs it
 UNUSED_LOSS = 0.001  # |Δloss| below this: the loss does not need the head
 STILL_LEARNING = 0.05  # the training loss fell by more than this share over the last epoch
-FORMULA_TOLERANCE = 1e-3  # a layer's stage against its kind's definition recomputed (monitor/contract.py): float32
-# rounding stays orders of magnitude below; the smallest planted change (weights × 0.5) gives 0.5
-SCALE_FACTOR = 4.0  # a configured scale this many times 1/√d_k, or 1/this, breaks the formula (1.0 with heads of 16
-# is 4×; 0.001 with heads of 16 is 0.004×)
-INVARIANCE = 1e-4  # max |Δp| when a text is padded further or run alone: float rounding stays orders below
 PRIOR_LOSS = 0.95  # the training loss at least this share of the class prior's entropy (guessing the prior) ...
 CHANCE_MARGIN = 0.01  # ... or validation balanced accuracy (mean recall of the classes seen) within this of a
 # constant answer's, 1 / classes: whatever the classes' shares in the texts validated, a constant answer gets exactly that

@@ -28,12 +28,12 @@ from model.errors import ConfigError
 from model.mask_probe import NoConvention, mask_calls
 from monitor.contract import MATCH, compare
 from monitor.doctor import Finding, Verdict
-from monitor.layer_formula import SCALE_FACTOR, compare_layer, score_factor
+from monitor.layer_formula import compare_layer, score_factor
 from monitor.layer_probe import (MORE_PADDING, Check, Outcome, Probe, Row, Unusable, changed, figure, model_width,
                                  rounding)
+from monitor.thresholds import INVARIANCE, SCALE_FACTOR
 from monitor.units import Check as Unit, Subject, examine, register
 
-INVARIANCE = 1e-4  # relative change of a real token's output: float32 rounding gives ≤ 1e-6
 STEADY = 1e-6  # relative change between two identical evaluation passes: exactly 0 for a deterministic layer
 ROW_SUM = 1e-4  # |row sum − 1| of a real query's weights: float32 rounding gives ≤ 1e-6
 GRADCHECK_STEP, GRADCHECK_RTOL = 1e-6, 1e-3  # torch.autograd.gradcheck's defaults

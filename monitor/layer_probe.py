@@ -16,9 +16,10 @@ import torch
 from torch import nn
 
 from model.attention import AttentionWeights, MultiHeadSelfAttention
+from model.mask_probe import PROBE_LENGTHS, split_output
 from monitor.layer_formula import find_projections
 
-LENGTHS = (7, 5, 2)  # the probe batch's texts, padded to the longest: each has a real token, two have padding
+LENGTHS = PROBE_LENGTHS  # the probe batch's texts, padded to the longest: each has a real token, two have padding
 MORE_PADDING = 3  # padded tokens added to the batch by the padding check
 
 
@@ -133,7 +134,10 @@ class Probe:
         if "output" in record:
             args, kwargs = record["inputs"]
             seen.x = next((t for t in (*args, *kwargs.values()) if torch.is_tensor(t) and t.ndim == 3), x)
-            seen.raw_out, seen.raw_weights = split_output(record["output"])
+            try:
+                seen.raw_out, seen.raw_weights = split_output(record["output"])
+            except TypeError:  # not out nor (out, weights, …): the checks say what they cannot read
+                seen.raw_out, seen.raw_weights = None, None
         return seen
 
     @property
@@ -169,18 +173,6 @@ def model_width(layer: nn.Module) -> int:
     if first is None:
         raise ValueError(f"{type(layer).__name__}: cannot tell its model width (no d_model attribute, no nn.Linear)")
     return first.in_features if isinstance(first, nn.Linear) else first.embed_dim
-
-
-def split_output(output):
-    """The user's output → (out, weights or None): a tensor, or a tuple (out, weights, …)."""
-    if torch.is_tensor(output):
-        return output, None
-    if isinstance(output, (tuple, list)) and output and torch.is_tensor(output[0]):
-        weights = output[1] if len(output) > 1 else None
-        if isinstance(weights, AttentionWeights):
-            weights = weights.weights
-        return output[0], weights if torch.is_tensor(weights) else None
-    return None, None
 
 
 def token_by_token(handed: AttentionWeights | None, L: int) -> torch.Tensor | None:
