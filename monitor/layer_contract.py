@@ -26,7 +26,8 @@ from torch.autograd.gradcheck import GradcheckError
 from model.attention import MultiHeadSelfAttention
 from model.errors import ConfigError
 from model.mask_probe import NoConvention, mask_calls
-from monitor.contract import MATCH, compare
+from monitor.contract import compare
+from monitor.stage_compare import MATCH
 from monitor.doctor import Finding, Verdict
 from monitor.layer_formula import compare_layer, score_factor
 from monitor.layer_probe import (MORE_PADDING, Check, Outcome, Probe, Row, Unusable, changed, figure, model_width,

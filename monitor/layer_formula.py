@@ -22,8 +22,8 @@ from torch import nn
 
 from model.attention import dense_reference, merge_heads, split_heads
 from model.own_attention import ROLE_NAMES, normal
-from monitor.contract import (MATCH, centred, compare_mask, compare_scores, compare_weights, differ,
-                              factor_of, first_difference, operands, relative)
+from monitor.stage_compare import (MATCH, centred, compare_mask, compare_scores, compare_weights, differ,
+                                   factor_of, first_difference, operands, relative)
 
 HEAD_ATTRIBUTES = ("n_heads", "num_heads", "heads", "n_head", "nhead", "num_attention_heads", "h", "head_count")
 
