@@ -13,7 +13,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 import runtime
-from data.sources import has_text
+from data.reading import has_text
 from inference.faces import notes_to_stderr, run_face
 from inference.limits import BATCH_SIZE, IG_STEPS, IG_STEPS_DEFAULT, POSITIVE, PREDICT_BATCH
 from inference.texts import EMPTY

@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data.sources import DataError, is_missing, load_splits
+from data.label_encoding import is_missing
+from data.sources import DataError, load_splits
 
 TEXTS = ["happy glad", "angry mad", "scared afraid", "angry scared", "glad but afraid", "mad and happy"] * 2
 

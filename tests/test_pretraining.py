@@ -226,7 +226,7 @@ def test_unlabeled_files_of_every_format_are_read(tmp_path, suffix):
         frame.to_parquet(path)
     else:
         write_lines(path, list(frame.text))
-    from data.sources import read_unlabeled
+    from data.reading import read_unlabeled
 
     assert read_unlabeled(path) == ["one text here", "another text"]
 

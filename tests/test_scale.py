@@ -19,7 +19,8 @@ import training.ngram_teacher
 from data.columns import TextColumn
 from data.datamodule import TextDataModule
 from data.encoded import EncodedSplit
-from data.sources import DataError, load_splits, read_table
+from data.reading import read_table
+from data.sources import DataError, load_splits
 from data.tokenizer import train_tokenizer
 from training.ngram_teacher import out_of_fold_probabilities
 
