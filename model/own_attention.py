@@ -12,7 +12,7 @@ adds, `w_o`). A class that takes no mask is run on texts of one length at a time
 
 The class hands out its weights (returned, or read from the softmax it computes when it returns only its output),
 not the scores it softmaxed: AttentionWeights.scores is NaN (the monitor's score figures are then NaN, never a
-guess). The doctor's formula reference is not defined for a user's class here (`reference` is None:
+guess). The doctor's formula reference is not defined for a user's class here (`reference_keys_values` is None:
 monitor/contract.py skips it).
 
 Letters in the shape comments: B batch, L tokens, H heads, D model width, W the class's output width, N real tokens.
@@ -79,7 +79,7 @@ class OwnAttention(nn.Module):
     length_cap = 256  # a class written from the formula costs L², as full attention does
     least: dict[str, int] = {}
     gates_heads = True  # set per layer: whether head_gate can reach each head's contribution
-    reference = None  # the doctor's dense reference is not defined for a user's class (monitor/contract.py)
+    reference_keys_values = None  # the doctor's dense reference is not defined for a user's class (monitor/contract.py)
 
     @classmethod
     def order_blind(cls, config) -> bool:

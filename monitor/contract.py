@@ -3,7 +3,7 @@ them into verdicts). Plain PyTorch, run once per validation on a small sample of
 
     formula      each layer recomputed from its own input x, the padding mask of the texts' lengths, the config's
                  look-ahead flag and scale, and its own W_Q, W_K, W_V, W_O, by an independent dense reference of its
-                 kind's definition (the kind's `reference`, model/attention.py and model/long_attention.py), and
+                 kind's definition (monitor/reference.py, from the kind's `reference_keys_values`), and
                  compared stage by stage with what the layer computed and handed out: the scores (row-centred:
                  softmax ignores a constant added to a row), the mask (which keys a real query may see), the
                  weights, the heads' output before W_O, the output. The first stage that differs beyond rounding
@@ -33,6 +33,7 @@ import torch
 from data.tokenizer import pad
 from model.attention import unpack
 from model.classifier import feed_forward_reference, layer_norm_reference
+from monitor.reference import reference
 from monitor.stage_compare import compare_mask, compare_scores, compare_weights, differ, first_difference, operands
 from monitor.views import token_window
 
@@ -173,14 +174,14 @@ def dense_handout(attention, L: int):
 
 def compare(layer, record: dict, padding: torch.Tensor, config) -> dict:
     """The layer's stages against its kind's reference on the same input; the first that differs, how much, how."""
-    if layer.reference is None:  # a user's class (model/own_attention.py): no definition of its kind to compare
+    if layer.reference_keys_values is None:  # a user's class (model/own_attention.py): no definition of its kind to compare
         return {"stage": None, "difference": math.nan, "how": "", "largest": math.nan,
                 "skipped": f"{type(layer.user).__name__}: {layer.convention}"}
     B, L = padding.shape
     received = record["padding"].bool() if record.get("padding") is not None else torch.zeros_like(padding)
     x = unpack(record["x"], ~received)  # (B, L, D) the layer's input, zeros where it was given padding
     scale = config.scale if config.scale is not None else 1.0 / math.sqrt(layer.d_head)
-    ref = layer.reference(x, padding, scale=scale, causal=config.causal)
+    ref = reference(layer, x, padding, scale=scale, causal=config.causal)
     rows = ~padding & ref.allowed.any(dim=-1)[:, 0]  # (B, L) real queries with a key to look at
     found = []  # (stage, difference, how)
     if record.get("attention") is not None:

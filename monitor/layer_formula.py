@@ -1,5 +1,5 @@
 """The formula on one attention layer, from its own weights: where its projections are, softmax(Q Kᵀ/√d_k) V (W_O)
-recomputed from them in float64 by the independent reference (model/attention.py's dense_reference: torch's own
+recomputed from them in float64 by the independent reference (monitor/reference.py's dense_reference: torch's own
 multi-head attention), stage by stage against what the layer computed, and the spread of its scores against what
 1/√d_k gives. monitor/layer_contract.py runs these as two of its checks ("formula", "scale").
 
@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import dense_reference, merge_heads, split_heads
+from model.attention import merge_heads, split_heads
 from model.own_attention import ROLE_NAMES, normal
+from monitor.reference import dense_reference
 from monitor.stage_compare import (MATCH, centred, compare_mask, compare_scores, compare_weights, differ,
                                    factor_of, first_difference, operands, relative)
 

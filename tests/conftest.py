@@ -258,7 +258,7 @@ def smoke_run(tmp_path_factory) -> SmokeRun:
     fused_calls = []
     fused = F.scaled_dot_product_attention
     with pytest.MonkeyPatch.context() as patch:
-        # The callers are kept: the doctor's reference (model/attention.py dense_reference) calls torch's kernel on
+        # The callers are kept: the doctor's reference (monitor/reference.py dense_reference) calls torch's kernel on
         # purpose, as an implementation independent of the written lines; the model's own calls are counted.
         patch.setattr(F, "scaled_dot_product_attention",
                       lambda *a, **k: fused_calls.append(sys._getframe(1).f_code.co_name) or fused(*a, **k))
