@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 
 import model.threads  # noqa: F401  (before anything loads torch: model/threads.py)
-from inference.faces import notes_to_stderr, run_face
+from inference.faces import add_class_arguments, check_class_arguments, notes_to_stderr, run_face
 
 log = logging.getLogger("export")
 
@@ -61,8 +61,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for model.onnx, tokenizer.json, "
                                                                     "config.json (created if missing)")
     parser.add_argument("--attention", action="store_true", help="add each layer's attention weights as outputs")
+    add_class_arguments(parser)
     parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     args = parser.parse_args(argv)
+    check_class_arguments(parser, args)
     if len(args.ckpt) > 1:
         parser.error("--ckpt given more than once: an export is one network (predict.py and serve.py average an "
                      "ensemble outside the networks); export each checkpoint to its own --out")
@@ -230,6 +232,7 @@ def main(argv=None) -> int:
 def run(args) -> int:
     from data.files import check_target, make_folder, write_text
     from inference import TextClassifier
+    from inference.classifier import FACE_FLAGS
     from data.checkpoint import open_checkpoint
 
     for module in ("onnx", "onnxscript"):  # torch.onnx.export needs both: say so, not that the kind cannot export
@@ -239,7 +242,8 @@ def run(args) -> int:
             raise ExportError(f"export.py needs the export extra ({e.name} is not installed): "
                               'pip install -e ".[export]"') from None
     ckpt, checkpoint = open_checkpoint(args.ckpt)
-    classifier = TextClassifier.from_checkpoint(ckpt, device="cpu", checkpoint=checkpoint)
+    classifier = TextClassifier.from_checkpoint(ckpt, device="cpu", checkpoint=checkpoint, attention=args.attention_class,
+                                                allow_changed=args.allow_changed_class, flags=FACE_FLAGS)
     out = make_folder(args.out, "export folder")
     for name in ("model.onnx", "tokenizer.json", "config.json"):
         check_target(out / name, name, inputs=[ckpt])

@@ -14,7 +14,7 @@ import model.threads  # noqa: F401  (before anything loads torch: model/threads.
 from tqdm import tqdm
 
 from data.sources import has_text
-from inference.faces import notes_to_stderr, run_face
+from inference.faces import add_class_arguments, check_class_arguments, notes_to_stderr, run_face
 from inference.limits import BATCH_SIZE, IG_STEPS, IG_STEPS_DEFAULT, POSITIVE, PREDICT_BATCH
 from inference.texts import EMPTY
 
@@ -99,8 +99,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "length internally")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="where the network runs; auto picks cuda when available (default: auto)")
+    add_class_arguments(parser)
     parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     args = parser.parse_args(argv)
+    check_class_arguments(parser, args)
     if bool(args.texts) == bool(args.file):
         parser.error("give either TEXT arguments or --file (not both, not neither)")
     if args.all_heads and not args.attention:
@@ -181,7 +183,8 @@ def run(args) -> int:
     from inference.answers import NON_FINITE, load, prediction_outputs, truncation_note
 
     texts = read_inputs(args)
-    classifier = load(args.ckpt, device=args.device)
+    classifier = load(args.ckpt, device=args.device, attention=args.attention_class,
+                      allow_changed=args.allow_changed_class)
     if args.show_thresholds and not classifier.multi_label:
         raise InputError(f"--show-thresholds: {args.ckpt[0]} gives one label a text (the most probable), it has no "
                          "thresholds")

@@ -23,6 +23,8 @@ import torch
 from data.files import WriteError, check_target, write_atomically
 from data.checkpoint import CheckpointError, open_checkpoint
 from inference import TextClassifier
+from inference.classifier import FACE_FLAGS
+from inference.faces import add_class_arguments, check_class_arguments
 from inference.heads import (ablation, accuracy, head_importance, labelled, least_important, prune_checkpoint,
                              pruned_classifier, pruning_table)
 from inference.limits import POSITIVE, Parser
@@ -52,7 +54,9 @@ def main(argv=None) -> int:
     parser.add_argument("--prune", type=POSITIVE.argument(), metavar="N", help="cut the N least important heads ...")
     parser.add_argument("--out", help="... and write the pruned checkpoint here")
     parser.add_argument("--no-table", action="store_true", help="skip the accuracy-against-heads-kept table")
+    add_class_arguments(parser)
     args = parser.parse_args(argv)
+    check_class_arguments(parser, args)
     if (args.prune is None) != (args.out is None):
         parser.error("--prune and --out go together")
     try:  # every input checked before the computation (minutes on a real split)
@@ -60,7 +64,9 @@ def main(argv=None) -> int:
             check_target(args.out, "pruned checkpoint (--out)", inputs=[args.ckpt])
         path, checkpoint = open_checkpoint(args.ckpt)  # a run folder: its best checkpoint, as predict.py reads it
         args.ckpt = str(path)
-        classifier = TextClassifier.from_checkpoint(path, device="cpu", checkpoint=checkpoint)
+        classifier = TextClassifier.from_checkpoint(path, device="cpu", checkpoint=checkpoint,
+                                                    attention=args.attention_class,
+                                                    allow_changed=args.allow_changed_class, flags=FACE_FLAGS)
         importance_data = labelled(classifier, path, args.importance_split, args.importance_limit, seed=0,
                                    checkpoint=checkpoint)
         data = labelled(classifier, path, args.split, args.limit, checkpoint=checkpoint)

@@ -24,14 +24,16 @@ __all__ = ["NON_FINITE", "load", "prediction_outputs", "explanation_outputs", "f
            "token_count", "truncation_note", "model_info"]
 
 
-def load(paths: list, device: str = "auto"):
-    """One checkpoint (or run folder): a TextClassifier; several: an Ensemble, their probabilities averaged."""
-    from inference.classifier import TextClassifier
+def load(paths: list, device: str = "auto", attention: str | None = None, allow_changed: bool = False):
+    """One checkpoint (or run folder): a TextClassifier; several: an Ensemble, their probabilities averaged.
+    attention, allow_changed: a face's --attention-class and --allow-changed-class (a user's class, named)."""
+    from inference.classifier import FACE_FLAGS, TextClassifier
     from inference.ensemble import Ensemble
 
+    named = {"attention": attention, "allow_changed": allow_changed, "flags": FACE_FLAGS}
     if len(paths) == 1:
-        return TextClassifier.from_checkpoint(paths[0], device=device)
-    return Ensemble.from_checkpoints(paths, device=device)
+        return TextClassifier.from_checkpoint(paths[0], device=device, **named)
+    return Ensemble.from_checkpoints(paths, device=device, **named)
 
 
 def readable(texts: list[str]) -> tuple[list[int], dict[int, dict]]:
@@ -140,10 +142,11 @@ def answer(classifier, pairs: list[tuple]) -> dict:
     return {"predictions": [finite(out) for out, _ in pairs], "notes": notes}
 
 
-def model_info(paths: list) -> dict:
+def model_info(paths: list, attention: str | None = None, allow_changed: bool = False) -> dict:
     """What GET /info says about the model, read from the checkpoints (safely: data/checkpoint.py), with the
     attention doctor's latest verdicts each carries (inference/verdicts.py; the page's badges)."""
     from data.checkpoint import open_checkpoint, stored_calibration, stored_label_names
+    from inference.classifier import FACE_FLAGS, named_hyper_parameters
     from inference.ensemble import check_same_layout
     from inference.verdicts import latest_verdicts
     from model.config import network_config
@@ -152,7 +155,8 @@ def model_info(paths: list) -> dict:
     for path in paths:
         file, checkpoint = open_checkpoint(path)
         labels = stored_label_names(checkpoint)
-        config = network_config(checkpoint["hyper_parameters"], labels)
+        hparams = named_hyper_parameters(file, checkpoint, attention, allow_changed, FACE_FLAGS)
+        config = network_config(hparams, labels)
         multi_label = bool(checkpoint["hyper_parameters"].get("multi_label", False))
         temperature, thresholds = stored_calibration(checkpoint, file)
         if members:  # one line before any worker starts, as the Ensemble the workers build would say it

@@ -36,8 +36,9 @@ class Ensemble:
         return [sum(m.thresholds[c] for m in self.members) / len(self.members) for c in range(len(self.label_names))]
 
     @classmethod
-    def from_checkpoints(cls, paths, device="auto") -> "Ensemble":
-        return cls([TextClassifier.from_checkpoint(path, device=device) for path in paths], names=paths)
+    def from_checkpoints(cls, paths, device="auto", **named) -> "Ensemble":
+        """named: TextClassifier.from_checkpoint's attention, allow_changed and flags, for every member."""
+        return cls([TextClassifier.from_checkpoint(path, device=device, **named) for path in paths], names=paths)
 
     def predict(self, texts: list[str], attention: bool = False, top_k: int | None = None,
                 batch_size: int = PREDICT_BATCH) -> list[Prediction]:

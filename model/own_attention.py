@@ -29,7 +29,7 @@ from model.errors import ConfigError
 from model.mask_probe import Convention, find_convention, key_mask, run_layer
 from model.user_class import (  # noqa: F401 (the names callers import from here)
     ALLOW_CHANGED, build_user_layer, check_attention_args, configured_class, constructor_arguments, is_class_spec,
-    load_attention_class, resolve_source,
+    load_attention_class, name_class, named_class, named_network,
 )
 
 log = logging.getLogger(__name__)
@@ -88,10 +88,12 @@ class OwnAttention(nn.Module):
 
     @classmethod
     def check(cls, config) -> None:
-        """The class loads and its constructor can be filled; the settings of the built-in formula, which do not
-        reach a user's class, are refused rather than ignored."""
-        constructor_arguments(configured_class(config), config.d_model, config.n_heads, config.head_size,
-                              config.attention_args)
+        """The class's constructor can be filled (when the user named the class: a checkpoint's record alone is
+        data, checked when the network is built); the settings of the built-in formula, which do not reach a user's
+        class, are refused rather than ignored."""
+        named = named_class(config.attention_source)
+        if named is not None:
+            constructor_arguments(named, config.d_model, config.n_heads, config.head_size, config.attention_args)
         for name, default in (("scale", None), ("causal", False), ("attention_kernel", "manual"),
                               ("attention_dropout", 0.0), ("layer_heads", None)):
             if getattr(config, name) != default:
