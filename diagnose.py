@@ -167,7 +167,7 @@ def attention_main(args) -> int:
 
     try:
         rows = layer_contract(args.attention, d_model=args.d_model, n_heads=args.heads, d_head=args.d_head,
-                              args=args.args, mapping=args.map, learn=args.learn)
+                              args=args.args, mapping=args.map, learn=args.learn, max_length=args.max_length)
     except ValueError as e:  # ConfigError: the file, the class, its constructor; a --map attribute not found
         if args.debug:
             raise

@@ -22,6 +22,7 @@ import os
 import sys
 from pathlib import Path, PurePath
 
+import torch
 from torch import nn
 
 from model.errors import ConfigError
@@ -123,6 +124,15 @@ def _load_file(spec: str, path: Path) -> object:
         raise ConfigError(f"attention {spec!r}: importing {path} failed: {first_line(error)}") from None
     _loaded[key] = module
     return module
+
+
+def display_name(cls: type) -> str:
+    """How the product names a user's class in its lines: path/to/file.py:Class for a class of a file (its module's
+    name is the product's own, own_attention_<hash>_<stem>), package.module.Class otherwise."""
+    path = class_file(cls)
+    if inspect.isclass(cls) and cls.__module__.startswith("own_attention_") and path is not None:
+        return f"{path}:{cls.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def class_file(cls: type) -> Path | None:
@@ -272,14 +282,73 @@ def constructor_arguments(cls: type, d_model: int, n_heads: int, d_head: int, ar
 
 
 def build_user_layer(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None) -> nn.Module:
-    """cls built from the network's sizes and attention_args (constructor_arguments); a constructor that raises is
-    one ConfigError line."""
+    """cls built from the network's sizes and attention_args (constructor_arguments); a constructor that raises
+    (sys.exit included) is one ConfigError line, and so is one that leaves anything but the network's dtype behind:
+    torch's default dtype changed (set back first), or floating parameters and buffers of another dtype."""
     arguments = constructor_arguments(cls, d_model, n_heads, d_head, args)
+    dtype = torch.get_default_dtype()
     try:
-        return cls(**arguments)
+        layer = guarded(lambda: cls(**arguments))
     except Exception as error:  # the user's constructor
         shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
         raise ConfigError(f"attention: {cls.__name__}({shown}) failed: {first_line(error)}") from None
+    finally:
+        changed = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)  # the process's setting, whatever the class did to it
+    if changed != dtype:
+        raise ConfigError(f"attention: {cls.__name__}.__init__ changed torch's default dtype to {changed} (the "
+                          f"network runs in {dtype}; set back): remove torch.set_default_dtype from the class")
+    other = [f"{name} ({t.dtype})" for name, t in (*layer.named_parameters(), *layer.named_buffers())
+             if t.is_floating_point() and t.dtype != dtype]
+    if other:
+        raise ConfigError(f"attention: {cls.__name__} holds {', '.join(other[:3])}{', ...' if len(other) > 3 else ''}"
+                          f" while the network runs in {dtype}: create them in {dtype} (no dtype=, no .double())")
+    return layer
+
+
+def check_output_dtype(layer: nn.Module, user: nn.Module, d_model: int, name: str) -> None:
+    """One ConfigError line unless the user's module (`user`, inside the adapter `layer`) answers a batch in torch's
+    default dtype with that dtype (a class that returns float64 would stop training at its first matrix product
+    with the network's float32)."""
+    x = torch.randn(2, 5, d_model, generator=torch.Generator().manual_seed(0))
+    seen = []
+    handle = user.register_forward_hook(lambda module, args, output: seen.append(
+        output[0] if isinstance(output, (tuple, list)) else output))
+    was_training = layer.training
+    layer.eval()
+    try:
+        with torch.no_grad():
+            layer(x)
+    except Exception:  # a product projection refusing its float64 (checked below); else the probes report it
+        pass
+    finally:
+        handle.remove()
+        layer.train(was_training)
+    dtype = getattr(seen[0], "dtype", x.dtype) if seen else x.dtype
+    if dtype != x.dtype:
+        raise ConfigError(f"attention {name}: forward returns {dtype} for a {x.dtype} input (the network runs in "
+                          f"{x.dtype}): return the output in the input's dtype (compute in it, or out.to(x.dtype))")
+
+
+def long_input_problem(layer: nn.Module, d_model: int, length: int) -> str | None:
+    """What goes wrong when the layer reads texts of `length` tokens (the run's max_length): None, or one line (an
+    error it raises, NaN or infinity in a real token's output). A class that works on the short probes may break
+    past a length (an allocation, a fixed-size table, a bad mask); training must not find out mid-epoch."""
+    x = torch.randn(2, length, d_model, generator=torch.Generator().manual_seed(0))
+    padding = torch.zeros(2, length, dtype=torch.bool)
+    padding[1, max(1, length // 2):] = True  # one full text, one half as long
+    was_training = layer.training
+    layer.eval()
+    try:
+        with torch.no_grad():
+            out, _ = guarded(lambda: layer(x, padding))
+    except Exception as error:  # the user's forward
+        return f"a text of {length} tokens: {first_line(error)}"
+    finally:
+        layer.train(was_training)
+    if not torch.isfinite(out[~padding]).all():
+        return f"a text of {length} tokens: its output holds NaN or infinity"
+    return None
 
 
 def first_line(error: BaseException) -> str:

@@ -12,6 +12,7 @@ from data.checkpoint import calibrated, stored_calibration
 from data.tokenizer import UNK_ID
 from model.classifier import AttentionClassifier
 from model.config import ConfigError, NetworkConfig
+from model.user_class import long_input_problem
 from training import calibration as calib
 from training.adapt import AdaptThreads
 from training.average import WeightAverage
@@ -90,6 +91,7 @@ class ClassifierModule(L.LightningModule):
         # `model` is validated, monitored and saved for prediction; with ema_decay it is the average (its
         # checkpoint keys model.*) of `_online`, the network the optimizer trains.
         self.model, self._online, self.average = AttentionClassifier(network), None, None
+        check_long_texts(self.model, network)
         if ema_decay > 0:
             self.average = WeightAverage(self.model, ema_decay)
             self._online, self.model = self.model, self.average.network
@@ -205,3 +207,15 @@ class ClassifierModule(L.LightningModule):
     def configured_optimizer(self) -> tuple[torch.nn.Module, dict[str, dict]]:
         """(the network trained, {parameter name: {"lr", "weight_decay"}}) as configured (hparams_initial)."""
         return self.online_model, optimizer_settings(self.hparams_initial, self.online_model)
+
+
+def check_long_texts(model: AttentionClassifier, network: NetworkConfig) -> None:
+    """A user's class must read a text of the run's max_length before training starts (the doctor's probes read 7
+    tokens): a class that raises or gives NaN past a length is one ConfigError line here, not a traceback mid-epoch."""
+    if network.attention_source is None:
+        return
+    problem = long_input_problem(model.blocks[0].attention, network.d_model, network.max_length)
+    if problem:
+        raise ConfigError(f"attention {network.attention}: {problem}: it cannot read this run's texts; fix the class "
+                          f"(diagnose.py --attention {network.attention} --max-length {network.max_length} checks "
+                          "it alone), or lower data.max_length")

@@ -1,0 +1,144 @@
+"""A user's attention class fails in one line, at the first place it can (model/user_class.py, monitor/layer_contract.py,
+training/module.py): sys.exit at import, float64 (its output, its parameters, the default dtype it sets), nothing to
+train, a class that breaks past a length, prints that would mix with a face's JSON, a 3-tuple return."""
+
+import pytest
+import torch
+
+from conftest import SMOKE
+from model.config import ConfigError, NetworkConfig
+
+HEAD = '''import math, sys
+import torch
+from torch import nn
+
+
+class A(nn.Module):
+    def __init__(self, d_model):
+        super().__init__()
+        self.w_q = nn.Linear(d_model, d_model, bias=False)
+        self.w_k = nn.Linear(d_model, d_model, bias=False)
+        self.w_v = nn.Linear(d_model, d_model, bias=False)
+        {init}
+
+    def forward(self, x, key_padding_mask=None):
+        q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
+        s = q @ k.transpose(-2, -1) / math.sqrt(x.shape[-1])
+        if key_padding_mask is not None:
+            s = s.masked_fill(key_padding_mask[:, None, :], float("-inf"))
+        w = s.softmax(-1)
+        {forward}
+        return w @ v, w
+'''
+
+
+def write(tmp_path, init="pass", forward="pass", top="", name="mine.py") -> str:
+    path = tmp_path / name
+    path.write_text(top + HEAD.replace("{init}", init).replace("{forward}", forward))
+    return f"{path}:A"
+
+
+def one_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_sys_exit_at_import_is_one_line_in_diagnose_and_train(tmp_path, capsys):
+    import diagnose
+    import train
+
+    spec = write(tmp_path, top="import sys\nsys.exit(3)\n")
+    with pytest.raises(ConfigError, match=r"sys.exit\(3\)"):
+        NetworkConfig(attention=spec, d_model=16, n_heads=2)
+    assert diagnose.main(["--attention", spec]) == 2
+    assert "sys.exit(3)" in one_line(capsys.readouterr().err)
+    with pytest.raises(SystemExit) as stop:
+        train.main(["fit", "--config", SMOKE, "--model.network.attention", spec,
+                    "--trainer.default_root_dir", str(tmp_path / "runs")])
+    assert isinstance(stop.value.code, str) and "sys.exit(3)" in one_line(stop.value.code)
+
+
+def test_sys_exit_in_the_constructor_is_one_line(tmp_path):
+    from model.classifier import AttentionClassifier
+
+    spec = write(tmp_path, init="sys.exit(4)")
+    with pytest.raises(ConfigError, match=r"sys.exit\(4\)"):
+        AttentionClassifier(NetworkConfig(attention=spec, d_model=16, n_heads=2))
+
+
+@pytest.mark.parametrize("case, init, forward, says", [
+    ("float64 output", "pass", "return (w @ v).double(), w", "returns torch.float64"),
+    ("float64 parameters", "self.w_v = self.w_v.double()", "pass", "holds w_v.weight (torch.float64)"),
+    ("default dtype changed", "torch.set_default_dtype(torch.float64)", "pass", "changed torch's default dtype"),
+])
+def test_another_dtype_is_one_line_at_build(tmp_path, case, init, forward, says):
+    from model.classifier import AttentionClassifier
+
+    spec = write(tmp_path, init=init, forward=forward)
+    with pytest.raises(ConfigError) as error:
+        AttentionClassifier(NetworkConfig(attention=spec, d_model=16, n_heads=2))
+    assert says in one_line(str(error.value))
+    assert torch.get_default_dtype() == torch.float32  # the class's setting does not outlive its refusal
+
+
+NO_PARAMETER = """import torch
+from torch import nn
+
+
+class A(nn.Module):
+    def forward(self, x, key_padding_mask=None):
+        s = x @ x.transpose(-2, -1) / x.shape[-1] ** 0.5
+        if key_padding_mask is not None:
+            s = s.masked_fill(key_padding_mask[:, None, :], float("-inf"))
+        w = s.softmax(-1)
+        return w @ x, w
+"""
+
+
+@pytest.mark.parametrize("case", ["no parameter", "frozen"])
+def test_a_class_with_nothing_to_train_gets_a_gradient_fail_row(tmp_path, case, capsys):
+    import diagnose
+
+    if case == "no parameter":
+        (tmp_path / "none.py").write_text(NO_PARAMETER)
+        spec = f"{tmp_path / 'none.py'}:A"
+    else:
+        spec = write(tmp_path, init="self.requires_grad_(False)")
+    assert diagnose.main(["--attention", spec, "--d-model", "16", "--heads", "1"]) == 1
+    gradient = [line for line in capsys.readouterr().out.splitlines() if line.startswith("gradient ")]
+    assert len(gradient) == 1 and "FAIL" in gradient[0] and "nothing to train" in gradient[0]
+
+
+LONG_BREAKS = "if x.shape[1] > 64:\n            raise MemoryError('50 GB')"
+LONG_NAN = "if x.shape[1] > 64:\n            return w @ v * float('nan'), w"
+
+
+@pytest.mark.parametrize("forward", [LONG_BREAKS, LONG_NAN], ids=["raises", "nan"])
+def test_a_class_that_breaks_past_a_length_fails_the_long_input_check_and_is_refused_before_training(
+        tmp_path, forward, capsys):
+    import diagnose
+    from training.module import ClassifierModule
+
+    spec = write(tmp_path, forward=forward)
+    assert diagnose.main(["--attention", spec, "--d-model", "16", "--heads", "1"]) == 1
+    out = capsys.readouterr().out
+    assert any(line.startswith("long-input") and "FAIL" in line and "128 tokens" in line for line in out.splitlines())
+    assert diagnose.main(["--attention", spec, "--d-model", "16", "--heads", "1", "--max-length", "64"]) == 0
+    capsys.readouterr()
+    with pytest.raises(ConfigError) as error:
+        ClassifierModule(network=NetworkConfig(attention=spec, d_model=16, n_heads=1, max_length=100))
+    assert "a text of 100 tokens" in one_line(str(error.value)) and "data.max_length" in str(error.value)
+    ClassifierModule(network=NetworkConfig(attention=spec, d_model=16, n_heads=1, max_length=64))
+
+
+def test_diagnose_refuses_flags_it_would_ignore(tmp_path, capsys):
+    import diagnose
+
+    for flags in (["--map", "q=a,k=b,v=c"], ["--learn"], ["--heads", "2"], ["--args", "{}"], ["--d-model", "8"]):
+        with pytest.raises(SystemExit) as stop:
+            diagnose.main(["--ckpt", str(tmp_path / "x.ckpt"), *flags])
+        assert stop.value.code == 2 and f"{flags[0]} go with --attention alone" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        diagnose.main(["--attention", "x.py:A", "--data.dataset", "sst2"])
+    assert "--data.dataset go with --ckpt" in capsys.readouterr().err
