@@ -161,13 +161,59 @@ def positive_int(value: str) -> int:
     return number
 
 
+class SlowClassProgress:
+    """While the contract runs: the forwards of the user's class counted and, once they have taken SLOW_AFTER
+    seconds, a line on stderr every PROGRESS_EVERY seconds with how many ran and about how long the rest takes
+    (CONTRACT_FORWARDS at the default sizes; a fast class prints nothing)."""
+
+    SLOW_AFTER, PROGRESS_EVERY = 3.0, 10.0
+    CONTRACT_FORWARDS = 35  # forwards of the class in the contract without --learn (docs/examples/my_attention.py)
+
+    def __init__(self, spec: str):
+        self.spec = spec
+
+    def __enter__(self):
+        import time
+
+        from torch.nn.modules.module import register_module_forward_hook
+
+        from model.user_class import load_attention_class
+
+        self.cls = load_attention_class(self.spec)  # the class the contract builds (a file runs once)
+        self.count, self.started, self.said = 0, time.monotonic(), None
+        self.handle = register_module_forward_hook(self.seen)
+        return self
+
+    def seen(self, module, args, output):
+        import time
+
+        if type(module) is not self.cls:
+            return
+        self.count += 1
+        now = time.monotonic()
+        spent = now - self.started
+        if spent < self.SLOW_AFTER or self.said is not None and now - self.said < self.PROGRESS_EVERY:
+            return
+        self.said = now
+        left = max(self.CONTRACT_FORWARDS - self.count, 0) * spent / self.count
+        print(f"diagnose.py: {self.spec}: {self.count} forwards of the class in {spent:.0f} s "
+              f"({spent / self.count:.1f} s each); about {left:.0f} s more (the contract runs it about "
+              f"{self.CONTRACT_FORWARDS} times)", file=sys.stderr,
+              flush=True)
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+        return False
+
+
 def attention_main(args) -> int:
     """The contract on a user's class alone: the table, exit 1 on any FAIL, 2 on bad input."""
     from monitor.layer_contract import layer_contract, table
 
     try:
-        rows = layer_contract(args.attention, d_model=args.d_model, n_heads=args.heads, d_head=args.d_head,
-                              args=args.args, mapping=args.map, learn=args.learn, max_length=args.max_length)
+        with SlowClassProgress(args.attention):
+            rows = layer_contract(args.attention, d_model=args.d_model, n_heads=args.heads, d_head=args.d_head,
+                                  args=args.args, mapping=args.map, learn=args.learn, max_length=args.max_length)
     except ValueError as e:  # ConfigError: the file, the class, its constructor; a --map attribute not found
         if args.debug:
             raise

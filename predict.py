@@ -5,6 +5,7 @@ The Python API behind this script is `inference.TextClassifier` (inference/class
 """
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -179,6 +180,14 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
+    """The answers on stdout, as JSON lines only: anything else written to stdout while they are computed (a
+    user's class that prints in its forward) goes to stderr."""
+    stdout = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        return answer(args, stdout)
+
+
+def answer(args, stdout) -> int:
     # Imported here, not at the top, so --help and argument errors answer without loading torch.
     from inference.answers import NON_FINITE, load, prediction_outputs, truncation_note
 
@@ -189,7 +198,7 @@ def run(args) -> int:
         raise InputError(f"--show-thresholds: {args.ckpt[0]} gives one label a text (the most probable), it has no "
                          "thresholds")
     if args.explain:
-        return run_explain(args, classifier, texts)
+        return run_explain(args, classifier, texts, stdout)
     png_dir = Path(args.attention_png) if args.attention_png else None
     if png_dir is not None:
         from data.files import make_folder
@@ -222,8 +231,8 @@ def run(args) -> int:
                     broken.append(i + 1)
                     text = json_line({"text": out["text"], "error": NON_FINITE})
                 encoded.append(text)
-            sys.stdout.write("".join(encoded))
-            sys.stdout.flush()
+            stdout.write("".join(encoded))
+            stdout.flush()
             bar.update(len(window))
     for number, length in truncated[:NOTES_SHOWN]:
         log.info("%s %d: %s", where, number, truncation_note(texts[number - 1], length, classifier.max_length))
@@ -246,7 +255,7 @@ def note_unread(unread: list[tuple[int, str]], where: str) -> None:
         log.info("%s %d: %s", where, number, error)
 
 
-def run_explain(args, classifier, texts: list[str]) -> int:
+def run_explain(args, classifier, texts: list[str], stdout) -> int:
     """--explain: one JSON object per input (an empty one gives {"text", "error"}), and the page with --html.
     The page's target is checked before any explanation is computed; with no non-empty input it is not written."""
     where = "text" if args.texts else "line"
@@ -260,7 +269,7 @@ def run_explain(args, classifier, texts: list[str]) -> int:
 
     pairs = explanation_outputs(classifier, texts, attention=args.attention, ig_steps=args.ig_steps)
     for i, (out, explanation) in enumerate(pairs):
-        sys.stdout.write(json_line(out) or json_line({"text": out["text"], "error": NON_FINITE}))
+        stdout.write(json_line(out) or json_line({"text": out["text"], "error": NON_FINITE}))
         if explanation is not None and explanation.truncated_from is not None:
             log.info("%s %d: %s; explained as the model saw it, its first %d", where, i + 1,
                      token_count(texts[i], explanation.truncated_from), classifier.max_length)

@@ -51,14 +51,38 @@ def prediction_outputs(classifier, texts: list[str], *, attention: bool = False,
     without putting it in the object. thresholds (several labels a text): add "thresholds", label name → the
     probability the label needed to be in "labels"."""
     real, errors = readable(texts)
-    predictions = classifier.predict([texts[i] for i in real], attention=attention or weights, top_k=top_k,
-                                     batch_size=batch_size)
+    predictions = each_alone_on_failure(lambda chosen: classifier.predict(
+        chosen, attention=attention or weights, top_k=top_k, batch_size=batch_size), [texts[i] for i in real])
     by_index = dict(zip(real, predictions))
     cuts = {"thresholds": label_thresholds(classifier.label_names, classifier.thresholds)} \
         if thresholds and classifier.multi_label else {}
     return [(errors[i], None) if i in errors else
+            ({"text": writable(texts[i]), "error": by_index[i]}, None) if isinstance(by_index[i], str) else
             (by_index[i].to_dict(all_heads=all_heads, attention=attention) | cuts, by_index[i])
             for i in range(len(texts))]
+
+
+MODEL_FAILED = "the model failed on this text"
+
+
+def each_alone_on_failure(run, texts: list[str]) -> list:
+    """run(texts)'s results; when it raises (a user's class that cannot read one text: an allocation past a
+    length, its own error), each text run alone, and a text that still fails gets its error line instead of a
+    result: one text's failure is that text's, the others are answered (as a text the tokenizer cannot read)."""
+    if not texts:
+        return []
+    try:
+        return run(texts)
+    except Exception:  # the model's (a user's class): told per text below
+        pass
+    results = []
+    for text in texts:
+        try:
+            results += run([text])
+        except Exception as error:
+            lines = str(error).strip().splitlines()
+            results.append(f"{MODEL_FAILED}: {type(error).__name__}" + (f": {lines[0][:300]}" if lines else ""))
+    return results
 
 
 def explanation_outputs(classifier, texts: list[str], *, attention: bool = False,
@@ -66,9 +90,11 @@ def explanation_outputs(classifier, texts: list[str], *, attention: bool = False
     """The explanation object of each text with its Explanation (None for a text the model cannot read); attention
     adds each layer's per-head weights (the explanation page draws them)."""
     real, errors = readable(texts)
-    explanations = dict(zip(real, classifier.explain([texts[i] for i in real], ig_steps=ig_steps)))
-    return [(errors[i], None) if i in errors else (explanations[i].to_dict(attention=attention), explanations[i])
-            for i in range(len(texts))]
+    explanations = dict(zip(real, each_alone_on_failure(lambda chosen: classifier.explain(chosen, ig_steps=ig_steps),
+                                                        [texts[i] for i in real])))
+    return [(errors[i], None) if i in errors else
+            ({"text": writable(texts[i]), "error": explanations[i]}, None) if isinstance(explanations[i], str) else
+            (explanations[i].to_dict(attention=attention), explanations[i]) for i in range(len(texts))]
 
 
 def finite(out: dict) -> dict:

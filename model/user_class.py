@@ -34,6 +34,9 @@ SIZE_NAMES = {
     "d_head": ("d_k", "d_head", "head_dim", "dim_head", "d_out"),
 }
 ALLOW_CHANGED = "ATTENTION_ALLOW_CHANGED_CLASS"  # set to 1: load a checkpoint whose class file changed since
+ARGS_FLAG = "--model.network.attention_args"  # train.py's option for attention_args (diagnose.py's: --args)
+# Constructor parameters that hold an object (a config dataclass, an argparse namespace), which no plain value fills.
+OBJECT_NAMES = {"config", "cfg", "configuration", "conf", "args", "params", "hparams", "opt", "options"}
 PLAIN = (str, int, float, bool, type(None))  # what attention_args may hold (the checkpoint stores it)
 _loaded: dict[tuple[str, float], object] = {}  # file path, modification time → its module (a file runs once)
 _named: dict[tuple[str, str], type] = {}  # (file sha256, class name) → a class the user named in this process
@@ -256,9 +259,11 @@ def configured_class(config) -> type[nn.Module]:
     return cls
 
 
-def constructor_arguments(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None) -> dict:
+def constructor_arguments(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None,
+                          args_flag: str = ARGS_FLAG) -> dict:
     """The keyword arguments cls(**them) is built with: each parameter named like a size (SIZE_NAMES) gets the
-    network's, `args` (attention_args) gives or overrides any; a required one nobody fills is a ConfigError line."""
+    network's, `args` (attention_args) gives or overrides any; a required one nobody fills is a ConfigError line
+    naming `args_flag`, the option of the command that gives attention_args (diagnose.py --attention: --args)."""
     args = dict(args or {})
     sizes = {name: value for size, value in (("d_model", d_model), ("n_heads", n_heads), ("d_head", d_head))
              for name in SIZE_NAMES[size]}
@@ -275,17 +280,23 @@ def constructor_arguments(cls: type, d_model: int, n_heads: int, d_head: int, ar
             chosen[name] = args[name]
         elif name in sizes:
             chosen[name] = sizes[name]
+        elif parameter.default is parameter.empty and name.lower() in OBJECT_NAMES:
+            raise ConfigError(f"attention: {cls.__name__}.__init__ needs {name!r}, an object no setting can give "
+                              f"(arguments are filled by name with plain values): wrap the class in your file, e.g. "
+                              f"class Mine({cls.__name__}): def __init__(self, d_model, n_heads): "
+                              f"super().__init__(<your {name} built from d_model and n_heads>), and name Mine")
         elif parameter.default is parameter.empty:
             raise ConfigError(f"attention: {cls.__name__}.__init__ needs {name!r}, which no network setting fills: "
-                              f"give it with --model.network.attention_args '{{\"{name}\": ...}}'")
+                              f"give it with {args_flag} '{{\"{name}\": ...}}'")
     return chosen
 
 
-def build_user_layer(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None) -> nn.Module:
+def build_user_layer(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None,
+                     args_flag: str = ARGS_FLAG) -> nn.Module:
     """cls built from the network's sizes and attention_args (constructor_arguments); a constructor that raises
     (sys.exit included) is one ConfigError line, and so is one that leaves anything but the network's dtype behind:
     torch's default dtype changed (set back first), or floating parameters and buffers of another dtype."""
-    arguments = constructor_arguments(cls, d_model, n_heads, d_head, args)
+    arguments = constructor_arguments(cls, d_model, n_heads, d_head, args, args_flag)
     dtype = torch.get_default_dtype()
     try:
         layer = guarded(lambda: cls(**arguments))

@@ -408,7 +408,7 @@ def build(layer_or_class, *, d_model: int, n_heads: int, d_head: int | None, arg
         user, d_model = layer_or_class, model_width(layer_or_class)
     else:
         cls = load_attention_class(layer_or_class) if isinstance(layer_or_class, str) else layer_or_class
-        user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, args)
+        user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, args, args_flag="--args")
     try:
         return OwnAttention(built(user), d_model=d_model, n_heads=n_heads, d_head=d_head,
                             name=layer_or_class if isinstance(layer_or_class, str) else None)

@@ -140,9 +140,8 @@ class ClassifierModule(L.LightningModule):
         if not torch.isfinite(loss):
             # Stop here: one more step would put NaN into the weights and the next checkpoint; those on disk stay.
             raise NonFiniteLossError(
-                f"training loss is {loss.item()} at step {self.trainer.global_step} (epoch {self.current_epoch}): the "
-                f"learning rate ({self.hparams.lr}) is likely too high; try lowering --model.lr. Checkpoints already "
-                "saved are kept")
+                f"training loss is {loss.item()} at step {self.trainer.global_step} (epoch {self.current_epoch}): "
+                f"{non_finite_cause(self.network, self.hparams.lr, logits)}. Checkpoints already saved are kept")
         self.log("train/loss", loss, prog_bar=True, batch_size=len(logits))
         self.train_metrics.update(logits, batch["labels"].long() if self.hparams.multi_label else batch["labels"])
         return loss
@@ -219,3 +218,13 @@ def check_long_texts(model: AttentionClassifier, network: NetworkConfig) -> None
         raise ConfigError(f"attention {network.attention}: {problem}: it cannot read this run's texts; fix the class "
                           f"(diagnose.py --attention {network.attention} --max-length {network.max_length} checks "
                           "it alone), or lower data.max_length")
+
+
+def non_finite_cause(network: NetworkConfig, lr: float, logits: torch.Tensor) -> str:
+    """The likely cause of a NaN or infinite loss: at the first steps with a user's class, what the class computed
+    (the loss is NaN because the logits are); else a learning rate too high."""
+    if network.attention_source is not None and not torch.isfinite(logits).all():
+        return (f"the network's outputs are NaN or infinite: the attention class {network.attention} computed them "
+                f"on this batch (diagnose.py --attention {network.attention} --max-length {network.max_length} "
+                "checks it alone), or the learning rate ({lr}) is too high (--model.lr)")
+    return f"the learning rate ({lr}) is likely too high; try lowering --model.lr"
