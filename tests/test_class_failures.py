@@ -142,3 +142,143 @@ def test_diagnose_refuses_flags_it_would_ignore(tmp_path, capsys):
     with pytest.raises(SystemExit):
         diagnose.main(["--attention", "x.py:A", "--data.dataset", "sst2"])
     assert "--data.dataset go with --ckpt" in capsys.readouterr().err
+
+
+# ---- the faces ------------------------------------------------------------------------------------------------------
+
+BREAKS_PAST_8 = "if x.shape[1] > 8:\n            raise RuntimeError('would allocate 50 GB')"
+
+
+def own_checkpoint(tmp_path, forward="pass", init="pass"):
+    from conftest import save_checkpoint, tiny_classifier
+
+    spec = write(tmp_path, init=init, forward=forward)
+    classifier = tiny_classifier(attention=spec, n_layers=1)
+    return spec, classifier, save_checkpoint(classifier, tmp_path / "own.ckpt")
+
+
+TEXTS = ["w1 alpha", "w1 w2 w3 w4 w5 w6 w7 w8 w9 beta", "beta"]  # the second is 10 tokens: past what the class reads
+
+
+def test_one_texts_failure_is_that_texts_in_predict(tmp_path, capsys):
+    import json
+
+    import predict
+
+    spec, _, ckpt = own_checkpoint(tmp_path, forward=BREAKS_PAST_8)
+    assert predict.main(["--ckpt", str(ckpt), "--attention-class", spec, *TEXTS]) == 0
+    captured = capsys.readouterr()
+    answers = [json.loads(line) for line in captured.out.splitlines()]
+    assert [("label" in a, "error" in a) for a in answers] == [(True, False), (False, True), (True, False)]
+    assert "the model failed on this text: RuntimeError: would allocate 50 GB" == answers[1]["error"]
+    assert "text 2: the model failed on this text" in captured.err
+
+
+def test_one_texts_failure_is_that_texts_in_serve(tmp_path):
+    from inference.answers import answer_batch
+    from inference.request import PredictRequest
+
+    _, classifier, _ = own_checkpoint(tmp_path, forward=BREAKS_PAST_8)
+    (answer,) = answer_batch(classifier, [PredictRequest(texts=TEXTS)])
+    assert "error" not in answer
+    assert ["error" in p for p in answer["predictions"]] == [False, True, False]
+
+
+def test_a_class_that_prints_leaves_stdout_to_the_json(tmp_path, capsys):
+    import json
+
+    import predict
+
+    spec, _, ckpt = own_checkpoint(tmp_path, forward="print('hello from forward')")
+    capsys.readouterr()  # what building it printed here
+    assert predict.main(["--ckpt", str(ckpt), "--attention-class", spec, *TEXTS]) == 0
+    captured = capsys.readouterr()
+    assert [json.loads(line)["text"] for line in captured.out.splitlines()] == TEXTS
+    assert "hello from forward" in captured.err
+
+
+def test_prune_refuses_to_cut_a_user_class_in_one_line(tmp_path):
+    import prune
+
+    spec, _, ckpt = own_checkpoint(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        prune.main(["--ckpt", str(ckpt), "--attention-class", spec, "--prune", "1", "--out", str(tmp_path / "p.ckpt")])
+    assert "cannot be cut" in one_line(str(stop.value.code)) and not (tmp_path / "p.ckpt").exists()
+
+
+def test_a_three_tuple_is_refused_as_documented(tmp_path):
+    from model.own_attention import OwnAttention
+
+    spec = write(tmp_path, forward="return w @ v, w, s")
+    with pytest.raises(ConfigError) as error:
+        OwnAttention(spec, d_model=16, n_heads=1)
+    assert "returned 3 values; expected out or (out, weights)" in one_line(str(error.value))
+
+
+@pytest.mark.parametrize("argument, says", [("window", "--args '{\"window\": ...}'"), ("config", "wrap the class")])
+def test_constructor_hints_name_the_commands_own_flag(tmp_path, capsys, argument, says):
+    import diagnose
+
+    path = tmp_path / "needs.py"
+    path.write_text(HEAD.replace("def __init__(self, d_model)", f"def __init__(self, d_model, {argument})")
+                    .replace("{init}", "pass").replace("{forward}", "pass"))
+    assert diagnose.main(["--attention", f"{path}:A"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert says in line and "--model.network" not in line
+
+
+def test_bench_scale_setup_refuses_a_value_of_the_wrong_type_in_one_line(capsys):
+    from bench import scale
+
+    with pytest.raises(SystemExit) as stop:
+        scale.main(["setup", "batch_size=abc"])
+    assert one_line(str(stop.value.code)) == "error: setup 'batch_size=abc': batch_size takes int, got str 'abc'"
+
+
+def test_a_nan_loss_of_a_user_class_names_the_class_not_the_learning_rate(tmp_path):
+    from training.module import non_finite_cause
+
+    spec = write(tmp_path)
+    network = NetworkConfig(attention=spec, d_model=16, n_heads=1)
+    said = non_finite_cause(network, 1e-3, torch.tensor([[float("nan"), 0.0]]))
+    assert f"the attention class {spec} computed them" in said
+    assert "likely too high" in non_finite_cause(NetworkConfig(), 1e-3, torch.tensor([[float("nan"), 0.0]]))
+
+
+FLOW = '''import math
+import torch
+from torch import nn
+
+
+class Flow(nn.Module):
+    def __init__(self, embed_dim, num_heads):
+        super().__init__()
+        self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=False)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+
+    def forward(self, x, key_padding_mask=None):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        s = q @ k.transpose(-2, -1) / math.sqrt(x.shape[-1])
+        if key_padding_mask is not None and key_padding_mask.any():
+            s = s.masked_fill(key_padding_mask[:, None, :], float("-inf"))
+        w = s.softmax(-1)
+        return self.out_proj(w @ v), w
+'''
+
+
+@pytest.mark.slow
+def test_export_of_untraceable_code_is_one_plain_line_and_leaves_no_folder(tmp_path, capsys):
+    pytest.importorskip("onnxscript")
+    import export
+    from conftest import save_checkpoint, tiny_classifier
+
+    (tmp_path / "flow.py").write_text(FLOW)
+    spec = f"{tmp_path / 'flow.py'}:Flow"
+    ckpt = save_checkpoint(tiny_classifier(attention=spec, n_layers=1), tmp_path / "flow.ckpt")
+    out = tmp_path / "out"
+    assert export.main(["--ckpt", str(ckpt), "--out", str(out), "--attention-class", spec]) == 2
+    captured = capsys.readouterr()
+    line = one_line(captured.err)
+    assert captured.out == "" and "\x1b[" not in line and "Next steps" not in line
+    assert "flow.py" in line and "key_padding_mask.any()" in line
+    assert not out.exists()
