@@ -67,7 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     own.add_argument("--learn", action="store_true",
                      help="add the last check: the class trained in the classifier on the synthetic task "
                           "(configs/smoke.yaml) must reach the built-in full layer's accuracy in the same epochs "
-                          "(both trained here: minutes)")
+                          "(both trained here: seconds to a minute)")
     own.add_argument("--args", type=json_object, metavar="JSON", help="its other constructor arguments, a JSON "
                                                                       "object: '{\"window\": 8}'")
     data = parser.add_argument_group("data (default: what the checkpoint recorded)")
