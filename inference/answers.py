@@ -73,15 +73,19 @@ def each_alone_on_failure(run, texts: list[str]) -> list:
         return []
     try:
         return run(texts)
-    except Exception:  # the model's (a user's class): told per text below
-        pass
-    results = []
+    except Exception as error:  # the model's (a user's class): told per text below
+        together = error
+    results, errors = [], []
     for text in texts:
         try:
             results += run([text])
         except Exception as error:
             lines = str(error).strip().splitlines()
             results.append(f"{MODEL_FAILED}: {type(error).__name__}" + (f": {lines[0][:300]}" if lines else ""))
+            errors.append(error)
+    if len(errors) == len(texts) and isinstance(together, ValueError) \
+            and all(type(e) is type(together) and str(e) == str(together) for e in errors):
+        raise together  # a request the model cannot answer at all (attention of a pruned model, ...): one line
     return results
 
 
