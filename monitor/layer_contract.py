@@ -446,7 +446,8 @@ def layer_contract(layer_or_class, *, d_model: int = 64, n_heads: int = 4, d_hea
     probe = Probe(layer, mapping=mapping, seed=seed, spec=layer_or_class, args=args)
     figures, _ = examine(Subject(layer=probe))  # the doctor's one runner: every registered check that reads a layer
     rows = probe.cache["rows"] = [measured["row"] for measured in figures.values() if "row" in measured]
-    rows.append(long_input_row(layer, probe.d_model, max_length))
+    if probe.user is not layer:  # a user's class in the adapter: built-in kinds read what their settings define
+        rows.append(long_input_row(layer, probe.d_model, max_length))
     return rows + [LEARN(probe)] if learn else rows
 
 
