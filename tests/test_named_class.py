@@ -203,3 +203,14 @@ def test_docs_state_the_rule():
     for doc in ("BAD_INPUT.md", "OWN_ATTENTION.md"):
         text = (ROOT / "docs" / doc).read_text()
         assert "--attention-class" in text and "never imports" in text, doc
+
+
+def test_an_ensemble_names_the_class_for_the_members_that_have_one(planted, capsys, tmp_path):
+    import predict
+
+    spec, ckpt, _, _ = planted
+    full = save_checkpoint(tiny_classifier(n_layers=1), tmp_path / "full.ckpt")
+    assert predict.main(["--ckpt", str(ckpt), "--ckpt", str(full), "--attention-class", spec, "w1 alpha"]) == 0
+    assert capsys.readouterr().out.count("probabilities") == 1
+    assert predict.main(["--ckpt", str(ckpt), "--ckpt", str(full), "w1 alpha"]) == 2
+    assert "--attention-class" in capsys.readouterr().err
