@@ -44,8 +44,9 @@ POST /predict  {"texts": [...], "attention": false, "explain": false}  →  {"pr
     methods per token (predict.py --explain; slow: Integrated Gradients and occlusion per text), with "attention"
     each layer's per-head weights. A bad request is a 4xx {"error": "..."}: invalid JSON (400), a missing, unknown
     or wrong-typed field (422), more than --max-texts texts (422), a body over --max-bytes (413); no answer within
-    --request-timeout (a worker died: LitServe starts a new one) is a 504; a request the model fails on is a 500
-    {"error"} for that request alone.
+    --request-timeout (a worker died: LitServe starts a new one) is a 504; a text the model fails on gets
+    {"text", "error"} in its place, the other texts their answers; a request every text of which fails alike is a
+    500 {"error"} for that request alone.
 GET /          a page: type a text, see its label, the tokens shaded by an explanation method, and the attention
                of every layer and head (nothing is fetched from the internet)
 GET /health    "ok" when the workers are ready (the port accepts connections only once they are; 503 while a

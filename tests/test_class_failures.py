@@ -282,3 +282,22 @@ def test_export_of_untraceable_code_is_one_plain_line_and_leaves_no_folder(tmp_p
     assert captured.out == "" and "\x1b[" not in line and "Next steps" not in line
     assert "flow.py" in line and "key_padding_mask.any()" in line
     assert not out.exists()
+
+
+def test_a_failure_every_text_meets_alike_stays_the_requests():
+    from conftest import tiny_classifier
+    from inference.answers import answer_batch
+    from inference.request import PredictRequest
+
+    classifier = tiny_classifier()
+    predict = classifier.predict
+
+    def refuses_attention(texts, attention=False, **options):
+        if attention:
+            raise ValueError("attention of a pruned model with layers of other head counts")
+        return predict(texts, **options)
+
+    classifier.predict = refuses_attention
+    answers = answer_batch(classifier, [PredictRequest(texts=["w1", "w2 beta"], attention=True),
+                                        PredictRequest(texts=["w3"])])
+    assert set(answers[0]) == {"error"} and "predictions" in answers[1]
