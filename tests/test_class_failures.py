@@ -301,3 +301,15 @@ def test_a_failure_every_text_meets_alike_stays_the_requests():
     answers = answer_batch(classifier, [PredictRequest(texts=["w1", "w2 beta"], attention=True),
                                         PredictRequest(texts=["w3"])])
     assert set(answers[0]) == {"error"} and "predictions" in answers[1]
+
+
+def test_a_slow_class_shows_progress_with_an_estimate(tmp_path, capsys, monkeypatch):
+    import diagnose
+
+    monkeypatch.setattr(diagnose.SlowClassProgress, "SLOW_AFTER", 0.0)  # as if every forward took seconds
+    monkeypatch.setattr(diagnose.SlowClassProgress, "PROGRESS_EVERY", 0.0)
+    spec = write(tmp_path)
+    assert diagnose.main(["--attention", spec, "--d-model", "16", "--heads", "1"]) == 0
+    captured = capsys.readouterr()
+    progress = [line for line in captured.err.splitlines() if "forwards of the class" in line]
+    assert progress and "s more" in progress[-1] and "forwards of the class" not in captured.out
