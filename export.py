@@ -271,7 +271,8 @@ def run(args) -> int:
             raise ExportError(f"export.py needs the export extra ({e.name} is not installed): "
                               'pip install -e ".[export]"') from None
     ckpt, checkpoint = open_checkpoint(args.ckpt)
-    classifier = TextClassifier.from_checkpoint(ckpt, device="cpu", checkpoint=checkpoint, attention=args.attention_class,
+    classifier = TextClassifier.from_checkpoint(ckpt, device="cpu", checkpoint=checkpoint,
+                                                attention=args.attention_class,
                                                 allow_changed=args.allow_changed_class, flags=FACE_FLAGS)
     made = not Path(args.out).exists()
     out = make_folder(args.out, "export folder")

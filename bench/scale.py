@@ -343,8 +343,9 @@ def setup(args) -> dict:
         wanted = plain_types(known[name].annotation)
         if wanted and not (isinstance(settings[name], wanted) and not (
                 isinstance(settings[name], bool) and bool not in wanted)):
-            sys.exit(f"error: setup {pair!r}: {name} takes {' or '.join('null' if t is type(None) else t.__name__ for t in wanted)}, got "
-                     f"{type(settings[name]).__name__} {settings[name]!r}")
+            takes = " or ".join("null" if t is type(None) else t.__name__ for t in wanted)
+            sys.exit(f"error: setup {pair!r}: {name} takes {takes}, got {type(settings[name]).__name__} "
+                     f"{settings[name]!r}")
     start = time.perf_counter()
     try:
         TextDataModule(**settings).state  # noqa: B018  (read, tokenize, encode, cache)
