@@ -313,3 +313,18 @@ def test_a_slow_class_shows_progress_with_an_estimate(tmp_path, capsys, monkeypa
     captured = capsys.readouterr()
     progress = [line for line in captured.err.splitlines() if "forwards of the class" in line]
     assert progress and "s more" in progress[-1] and "forwards of the class" not in captured.out
+
+
+@pytest.mark.slow
+def test_a_note_is_logged_once_per_run_not_at_every_validation(tmp_path, caplog):
+    import logging
+
+    import train
+
+    caplog.set_level(logging.INFO, logger="monitor.callback")
+    spec = write(tmp_path)
+    train.main(["fit", "--config", SMOKE, "--model.network.attention", spec, "--trainer.max_epochs", "2",
+                "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2",
+                "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "runs")])
+    notes = [r.getMessage() for r in caplog.records if r.name == "monitor.callback" and "user-class" in r.getMessage()]
+    assert len(notes) == 1, notes
