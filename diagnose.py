@@ -82,7 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     data.add_argument("--data.seed", dest="seed", type=int, metavar="N", help="seed of that held-out share")
     parser.add_argument("--texts", type=POSITIVE.argument(), default=1000, metavar="N",
                         help="validation texts to check, a seeded random sample (default: 1000)")
-    parser.add_argument("--batch-size", type=POSITIVE.argument(), default=64, metavar="N", help="texts per forward pass")
+    parser.add_argument("--batch-size", type=POSITIVE.argument(), default=64, metavar="N",
+                        help="texts per forward pass")
     parser.add_argument("--html", metavar="FILE",
                         help="where to write the HTML report (default: <checkpoint>.diagnosis.html next to the "
                              "checkpoint, or diagnosis.html in --out)")

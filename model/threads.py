@@ -113,7 +113,8 @@ def start_adapting(cores: int) -> None:
 def adapt() -> None:
     """Called from a face's long loops (each batch, each request): at most once a second, resize torch's pool to the
     cores other programs leave free (Adapter). Nothing unless a command started it (runtime.py: not when the user set
-    the thread count, nor off Linux), or with a torch whose pool is not OpenMP's (its native pool cannot be resized once it has run)."""
+    the thread count, nor off Linux), or with a torch whose pool is not OpenMP's (its native pool cannot be resized
+    once it has run)."""
     global _adapter, _pool_checked
     if _adapter is None:
         return

@@ -57,4 +57,5 @@ def test_pretrain_is_parsed_from_its_arguments_with_sys_argv_untouched(monkeypat
         train.main()
     err = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and sys.argv == command_line
-    assert err.startswith("error: the command line: --model.lrr is not an option of") and "(did you mean --model.lr?)" in err
+    assert err.startswith("error: the command line: --model.lrr is not an option of")
+    assert "(did you mean --model.lr?)" in err

@@ -1,8 +1,9 @@
-"""Arrows one way between packages: the network (model/) imports nothing of ours but itself and no Lightning, and
-the data (data/) nothing of the network; the monitor's figures and heatmaps (monitor.health, monitor.heatmap,
+"""Arrows one way between packages: the network (model/) imports nothing of ours but itself and no Lightning, and the
+data (data/) nothing of the network; the monitor's figures and heatmaps (monitor.health, monitor.heatmap,
 monitor.views) and checkpoint reading load no Lightning and no data module; inference reads checkpoints without
-training/; every import points down model → data → training → monitor → inference → faces; reading a checkpoint loads nothing of the network; no module imports one that imports it back. The imports
-run in fresh processes, the network's first: what is loaded is read after each group."""
+training/; every import points down model → data → training → monitor → inference → faces; reading a checkpoint
+loads nothing of the network; no module imports one that imports it back. The imports run in fresh processes, the
+network's first: what is loaded is read after each group."""
 
 import ast
 import json

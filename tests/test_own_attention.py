@@ -1,5 +1,5 @@
-"""A user's own attention class, unchanged, as a kind (model/own_attention.py, model/mask_probe.py): the course's
-class in the course's form (docs/examples/course_attention.py), each mask convention users write found by probing, bad specs in
+"""A user's own attention class, unchanged, as a kind (model/own_attention.py, model/mask_probe.py): a class in the
+course's form (docs/examples/course_attention.py), each mask convention users write found by probing, bad specs in
 one line, a changed class file refused, a checkpoint rebuilt through predict's API, and a short training run."""
 
 import copy

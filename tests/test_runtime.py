@@ -138,7 +138,8 @@ ROOT, STDLIB = %r, sysconfig.get_paths()["stdlib"]
 ours = []
 def caller():  # the nearest frame outside the standard library (os.environ's and ctypes' own code)
     frame = sys._getframe(2)
-    while frame and (frame.f_code.co_filename.startswith((STDLIB, "<frozen")) or "/ctypes/" in frame.f_code.co_filename):
+    while frame and (frame.f_code.co_filename.startswith((STDLIB, "<frozen"))
+                     or "/ctypes/" in frame.f_code.co_filename):
         frame = frame.f_back
     name = frame.f_code.co_filename if frame else ""
     return name if name.startswith(ROOT) and "site-packages" not in name else None

@@ -304,10 +304,10 @@ def test_freed_memory_is_returned_every_n_batches_and_before_a_larger_batch_of_e
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_large_blocks_are_mapped_on_their_own_after_map_large_blocks():
-    """A command's process (runtime.py) keeps a freed 16 MiB block in the heap (speed), which serves the next 6 MiB; once the heap's
-    free pages are handed back (return_freed_memory, as ReturnFreedMemory does), a 6 MiB block the heap cannot serve
-    is mapped on its own after map_large_blocks(1 MiB) (mallinfo2's mapped bytes hold it), so freeing it hands it
-    straight back. In a fresh process."""
+    """A command's process (runtime.py) keeps a freed 16 MiB block in the heap (speed), which serves the next 6 MiB;
+    once the heap's free pages are handed back (return_freed_memory, as ReturnFreedMemory does), a 6 MiB block the
+    heap cannot serve is mapped on its own after map_large_blocks(1 MiB) (mallinfo2's mapped bytes hold it), so
+    freeing it hands it straight back. In a fresh process."""
     script = """
 import ctypes, sys
 import runtime

@@ -36,8 +36,8 @@ BEST_NAME = "best-epoch{epoch}-step{step}-acc{val/acc:.4f}"
 
 def check_network(config) -> None:
     """The network's own rules (model/config.py), checked before the data are read: tokenizing IMDB must not end in
-    "window must be a whole number >= 1". Sizes the data will choose stand in so that no rule refuses wrongly: max_length
-    as the most it may be, vocab_size as the least (the network is checked again once both are known)."""
+    "window must be a whole number >= 1". Sizes the data will choose stand in so that no rule refuses wrongly:
+    max_length as the most it may be, vocab_size as the least (the network is checked again once both are known)."""
     network, data = config["model"]["network"], config["data"]
     settings = {**vars(network), "num_classes": 2, "vocab_size": data.get("vocab_size") or 1,
                 "max_length": data.get("max_length") or max(max_length_caps(network.attention))}
