@@ -7,12 +7,14 @@
 
 What the adapter finds out is found by running the class (model/mask_probe.py), never guessed from names: how its
 forward takes a mask (positional or keyword, which convention, which shape), what it returns (out or (out, weights),
-weights (B, L, L) or (B, H, L, L)) and its output width (another than d_model gets an output projection the product
-adds, `w_o`). A class that takes no mask is run on texts of one length at a time, so no key it sees is padding.
+weights (B, L, L) or (B, H, L, L)), its output width (another than d_model gets an output projection the product
+adds, `w_o`) and whether it is causal. A class that takes no mask is run on texts of one length at a time, so no key
+it sees is padding, unless it is causal: padding at the end is then out of every real token's view already.
 
-The class hands out its weights (returned, or read from the softmax it computes when it returns only its output),
-not the scores it softmaxed: AttentionWeights.scores is NaN (the monitor's score figures are then NaN, never a
-guess). The doctor's formula reference is not defined for a user's class here (`reference` is None:
+The class hands out its weights (returned, kept on an attribute, read from the softmax it computes, or a fused call
+answered by the written formula while weights are asked for: model/weights_seen.py), not the scores it softmaxed:
+AttentionWeights.scores is NaN (the monitor's score figures are then NaN, never a guess). A class whose weights
+cannot be seen hands out none (need_weights gives None: no heatmaps, the output checks still run). The doctor's formula reference is not defined for a user's class here (`reference` is None:
 monitor/contract.py skips it).
 
 Letters in the shape comments: B batch, L tokens, H heads, D model width, W the class's output width, N real tokens.
@@ -117,21 +119,29 @@ class OwnAttention(nn.Module):
         self._convention: Convention = found.convention
         self.n_heads = found.heads  # the heads its weights show: (B, L, L) is one head
         self.width = found.width  # its output width W
-        # A class that returns only its output: its weights are read from the softmax it computes, when asked for.
+        # A class that returns only its output: its weights are read as model/weights_seen.py says, when asked for.
         self.reads_softmax = not found.returns_weights
+        self.weights_from: str | None = found.weights_from  # None: its weights cannot be seen
         self.d_model, self.d_head = d_model, d_head or d_model // n_heads
-        self.look_ahead = False  # a user's class blocks what it blocks; the product adds no look-ahead mask
+        # A user's class blocks what it blocks; the product adds no look-ahead mask, and says when it found one.
+        self.look_ahead = found.causal
         self.head_gate: torch.Tensor | None = None  # (H,): head importance and ablation (inference/heads.py)
         # An output width other than d_model gets the product's own W_O, so the residual can add it.
         self.w_o = nn.Linear(self.width, d_model, bias=False) if self.width != d_model else None
         if self.w_o is not None:
             say_once(logging.INFO, f"attention {name}: output width {self.width} ≠ d_model {d_model}: the product "
                                    f"adds an output projection nn.Linear({self.width}, {d_model}, bias=False)")
-        say_once(logging.WARNING if found.convention.call == "none" else logging.INFO,
-                 f"attention {name}: {self.convention}")
+        if found.convention.call != "none" or not found.causal:
+            say_once(logging.WARNING if found.convention.call == "none" else logging.INFO,
+                     f"attention {name}: {self.convention}")
+        if found.causal:
+            say_once(logging.INFO, f"attention {name}: causal (no output depends on a later token, found by probing)"
+                                   + (": padding at the end is out of every real token's view, so it needs no mask"
+                                      if found.convention.call == "none" else ""))
         if self.reads_softmax:
-            say_once(logging.INFO, f"attention {name}: forward returns no weights: they are read from the softmax it "
-                                   "computes")
+            say_once(logging.INFO, f"attention {name}: forward returns no weights: " + (
+                f"they are read from {found.weights_from}" if found.weights_from else
+                "none can be seen (no attribute, softmax or fused call): no heatmaps, the output checks still run"))
         # Whether head_gate acts inside the class (on its output projection's input) or on its output.
         self._gate_inside = False
         self._gate_inside = self._find_gate()
@@ -185,7 +195,7 @@ class OwnAttention(nn.Module):
     @property
     def runs_by_length(self) -> bool:
         """Whether the class takes no mask, so that a padded batch is run text length by text length."""
-        return self._convention.call == "none"
+        return self._convention.call == "none" and not self.look_ahead
 
     def projection(self, role: str) -> nn.Linear | None:
         """The class's own nn.Linear for "w_q", "w_k" or "w_v" by its usual names (ROLE_NAMES), or None."""
@@ -206,7 +216,7 @@ class OwnAttention(nn.Module):
         if self.runs_by_length and key_padding_mask is not None and key_padding_mask.any():
             out, weights = self._by_length(x, key_padding_mask, need_weights)
         else:
-            mask = None if self.runs_by_length else key_mask(
+            mask = None if self._convention.call == "none" else key_mask(
                 key_padding_mask if key_padding_mask is not None else x.new_zeros(B, L, dtype=torch.bool),
                 self._convention, x.dtype)
             out, weights = run_layer(self.user, x, mask, self._convention, self.reads_softmax and need_weights)
@@ -214,7 +224,7 @@ class OwnAttention(nn.Module):
             out = self._gated(out)  # (B, L, W), each head's slice times its gate
         if self.w_o is not None:
             out = self.w_o(out)  # (B, L, D)
-        if not need_weights:
+        if not need_weights or weights is None:
             return out, None
         weights = weights if weights.dim() == 4 else weights.unsqueeze(1)  # (B, H, L, L)
         blocked = None if key_padding_mask is None else key_padding_mask.bool()[:, None, None, :]

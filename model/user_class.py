@@ -3,7 +3,9 @@
     "path/to/file.py:ClassName", "package.module:ClassName" or "package.module.ClassName"   (is_class_spec)
     load_attention_class(spec)      the class; each failure is one ConfigError line
     resolve_source(spec, recorded)  {"spec", "path", "sha256"}: what NetworkConfig.attention_source records
-    build_user_layer(cls, ...)      cls built from the network's sizes, its constructor read by parameter names
+    build_user_layer(cls, ...)      cls built from the network's sizes, its constructor read by parameter names; a
+                                    `config` object (nanoGPT's GPTConfig, a dict) made from the same sizes; names that
+                                    can mean two sizes (d_out: the output width or one head's) resolved by probing
 """
 
 import hashlib
@@ -11,19 +13,32 @@ import importlib
 import importlib.util
 import inspect
 import os
+import itertools
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from torch import nn
 
 from model.errors import ConfigError
 
-# Constructor parameter names the network's sizes fill (tutorials' spellings): d_model, n_heads, the head size.
+# Constructor parameter (or config attribute) names the network's settings fill, as published code spells them,
+# each with the values tried in order: the first assignment under which the class builds and runs is kept
+# (build_user_layer). d_out is the output width in the build-an-LLM book, one head's width in the course's class.
 SIZE_NAMES = {
-    "d_model": ("d_model", "embed_dim", "hidden_size", "dim", "d_in"),
-    "n_heads": ("n_heads", "num_heads", "num_attention_heads", "heads", "n_head"),
-    "d_head": ("d_k", "d_head", "head_dim", "dim_head", "d_out"),
+    "d_model": ("d_model", "embed_dim", "hidden_size", "dim", "d_in", "n_embd", "emb_dim", "model_dim",
+                "embedding_dim", "d_hid"),
+    "n_heads": ("n_heads", "num_heads", "num_attention_heads", "heads", "n_head", "h", "nhead", "head_count"),
+    "d_head": ("d_k", "d_head", "head_dim", "dim_head", "head_size", "d_v", "attention_head_size"),
+    "d_out": ("d_out", "out_dim", "dim_out", "d_output"),
+    "length": ("context_length", "block_size", "max_len", "max_seq_len", "max_length", "max_position_embeddings",
+               "n_ctx", "seq_len", "max_seq_length", "tokens_per_sample"),
+    "dropout": ("dropout", "attn_dropout", "attn_pdrop", "resid_pdrop", "attention_probs_dropout_prob",
+                "hidden_dropout_prob", "drop_rate", "dropout_rate", "attention_dropout", "dropout_p"),
 }
+CONFIG_NAMES = ("config", "cfg", "args", "model_args", "params", "hparams", "conf")  # one object holding the sizes
+CONFIG_EXTRA = {"bias": True, "qkv_bias": False}  # what GPT-style configs also read, at their usual defaults
+CONTEXT_LENGTH = 512  # the longest text a class with a fixed look-ahead buffer (block_size) is built for
 ALLOW_CHANGED = "ATTENTION_ALLOW_CHANGED_CLASS"  # set to 1: load a checkpoint whose class file changed since
 PLAIN = (str, int, float, bool, type(None))  # what attention_args may hold (the checkpoint stores it)
 _loaded: dict[tuple[str, float], object] = {}  # file path, modification time → its module (a file runs once)
@@ -144,11 +159,14 @@ def check_attention_args(args) -> None:
     """attention_args: None or a dict of names to plain values (the checkpoint stores it as plain data)."""
     if args is None:
         return
-    plain = all(isinstance(v, PLAIN) or isinstance(v, list) and all(isinstance(e, PLAIN) for e in v)
-                for v in args.values()) if isinstance(args, dict) else False
-    if not plain or not all(isinstance(k, str) for k in args):
-        raise ConfigError(f"attention_args must be a dict of names to numbers, strings, booleans or lists of them, "
-                          f"got {args!r}")
+
+    def plain(v, nested=True):
+        return (isinstance(v, PLAIN) or isinstance(v, list) and all(isinstance(e, PLAIN) for e in v)
+                or nested and isinstance(v, dict) and all(isinstance(k, str) and plain(e, False) for k, e in v.items()))
+
+    if not isinstance(args, dict) or not all(isinstance(k, str) and plain(v) for k, v in args.items()):
+        raise ConfigError(f"attention_args must be a dict of names to numbers, strings, booleans, lists of them or "
+                          f"one config object of them ({{\"config\": {{\"n_embd\": 64}}}}), got {args!r}")
 
 
 def configured_class(config) -> type[nn.Module]:
@@ -158,12 +176,32 @@ def configured_class(config) -> type[nn.Module]:
     return load_attention_class(config.attention, source["path"] if is_file(where) else None)
 
 
+def size_candidates(d_model: int, n_heads: int, d_head: int) -> dict[str, list]:
+    """Each name of SIZE_NAMES → the values it is tried with, in order."""
+    tried = {"d_model": [d_model], "n_heads": [n_heads] + ([1] if n_heads != 1 else []),
+             "d_head": [d_head] + ([d_model] if d_head != d_model else []),
+             "d_out": [d_model] + ([d_head] if d_head != d_model else []), "length": [CONTEXT_LENGTH],
+             "dropout": [0.0]}
+    return {name: tried[size] for size, names in SIZE_NAMES.items() for name in names}
+
+
+def config_object(given: dict | None, sizes: dict[str, list]):
+    """A config object (attribute access) from a JSON object, the sizes it does not give filled from the network."""
+    return SimpleNamespace(**(CONFIG_EXTRA | {name: values[0] for name, values in sizes.items()} | dict(given or {})))
+
+
 def constructor_arguments(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None) -> dict:
-    """The keyword arguments cls(**them) is built with: each parameter named like a size (SIZE_NAMES) gets the
-    network's, `args` (attention_args) gives or overrides any; a required one nobody fills is a ConfigError line."""
+    """The keyword arguments cls(**them) is built with, the first of constructor_choices."""
+    return next(iter(constructor_choices(cls, d_model, n_heads, d_head, args)))
+
+
+def constructor_choices(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None):
+    """The keyword arguments cls(**them) may be built with, the likeliest first: each parameter named like a size
+    (SIZE_NAMES) gets the network's (names that can mean two sizes, each in turn), a parameter named like a config
+    (CONFIG_NAMES) an object holding them, `args` (attention_args) gives or overrides any; a required one nobody
+    fills is a ConfigError line."""
     args = dict(args or {})
-    sizes = {name: value for size, value in (("d_model", d_model), ("n_heads", n_heads), ("d_head", d_head))
-             for name in SIZE_NAMES[size]}
+    sizes = size_candidates(d_model, n_heads, d_head)
     parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]  # after self
     takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters)
     named = {p.name: p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
@@ -171,27 +209,44 @@ def constructor_arguments(cls: type, d_model: int, n_heads: int, d_head: int, ar
     if unknown:
         raise ConfigError(f"attention_args {unknown[0]!r}: {cls.__name__}.__init__ takes no such argument "
                           f"(it takes {', '.join(named) or 'none'})")
-    chosen = {}
+    options = {}
     for name, parameter in named.items():
-        if name in args:
-            chosen[name] = args[name]
-        elif name in sizes:
-            chosen[name] = sizes[name]
-        elif parameter.default is parameter.empty:
+        required = parameter.default is parameter.empty
+        if name in args and not (name in CONFIG_NAMES and isinstance(args[name], dict)):
+            options[name] = [args[name]]
+        elif name in sizes and (required or name not in SIZE_NAMES["dropout"] + SIZE_NAMES["length"]):
+            options[name] = sizes[name]
+        elif name in CONFIG_NAMES and (required or name in args):
+            options[name] = [config_object(args.get(name), sizes)]
+        elif required:
             raise ConfigError(f"attention: {cls.__name__}.__init__ needs {name!r}, which no network setting fills: "
                               f"give it with --model.network.attention_args '{{\"{name}\": ...}}'")
-    return chosen
+    names = list(options)
+    return [dict(zip(names, values)) for values in itertools.islice(itertools.product(*options.values()), 16)]
 
 
 def build_user_layer(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None) -> nn.Module:
-    """cls built from the network's sizes and attention_args (constructor_arguments); a constructor that raises is
-    one ConfigError line."""
-    arguments = constructor_arguments(cls, d_model, n_heads, d_head, args)
-    try:
-        return cls(**arguments)
-    except Exception as error:  # the user's constructor
-        shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
-        raise ConfigError(f"attention: {cls.__name__}({shown}) failed: {first_line(error)}") from None
+    """cls built from the network's sizes and attention_args: the first of constructor_choices under which it
+    builds and runs on a (B, L, d_model) batch (model/mask_probe.py `runs`), else the first that builds; a
+    constructor that raises under every choice is one ConfigError line (the first choice's error)."""
+    from model.mask_probe import runs  # the probe imports this module
+
+    choices = constructor_choices(cls, d_model, n_heads, d_head, args)
+    first_built, first_error = None, None
+    for arguments in choices:
+        try:
+            user = cls(**arguments)
+        except Exception as error:  # the user's constructor
+            first_error = first_error or (arguments, error)
+            continue
+        if len(choices) == 1 or runs(user, d_model):
+            return user
+        first_built = first_built or user
+    if first_built is not None:
+        return first_built
+    arguments, error = first_error
+    shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+    raise ConfigError(f"attention: {cls.__name__}({shown}) failed: {first_line(error)}")
 
 
 def first_line(error: BaseException) -> str:

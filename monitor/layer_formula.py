@@ -44,6 +44,8 @@ class Projections:
     o_module: nn.Module | None = None  # the module whose input is the heads' output (hooked for that stage)
     key_bias: torch.Tensor | None = None  # K's own bias parameter: the formula gives it no gradient
     others: list = field(default_factory=list)  # the user's parameters none of the projections read
+    in_module: nn.Module | None = None  # the module whose input is what the projections read (hooked: a
+    # LayerNorm inside the class is then before what the formula is recomputed from)
 
     def describe(self) -> str:
         return ", ".join(f"{role}={name}" for role, name in self.names.items())
@@ -152,7 +154,9 @@ def find_projections(user: nn.Module, d_model: int, heads: int | None = None,
     key_bias = key.bias if isinstance(key, nn.Linear) else None
     read = {id(p) for obj in found.values() for p in (obj.parameters() if isinstance(obj, nn.Module) else [obj])}
     others = [name for name, p in user.named_parameters() if id(p) not in read]
-    return [Projections(layout["q"], layout["k"], layout["v"], o, heads, names, o_module, key_bias, others)
+    first = found.get("q", found.get("qkv"))
+    in_module = first_linear(first) if isinstance(first, nn.Module) else None
+    return [Projections(layout["q"], layout["k"], layout["v"], o, heads, names, o_module, key_bias, others, in_module)
             for layout in layouts for o in (o_ways or [None])]
 
 
@@ -182,7 +186,7 @@ def multihead_projections(user, mha: nn.MultiheadAttention) -> list[Projections]
     names = {"q": f"{path}.in_proj_weight", "o": f"{path}.out_proj"}
     others = [name for name, p in user.named_parameters() if all(p is not q for q in mha.parameters())]
     return [Projections(*zip(weights, biases), (mha.out_proj.weight, mha.out_proj.bias), mha.num_heads,
-                        names, mha.out_proj, None, others)]
+                        names, mha.out_proj, None, others, mha)]
 
 
 def project(x: torch.Tensor, linear: tuple) -> torch.Tensor:
@@ -270,11 +274,19 @@ class FormulaResult:
     stages: list = field(default_factory=list)  # the stages compared, by name
 
 
-def compare_layer(proj: Projections, seen, padding: torch.Tensor) -> FormulaResult:
-    """The user's stages (seen: what the layer's module received and returned) against the reference."""
+def allowed_keys(padding: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """(B, 1, L, L) True where a query may see a key: every real key, and (causal) none after the query."""
+    B, L = padding.shape
+    allowed = (~padding)[:, None, None, :].expand(B, 1, L, L)
+    return allowed & torch.ones(L, L, dtype=torch.bool, device=padding.device).tril() if causal else allowed
+
+
+def compare_layer(proj: Projections, seen, padding: torch.Tensor, causal: bool = False) -> FormulaResult:
+    """The user's stages (seen: what the layer's module received and returned) against the reference; causal: the
+    reference with its look-ahead mask (the class's family, found by probing)."""
     x = seen.x.double()
     B, L, _ = x.shape
-    allowed = (~padding)[:, None, None, :].expand(B, 1, L, L)
+    allowed = allowed_keys(padding, causal)
     ref = reference(proj, x, allowed)
     if ref is None:
         return FormulaResult("output", math.inf, "the values' head size differs from the queries'", math.inf, proj)
@@ -316,12 +328,12 @@ def compare_layer(proj: Projections, seen, padding: torch.Tensor) -> FormulaResu
                          [stage for stage, _, _ in found])
 
 
-def score_factor(proj: Projections, seen, padding: torch.Tensor) -> tuple[float, str]:
+def score_factor(proj: Projections, seen, padding: torch.Tensor, causal: bool = False) -> tuple[float, str]:
     """How many times the spread of the layer's scores is what 1/√d_k gives, and how it was read: from the weights
     it hands out (log w is the scores up to a constant a row), else fitted on its output. NaN when neither works."""
     x = seen.x.double()
     B, L, _ = x.shape
-    allowed = (~padding)[:, None, None, :].expand(B, 1, L, L)
+    allowed = allowed_keys(padding, causal)
     ref = reference(proj, x, allowed)
     if ref is None:
         return math.nan, ""

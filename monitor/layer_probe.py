@@ -74,7 +74,7 @@ class Seen:
 
     out: torch.Tensor  # the layer's output (B, L, D)
     weights: torch.Tensor | None  # the handed-out weights, token × token (B, H, L, L); None if none
-    x: torch.Tensor | None = None  # the user's module's input (B, L, D)
+    x: torch.Tensor | None = None  # what its projections read (B, L, D): its input, after any norm inside
     raw_out: torch.Tensor | None = None  # its own output (B, L, ·), before any projection the adapter adds
     raw_weights: torch.Tensor | None = None  # its own weights as returned: (B, L, L) or (B, H, L, L)
     heads: torch.Tensor | None = None  # the input of its output projection (the heads' output), when found
@@ -96,7 +96,9 @@ class Probe:
         self.builtin = isinstance(self.layer, MultiHeadSelfAttention)
         self.d_model = model_width(self.layer)
         convention = getattr(self.layer, "_convention", None)  # the adapter's, found by probing
-        self.takes_mask = convention is None or convention.call != "none"
+        # A causal class needs no mask: padding at the end of a text is after every real token.
+        self.causal = bool(self.layer.causal if self.builtin else getattr(self.layer, "look_ahead", False))
+        self.takes_mask = convention is None or convention.call != "none" or self.causal
         generator = torch.Generator().manual_seed(self.seed)
         lengths = torch.tensor(LENGTHS if self.takes_mask else (max(LENGTHS),) * len(LENGTHS))
         L = int(lengths.max())
@@ -117,6 +119,12 @@ class Probe:
         o_module = self.projections[0].o_module if self.projections else None
         if o_module is not None:
             hooks.append(o_module.register_forward_pre_hook(lambda module, args: record.update(heads=args[0])))
+        in_module = self.projections[0].in_module if self.projections else None
+        if in_module is not None and self.user is not self.layer:
+            def read(module, args, kwargs):
+                record.setdefault("read", (*args, *kwargs.values())[0])
+
+            hooks.append(in_module.register_forward_pre_hook(read, with_kwargs=True))
         was_training = self.layer.training
         self.layer.train(train)
         try:
@@ -133,6 +141,9 @@ class Probe:
         if "output" in record:
             args, kwargs = record["inputs"]
             seen.x = next((t for t in (*args, *kwargs.values()) if torch.is_tensor(t) and t.ndim == 3), x)
+            read = record.get("read")
+            if torch.is_tensor(read) and read.shape == seen.x.shape:
+                seen.x = read
             seen.raw_out, seen.raw_weights = split_output(record["output"])
         return seen
 
