@@ -54,8 +54,12 @@ class Convention(NamedTuple):
     call: str  # "none" (forward(x)), "positional" (forward(x, mask)) or the keyword forward takes the mask by
     kind: str = ""  # a name of KINDS
     shape: str = ""  # one of SHAPES
+    one_text: bool = False  # forward takes one text (L, D), not a batch: run text by text (the book's first classes)
 
     def describe(self) -> str:
+        if self.one_text:
+            return ("takes one text at a time, (L, D) (found by probing: a batch fails): run text by text, at its "
+                    "own length, so no key it sees is padding")
         if self.call == "none":
             return ("takes no mask (found by probing): texts of one length are run together at that length, "
                     "so no key it sees is padding")
@@ -114,6 +118,8 @@ def inputs_taken(user: nn.Module) -> int:
 
 
 def call_layer(user: nn.Module, x: torch.Tensor, mask: torch.Tensor | None, convention: Convention):
+    if convention.one_text:
+        return text_by_text(user, x)
     inputs = (x,) * inputs_taken(user)
     if convention.call == "none" or mask is None:
         return user(*inputs)
@@ -122,9 +128,22 @@ def call_layer(user: nn.Module, x: torch.Tensor, mask: torch.Tensor | None, conv
     return user(*inputs, **{convention.call: mask})
 
 
-def bare(user: nn.Module, x: torch.Tensor):
+def bare(user: nn.Module, x: torch.Tensor, one_text: bool = False):
     """The class on x with no mask argument."""
-    return call_layer(user, x, None, Convention("none"))
+    return call_layer(user, x, None, Convention("none", one_text=one_text))
+
+
+def text_by_text(user: nn.Module, x: torch.Tensor):
+    """A class whose forward takes one text (L, D), on each text of x (B, L, D): (out (B, L, W), weights (B, L, L)
+    as it returns them or as its softmax gives them, or None)."""
+    outs, weights = [], []
+    for text in x:
+        with WeightsSeen(1, text.shape[0]) as seen:
+            out, returned = split_output(user(*(text,) * inputs_taken(user)))
+        outs.append(out)
+        weights.append(returned if returned is not None else seen.weights)
+    ok = all(w is not None and w.shape[-2:] == weights[0].shape[-2:] for w in weights)
+    return torch.stack(outs), torch.stack([w.reshape(-1, *w.shape[-2:]).squeeze(0) for w in weights]) if ok else None
 
 
 def split_output(result) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -172,14 +191,25 @@ def find_convention(user: nn.Module, d_model: int, name: str) -> Found:
     was_training = user.training
     user.eval()
     try:
+        one_text = False
         try:
-            out, weights, source = plain_run(user, x, calls)
+            try:
+                out, weights, source = plain_run(user, x, calls)
+            except Exception:  # a batch fails: a class written for one text (L, D) at a time?
+                if calls:
+                    raise
+                out, weights, source = plain_run(user, x, calls, one_text=True)
+                one_text, source = True, "a softmax seen" if source else None
         except Exception as error:  # the user's forward
+            error = error.__context__ if one_text is False and error.__context__ is not None else error
             raise ConfigError(f"attention {name}: forward on x of shape (B, L, D) = {tuple(x.shape)} failed: "
                               f"{first_line(error)}; expected forward(x) or forward(x, mask) returning out "
                               "(B, L, W) or (out, weights (B, [H,] L, L))") from None
         heads, width = read_shapes(out, weights, B, L, name)
         returned = source == RETURNED
+        if one_text:
+            causal = looks_ahead_never(user, x, calls, one_text=True)
+            return Found(Convention("none", one_text=True), heads, width, False, source, causal)
         causal = looks_ahead_never(user, x, calls)
         for convention in candidates(calls):
             if works(user, x, padding, convention, read_softmax=not returned):
@@ -197,13 +227,13 @@ def candidates(calls: list[str]):
     return [Convention(call, kind, shape) for call in calls for shape in SHAPES for kind in KINDS]
 
 
-def plain_run(user: nn.Module, x: torch.Tensor, calls: list[str]):
+def plain_run(user: nn.Module, x: torch.Tensor, calls: list[str], one_text: bool = False):
     """(out, weights, where they came from) of the class on x with no padding: forward(x) when the mask may be
     left out, else with a mask that keeps every key in the first convention the class accepts. Weights it does not
     return are read as model/weights_seen.py says (None, None when they cannot be seen)."""
     before = attributes_now(user)
     with WeightsSeen(x.shape[0], x.shape[1]) as seen:
-        out, weights = mask_free_run(user, x, calls)
+        out, weights = mask_free_run(user, x, calls, one_text)
     if weights is not None:
         return out, weights, RETURNED
     kept = attribute_weights(user, before, x.shape[0], x.shape[1])
@@ -212,14 +242,14 @@ def plain_run(user: nn.Module, x: torch.Tensor, calls: list[str]):
     return out, seen.weights, seen.source
 
 
-def looks_ahead_never(user: nn.Module, x: torch.Tensor, calls: list[str]) -> bool:
+def looks_ahead_never(user: nn.Module, x: torch.Tensor, calls: list[str], one_text: bool = False) -> bool:
     """Whether no output depends on a later token: the last tokens changed, the outputs before them stay (to
     rounding) and the last ones move. A layer whose outputs do not move at all is not called causal."""
     try:
-        out = mask_free_run(user, x, calls)[0]
+        out = mask_free_run(user, x, calls, one_text)[0]
         later = x.clone()
         later[:, -2:] = torch.randn(later[:, -2:].shape, generator=torch.Generator().manual_seed(1)).to(x)
-        moved = mask_free_run(user, later, calls)[0]
+        moved = mask_free_run(user, later, calls, one_text)[0]
     except Exception:  # the user's forward: probing causality is best effort
         return False
     if out.shape != moved.shape or not torch.isfinite(out[:, :-2]).all():
@@ -228,9 +258,9 @@ def looks_ahead_never(user: nn.Module, x: torch.Tensor, calls: list[str]) -> boo
                 and not torch.allclose(out[:, -2:], moved[:, -2:], atol=TOLERANCE, rtol=TOLERANCE))
 
 
-def mask_free_run(user: nn.Module, x: torch.Tensor, calls: list[str]):
+def mask_free_run(user: nn.Module, x: torch.Tensor, calls: list[str], one_text: bool = False):
     if not calls or not mask_required(user, calls[0]):
-        return split_output(bare(user, x))
+        return split_output(bare(user, x, one_text))
     keep_all = torch.zeros(x.shape[:2], dtype=torch.bool, device=x.device)
     first_error = None
     for convention in candidates(calls):

@@ -46,7 +46,7 @@ ROLE_NAMES = {
     "v": {"wv", "v", "vproj", "value", "values", "tov", "vlinear", "linearv", "wvalue", "valueproj", "projv",
           "vprojweight", "weightv", "wvs"},
     "o": {"wo", "o", "oproj", "out", "outproj", "toout", "output", "cproj", "proj", "outlinear", "linearo", "wout",
-          "projout", "outputproj", "dense", "fcout"},
+          "projout", "outputproj", "dense", "fcout", "fc"},
     "qkv": {"qkv", "toqkv", "cattn", "inproj", "inprojweight", "wqkv", "qkvproj", "qkvlinear", "projqkv"},
 }
 

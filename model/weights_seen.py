@@ -68,8 +68,9 @@ class WeightsSeen(TorchFunctionMode):
         self.weights, self.source = None, None
 
     def fits(self, t) -> bool:
-        return (isinstance(t, torch.Tensor) and t.dim() in (3, 4) and t.shape[0] == self.batch
-                and t.shape[-2:] == (self.length, self.length))
+        """(B, [H,] L, L); for one text (batch 1) also its (L, L)."""
+        return (isinstance(t, torch.Tensor) and t.shape[-2:] == (self.length, self.length)
+                and (t.dim() in (3, 4) and t.shape[0] == self.batch or t.dim() == 2 and self.batch == 1))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

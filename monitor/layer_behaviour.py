@@ -17,6 +17,7 @@ STEADY = 1e-6  # relative change between two identical evaluation passes: exactl
 ROW_SUM = 1e-4  # |row sum − 1| of a real query's weights: float32 rounding gives ≤ 1e-6
 STABLE_SCORES = 120.0  # the largest |score| the stability check drives the layer to: exp() overflows float32 past
 # 88.7, so a softmax written as exp(s) / exp(s).sum() without the row maximum subtracted gives inf, then NaN
+CALM = 1e-3  # the input's factor under which the look-ahead check reads each query's weight on its own token
 NO_WEIGHTS = Outcome("NOTE", "the layer hands out no weights (return (output, weights) to get heatmaps and this check)")
 PADDING_NAMES = ("key_padding_mask", "src_key_padding_mask", "padding_mask")  # PyTorch's: True = padding
 KEEP_NAMES = ("attention_mask",)  # Hugging Face's: 1 = a token to attend to
@@ -137,8 +138,11 @@ def look_ahead(probe: Probe) -> Outcome:
     parts, figures, bad = [], {}, []
     if not torch.isfinite(seen.out[real]).all():
         bad.append("a real token's output is NaN or inf (a row with no key left: -inf everywhere before softmax)")
-    if seen.weights is not None:
-        own = seen.weights.diagonal(dim1=-2, dim2=-1)  # (B, H, L): each query's weight on its own token
+    # The input scaled down, so that scores are near 0 and only a mask can leave a token no weight (a saturated
+    # softmax gives exact zeros too).
+    calm = probe.call(probe.x * CALM, probe.padding).weights
+    if calm is not None:
+        own = calm.diagonal(dim1=-2, dim2=-1)  # (B, H, L): each query's weight on its own token
         lowest = float(own.transpose(1, 2)[real].min())
         figures["own_weight"] = lowest
         parts.append(f"lowest weight of a real query on its own token {figure(lowest)}")

@@ -74,6 +74,17 @@ def formula(probe: Probe) -> Outcome:
     padding = probe.padding
     results = [compare_layer(layout, seen, padding, probe.causal) for layout in layouts]
     result = next((r for r in results if r.stage is None), results[0])
+    after = ""
+    o_out = probe.base.o_out
+    if result.stage == "output" and o_out is not None and o_out.shape[:2] == seen.out.shape[:2]:
+        # What W_O gave may be right while the class adds more after it (a residual and LayerNorm, another
+        # Linear): the formula ends at W_O.
+        at_o = compare_layer(result.projections, SimpleNamespace(**{**vars(seen), "out": o_out}), padding,
+                             probe.causal)
+        if at_o.stage is None:
+            probe.cache["at_o"] = True  # the scale check reads W_O's output too
+            changed_by = ", ".join(result.projections.others) or "its code"
+            result, after = at_o, f"; the class changes W_O's output after it ({changed_by}): not part of the formula"
     probe.cache["matched"] = result.projections
     found = f"{result.projections.describe()}, {result.projections.heads} head(s)"
     figures = {"difference": result.largest if result.stage is None else result.difference}
@@ -84,7 +95,7 @@ def formula(probe: Probe) -> Outcome:
                        fix="name it: diagnose.py --attention … --map q=ATTR,k=ATTR,v=ATTR,o=ATTR")
     if result.stage is None:
         return Outcome("PASS", f"{', '.join(result.stages)} match the formula recomputed from {found} "
-                       f"(largest difference {rounding(result.largest)})", figures)
+                       f"(largest difference {rounding(result.largest)}){after}", figures)
     return Outcome("FAIL", f"{result.stage} differs by {figure(result.difference)}: {result.how} ({found})", figures,
                    fix=STAGE_FIXES.get(result.stage))
 
@@ -148,7 +159,8 @@ def scale(probe: Probe) -> Outcome:
         if "matched" not in probe.cache:
             formula(probe)
         seen = probe.base
-        seen = SimpleNamespace(x=seen.x, out=seen.raw_out, weights=seen.raw_weights, heads=seen.heads)
+        out = seen.o_out if probe.cache.get("at_o") else seen.raw_out
+        seen = SimpleNamespace(x=seen.x, out=out, weights=seen.raw_weights, heads=seen.heads)
         factor, how = score_factor(probe.cache["matched"], seen, probe.padding, probe.causal)
         if math.isnan(factor):
             return Outcome("NOTE", "the scale could not be read: the layer's scores are not a multiple of the "
