@@ -23,7 +23,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from monitor.contract import centred
 from monitor.layer_formula import project, split
@@ -133,11 +132,26 @@ def positions(probe) -> str:
     allowed = allowed_here(x.shape[1], probe.causal)
     if not bool((weights > 0)[..., allowed].all()):
         return "absolute"  # keys blocked beyond the family's mask: not positions, the formula check names it
+    if not in_scores(probe, x, weights, allowed):
+        return "absolute"  # the weights are position-free: order enters elsewhere (a mistake, or positions added)
     if content_free(probe, x, weights, allowed):
         return "bias"
     if shift_invariant(probe, x, weights):
         return "relative"
     return "absolute"
+
+
+def in_scores(probe, x: torch.Tensor, weights: torch.Tensor, allowed: torch.Tensor) -> bool:
+    """Whether positions are in the scores: log w departs from Q Kᵀ/√d_k (projections found), or, without them,
+    permuting the tokens does not permute the weights (a layer that is not causal)."""
+    if probe.projections:
+        found = departure(probe, probe.call(x), allowed)
+        return found is not None and float(found.abs().max()) >= POSITION_MATCH
+    if probe.causal:
+        return False
+    order = torch.randperm(x.shape[1], generator=torch.Generator().manual_seed(probe.seed + 17))
+    permuted = probe.call(x[:, order]).weights
+    return permuted is None or change(permuted, weights[..., order, :][..., order]) >= POSITION_MATCH
 
 
 def allowed_here(L: int, causal: bool) -> torch.Tensor:
@@ -170,7 +184,7 @@ def content_free(probe, x: torch.Tensor, weights: torch.Tensor, allowed: torch.T
         return False
     first = departure(probe, probe.call(x), allowed)
     second = departure(probe, seen, allowed)
-    if first is None or second is None or first.abs().max() < POSITION_MATCH:
+    if first is None or second is None:
         return False
     return change(second, first) < POSITION_MATCH
 
@@ -207,6 +221,3 @@ def change(a: torch.Tensor, b: torch.Tensor) -> float:
         return math.inf
     return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp(min=1e-12))
 
-
-def is_norm(module: nn.Module) -> bool:
-    return "norm" in type(module).__name__.lower()
