@@ -26,7 +26,9 @@ SOFTMAXES = (torch.softmax, torch.Tensor.softmax, F.softmax, torch.special.softm
 WEIGHT_ATTRIBUTES = ("attn", "attn_weights", "attention_weights", "attention_probs", "attn_probs", "p_attn",
                      "attn_weight", "weights", "att", "attention_scores_softmax")
 RETURNED, ATTRIBUTE, SOFTMAX, FUSED = "returned", "an attribute", "a softmax seen", "a fused call recomputed"
-MHA_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
+# torch's own functions, as its dispatch names them to a TorchFunctionMode (kept here: a caller may wrap F's names)
+SDPA, MULTIHEAD = F.scaled_dot_product_attention, F.multi_head_attention_forward
+MHA_SIGNATURE = inspect.signature(MULTIHEAD)
 
 
 def sdpa_by_formula(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -74,12 +76,12 @@ class WeightsSeen(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
+        if func is SDPA:
             out, weights = sdpa_by_formula(*args, **kwargs)
             if self.fits(weights):
                 self.weights, self.source = weights, FUSED
             return out
-        if func is F.multi_head_attention_forward:
+        if func is MULTIHEAD:
             return self.multihead(func, args, kwargs)
         out = func(*args, **kwargs)
         if func in SOFTMAXES and self.fits(out):

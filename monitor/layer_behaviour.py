@@ -187,13 +187,14 @@ def stability(probe: Probe) -> Outcome:
 
         seen = probe.base
         q, k = (split(project(seen.x.double(), p), layouts[0].heads) for p in (layouts[0].q, layouts[0].k))
-        largest = float((q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).abs().max())
-        factor = math.sqrt(STABLE_SCORES / max(largest, 1e-6))  # scores grow with the square of the input
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        largest = float(scores.max()) if float(scores.max()) > 0 else float(scores.abs().max())
+        factor = math.sqrt(STABLE_SCORES / max(largest, 1e-6))  # the largest score grows with the input's square
     out = probe.call(probe.x * factor, probe.padding)
     finite = bool(torch.isfinite(out.out[probe.real()]).all()) and (
         out.weights is None or bool(torch.isfinite(out.weights[probe.real()[:, None].expand_as(
             out.weights[..., 0])]).all()))
-    evidence = f"the input × {factor:.3g} (scores up to about ±{STABLE_SCORES:g})"
+    evidence = f"the input × {factor:.3g} (the largest score about {STABLE_SCORES:g})"
     if finite:
         return Outcome("PASS", f"{evidence}: output and weights finite", {"input_factor": factor})
     return Outcome("FAIL", f"{evidence}: the output holds NaN or inf: an unguarded exp() overflows (exp(89) is "

@@ -15,7 +15,7 @@ prints and `assert_attention_contract(MyAttention(64, 4))` raises with. Each che
                   stage by stage (monitor/layer_formula.py), with the family's look-ahead mask; for a family with
                   position terms, the output from the weights it used, the first stage that differs named with how
     scale         the spread of a freshly built layer's scores against what 1/√d_k gives
-    stability     scores driven to about ±120 by scaling the input give a finite output (an unguarded exp())
+    stability     the input scaled until the largest score is about 120: the output stays finite (an unguarded exp())
     mask-name     a mask argument named key_padding_mask / attention_mask works in the convention its name promises
     gradcheck     float64 torch.autograd.gradcheck of the output on a tiny input
     gradient      every parameter gets gradient from a loss on the output
@@ -215,7 +215,7 @@ CHECKS: list[Check] = [
           f"≥ {SCALE_FACTOR:g}× or ≤ 1/{SCALE_FACTOR:g} of what 1/√d_k gives",
           "no scaling (saturated softmax) or a scale far too small such as 1/d_k (over-uniform attention)",
           "divide the scores by math.sqrt(d_k), d_k the size of one head"),
-    Check("stability", stability, "the output with the input scaled so that the scores reach about ±120",
+    Check("stability", stability, "the output with the input scaled until the largest score is about 120",
           "the output or weights hold NaN or inf", "a softmax written as exp(s) / exp(s).sum() without subtracting "
           "the row maximum: exp() overflows float32 past 88.7", "use scores.softmax(dim=-1), or subtract "
           "scores.amax(dim=-1, keepdim=True) before exp()"),
