@@ -351,8 +351,10 @@ def page_commands():
     return [(shlex.split(command), printed) for command, printed in blocks]
 
 
-def test_the_page_shows_three_commands():
+def test_the_page_shows_five_commands():
+    published = "bench/catalogue/user_attention/published/"
     assert [argv[1] for argv, _ in page_commands()] == [
+        f"{published}mingpt.py:CausalSelfAttention", f"{published}mha_implementations.py:MHAPyTorchScaledDotProduct",
         "../shared/examples/seed_self_attention.py:SelfAttention", "docs/examples/my_attention.py:MyAttention",
         "docs/examples/my_attention_mistake.py:MyAttention"]
 
