@@ -28,7 +28,7 @@ from torch import nn
 
 from model.attention import AttentionWeights, unpack
 from model.errors import ConfigError
-from model.mask_probe import Convention, find_convention, key_mask, run_layer
+from model.mask_probe import Convention, find_convention, key_mask, run_layer, runs
 from model.user_class import (  # noqa: F401 (the names callers import from here)
     ALLOW_CHANGED, build_user_layer, check_attention_args, configured_class, constructor_arguments, is_class_spec,
     load_attention_class, resolve_source,
@@ -113,7 +113,7 @@ class OwnAttention(nn.Module):
         super().__init__()
         cls = load_attention_class(cls_or_spec) if isinstance(cls_or_spec, str) else cls_or_spec
         name = name or (cls_or_spec if isinstance(cls_or_spec, str) else f"{cls.__module__}.{cls.__qualname__}")
-        self.user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, attention_args)
+        self.user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, attention_args, runs)
         found = find_convention(self.user, d_model, name)
         self.convention: str = found.convention.describe()
         self._convention: Convention = found.convention

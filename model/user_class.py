@@ -225,12 +225,11 @@ def constructor_choices(cls: type, d_model: int, n_heads: int, d_head: int, args
     return [dict(zip(names, values)) for values in itertools.islice(itertools.product(*options.values()), 16)]
 
 
-def build_user_layer(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None) -> nn.Module:
+def build_user_layer(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None,
+                     runs=None) -> nn.Module:
     """cls built from the network's sizes and attention_args: the first of constructor_choices under which it
-    builds and runs on a (B, L, d_model) batch (model/mask_probe.py `runs`), else the first that builds; a
-    constructor that raises under every choice is one ConfigError line (the first choice's error)."""
-    from model.mask_probe import runs  # the probe imports this module
-
+    builds and `runs(module, d_model)` says it runs (model/mask_probe.py's `runs`, given by the adapter), else the
+    first that builds; a constructor that raises under every choice is one ConfigError line (the first choice's)."""
     choices = constructor_choices(cls, d_model, n_heads, d_head, args)
     first_built, first_error = None, None
     for arguments in choices:
@@ -239,7 +238,7 @@ def build_user_layer(cls: type, d_model: int, n_heads: int, d_head: int, args: d
         except Exception as error:  # the user's constructor
             first_error = first_error or (arguments, error)
             continue
-        if len(choices) == 1 or runs(user, d_model):
+        if len(choices) == 1 or runs is None or runs(user, d_model):
             return user
         first_built = first_built or user
     if first_built is not None:

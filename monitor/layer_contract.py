@@ -32,7 +32,7 @@ from torch import nn
 
 from model.attention import MultiHeadSelfAttention
 from model.errors import ConfigError
-from model.mask_probe import NoConvention
+from model.mask_probe import NoConvention, runs
 from monitor.contract import MATCH, compare, differ
 from monitor.doctor import Finding, Verdict
 from monitor.layer_behaviour import (INVARIANCE, ROW_SUM, STEADY, eval_steady, look_ahead, mask_name, neighbours,
@@ -277,7 +277,7 @@ def build(layer_or_class, *, d_model: int, n_heads: int, d_head: int | None, arg
         user, d_model = layer_or_class, model_width(layer_or_class)
     else:
         cls = load_attention_class(layer_or_class) if isinstance(layer_or_class, str) else layer_or_class
-        user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, args)
+        user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, args, runs)
     try:
         return OwnAttention(built(user), d_model=d_model, n_heads=n_heads, d_head=d_head)
     except NoConvention as e:  # it needs a mask and no convention keeps padding out: the padding check FAILs
