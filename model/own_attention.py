@@ -258,3 +258,9 @@ class OwnAttention(nn.Module):
         real = ~key_padding_mask.bool()  # (B, L)
         out, weights = self.forward(unpack(x, real), key_padding_mask, need_weights)
         return out[real.nonzero(as_tuple=True)], weights  # (N, D)
+
+
+def looks_ahead(network: nn.Module) -> bool:
+    """Whether a layer of the network hides later tokens: a built-in kind set causal, or a user's class found causal
+    by probing (its config's causal is refused: the class decides). The monitor's health figures read it."""
+    return any(getattr(module, "look_ahead", False) for module in network.modules())

@@ -141,9 +141,15 @@ def test_heatmaps_appear_for_a_class_that_calls_scaled_dot_product_attention(tmp
 
     fit(tmp_path, "--model.network.attention", spec(published("nanogpt.py", "CausalSelfAttention")), *SHORT,
         "--trainer.max_epochs", "1")
-    events = EventAccumulator(str(tmp_path / "lightning_logs" / "version_0"), size_guidance={"images": 0})
+    run = tmp_path / "lightning_logs" / "version_0"
+    events = EventAccumulator(str(run), size_guidance={"images": 0})
     events.Reload()
     assert "attention/probe_0" in events.Tags()["images"]
+    # Its look-ahead mask is its family, not a mask nobody asked for: the monitor reads the layer, not the config.
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    (history,) = [state["history"] for name, state in checkpoint["callbacks"].items() if "AttentionMonitor" in name]
+    verdicts = {finding["verdict"] for entry in history for finding in entry["findings"]}
+    assert history and "unasked-look-ahead" not in verdicts, verdicts
 
 
 # ---- position terms -----------------------------------------------------------------------------------------------
