@@ -307,9 +307,11 @@ def layer_contract(layer_or_class, *, d_model: int = 64, n_heads: int = 4, d_hea
         layer = build(layer_or_class, d_model=d_model, n_heads=n_heads, d_head=d_head, args=args)
     except Unusable as e:
         failed = e.args[1] if len(e.args) > 1 else "shapes"  # the check the reason belongs to
-        return [Row(check.name, "FAIL" if check.name == failed else "NOTE", e.args[0] if check.name == failed
+        rows = Rows(Row(check.name, "FAIL" if check.name == failed else "NOTE", e.args[0] if check.name == failed
                     else f"not run: the layer could not be called (see {failed})", {}, check.reads, check.rule,
-                    check.cause, check.fix) for check in CHECKS]
+                    check.cause, check.fix) for check in CHECKS)
+        rows.identity = f"identity: not found (the layer could not be called: see {failed})"
+        return rows
     probe = Probe(layer, mapping=mapping, seed=seed, spec=layer_or_class, args=args)
     figures, _ = examine(Subject(layer=probe))  # the doctor's one runner: every registered check that reads a layer
     rows = probe.cache["rows"] = Rows(measured["row"] for measured in figures.values() if "row" in measured)
