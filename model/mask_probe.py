@@ -74,6 +74,8 @@ class Found(NamedTuple):
     returns_weights: bool  # False: its weights are read as model/weights_seen.py says
     weights_from: str = RETURNED  # how: returned, an attribute, a softmax seen, a fused call recomputed (None: not)
     causal: bool = False  # no output depends on a later token (a look-ahead mask inside the class)
+    weights_not_used: Convention | None = None  # a convention under which the output ignores padding but the
+    # weights handed out do not (they are not the weights used)
 
 
 def run_layer(user: nn.Module, x: torch.Tensor, mask: torch.Tensor | None, convention: Convention,
@@ -211,14 +213,17 @@ def find_convention(user: nn.Module, d_model: int, name: str) -> Found:
             causal = looks_ahead_never(user, x, calls, one_text=True)
             return Found(Convention("none", one_text=True), heads, width, False, source, causal)
         causal = looks_ahead_never(user, x, calls)
+        leaky = None
         for convention in candidates(calls):
-            if works(user, x, padding, convention, read_softmax=not returned):
+            found = judge(user, x, padding, convention, read_softmax=not returned)
+            if found == WORKS:
                 return Found(convention, heads, width, returned, source, causal)
+            leaky = leaky or (convention if found == WEIGHTS_NOT_USED else None)
         if calls and mask_required(user, calls[0]):
             raise NoConvention(f"attention {name}: forward needs its mask, but under no convention tried did a text's "
                               "output stay the same with padding added (tried bool True = padding or keep, 1/0 keep, "
                               "additive 0 / -inf, -1e4, -1e9; shapes (B, L), (B, 1, 1, L), (B, L, L))")
-        return Found(Convention("none"), heads, width, returned, source, causal)
+        return Found(Convention("none"), heads, width, returned, source, causal, leaky)
     finally:
         user.train(was_training)
 
@@ -302,31 +307,42 @@ def works(user: nn.Module, x: torch.Tensor, padding: torch.Tensor, convention: C
           read_softmax: bool = False) -> bool:
     """Whether, under `convention`, each real token's output equals that of its text run alone at its own length,
     and padded keys get weight 0 from real queries (where weights are returned)."""
+    return judge(user, x, padding, convention, read_softmax) == WORKS
+
+
+WORKS, WEIGHTS_NOT_USED = "works", "the weights handed out are not the weights used"
+
+
+def judge(user: nn.Module, x: torch.Tensor, padding: torch.Tensor, convention: Convention,
+          read_softmax: bool = False) -> str:
+    """WORKS; WEIGHTS_NOT_USED where every output is right but the weights handed out give padded keys weight;
+    "" otherwise."""
     try:
         out, weights = run_layer(user, x, key_mask(padding, convention, x.dtype), convention, read_softmax)
         if out.shape[:2] != x.shape[:2]:  # the mask broadcast into the batch or token axis
-            return False
+            return ""
         for row, length in enumerate((~padding).sum(dim=-1).tolist()):
             alone = x[row:row + 1, :length]
             keep_all = key_mask(padding[row:row + 1, :length] & False, convention, x.dtype)
             expected, _ = split_output(call_layer(user, alone, keep_all, convention))
             if not torch.allclose(out[row, :length], expected[0], atol=TOLERANCE, rtol=TOLERANCE):
-                return False
+                return ""
             if not mask_required(user, convention.call):  # a mask that keeps every key must change nothing
                 plain, _ = split_output(bare(user, alone))
                 if not torch.allclose(plain, expected, atol=TOLERANCE, rtol=TOLERANCE):
-                    return False
+                    return ""
         if weights is not None:
             weights = weights if weights.dim() == 4 else weights.unsqueeze(1)  # (B, H, L, L)
             on_padding = weights.masked_fill(~padding[:, None, None, :], 0.0)  # the padded keys' columns
             on_padding = on_padding.masked_fill(padding[:, None, :, None], 0.0)  # from real queries only
             if not bool(on_padding.abs().max() <= TOLERANCE):
-                return False
+                return WEIGHTS_NOT_USED if bool(torch.isfinite(out).all()) else ""
         # Finite everywhere, padded queries included: a NaN row (an additive -inf on a row with no key left) would
         # send NaN gradients into every weight through the softmax's backward.
-        return bool(torch.isfinite(out).all()) and (weights is None or bool(torch.isfinite(weights).all()))
+        finite = bool(torch.isfinite(out).all()) and (weights is None or bool(torch.isfinite(weights).all()))
+        return WORKS if finite else ""
     except Exception:  # a convention the class cannot take (a bool mask added to floats, a wrong shape): not it
-        return False
+        return ""
 
 
 @torch.no_grad()

@@ -116,6 +116,7 @@ class OwnAttention(nn.Module):
         self.user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, attention_args, runs)
         found = find_convention(self.user, d_model, name)
         self.convention: str = found.convention.describe()
+        self.weights_not_used: Convention | None = found.weights_not_used  # the doctor names it (padding check)
         self._convention: Convention = found.convention
         self.n_heads = found.heads  # the heads its weights show: (B, L, L) is one head
         self.width = found.width  # its output width W

@@ -62,6 +62,12 @@ def padding(probe: Probe) -> Outcome:
         calls = mask_calls(probe.user, type(probe.user).__name__)
         if calls:  # its forward takes a mask, yet the adapter found no convention under which padding is ignored
             taken = "the second argument" if calls == ["positional"] else f"{calls[0]}="
+            leaky = getattr(probe.layer, "weights_not_used", None)
+            if leaky is not None:
+                return Outcome("FAIL", f"the weights handed out are not the weights used: with the mask as "
+                               f"{leaky.kind}, shape {leaky.shape}, the output ignores padding, but the weights it "
+                               "returns give padded keys weight (recomputed without the mask?)",
+                               {"conventions_working": 0})
             return Outcome("FAIL", f"forward takes a mask ({taken}), but under none of the conventions tried (bool "
                            "True = padding or keep, 1/0 keep, additive 0/-inf, -1e4, -1e9; shapes (B, L), (B, 1, 1, L),"
                            " (B, L, L)) does a real token's output stay as its text alone gives",

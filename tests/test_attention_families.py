@@ -186,3 +186,9 @@ def test_a_content_free_position_bias_is_its_family_not_a_mistake():
 def test_a_position_term_that_depends_on_the_content_still_fails():
     rows = layer_contract(ALiBi, d_model=32, n_heads=4, args={"content": True})
     assert {"permutation", "formula"} & {row.check for row in rows if row.verdict == "FAIL"}, table(rows)
+
+
+def test_weights_handed_out_that_are_not_the_weights_used_are_named():
+    rows = layer_contract(f"{FOLDER / 'sdpa_weights_unmasked.py'}:Attention", d_model=32, n_heads=4)
+    row = next(row for row in rows if row.check == "padding")
+    assert row.verdict == "FAIL" and "not the weights used" in row.evidence, table(rows)
