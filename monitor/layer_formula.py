@@ -13,7 +13,7 @@ Letters in the shape comments: B texts, L tokens, H heads, d head size, D model 
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import torch
@@ -206,11 +206,17 @@ def merge(t: torch.Tensor) -> torch.Tensor:
 
 def reference(proj: Projections, x: torch.Tensor, allowed: torch.Tensor):
     """The definition on x (B, L, D), float64, over the allowed keys (B, 1, L, L): model/attention.py's Reference,
-    or None when the values' head size differs from the queries' (torch's reference needs them equal)."""
+    or None when the keys' head size differs from the queries'. Values wider than the queries (W_V d_model × d_model
+    beside W_Q d_model × d_k, as numpy-style course code writes one head) are weighted by the reference's weights."""
     q, k, v = (split(project(x, p), proj.heads) for p in (proj.q, proj.k, proj.v))
-    if q.shape != v.shape or q.shape != k.shape:
+    if q.shape != k.shape or q.shape[:-1] != v.shape[:-1]:
         return None
     d = q.shape[-1]
+    if v.shape != q.shape:
+        ref = reference(replace(proj, v=proj.q, o=None), x, allowed)  # scores and weights; values apart
+        heads = merge(ref.weights @ v)  # (B, L, H·d_v)
+        out = project(heads, proj.o) if proj.o is not None else heads
+        return ref._replace(heads=heads, out=out, v=v)
     inner = proj.heads * d
     w_o = SimpleNamespace(weight=torch.eye(inner, dtype=x.dtype), bias=None)
     if proj.o is not None:
@@ -242,9 +248,8 @@ def plain(q, k, v, allowed, scale, axis=-1):
 def variants(proj: Projections, x: torch.Tensor, allowed: torch.Tensor, ref) -> dict[str, torch.Tensor]:
     """The heads' output (B, L, H·d) as common mistakes compute it, by name, to say how an output differs."""
     B, L, _ = x.shape
-    H, d = proj.heads, ref.q.shape[-1]
+    H, d, dv = proj.heads, ref.q.shape[-1], ref.v.shape[-1]
     q, k, v, scale = ref.q, ref.k, ref.v, 1.0 / math.sqrt(d)
-    wrong_split = [project(x, p).view(B, H, L, d) for p in (proj.q, proj.k, proj.v)]
     found = {
         "the scores not scaled (no 1/√d_k)": merge(plain(q, k, v, allowed, 1.0)),
         "the scores divided by d_k (1/√d_k twice)": merge(plain(q, k, v, allowed, scale**2)),
@@ -255,10 +260,12 @@ def variants(proj: Projections, x: torch.Tensor, allowed: torch.Tensor, ref) -> 
         "a look-ahead (causal) mask": merge(plain(q, k, v, allowed & torch.ones(L, L, dtype=torch.bool).tril(),
                                                   scale)),
         "heads merged wrongly: (B, H, L, d) reshaped to (B, L, H·d) without moving H back":
-            ref.heads.view(B, L, H, d).transpose(1, 2).reshape(B, L, H * d),
-        "heads split wrongly: (B, L, H·d) viewed as (B, H, L, d) without the transpose":
-            plain(*wrong_split, allowed, scale).reshape(B, L, H * d),
+            ref.heads.view(B, L, H, dv).transpose(1, 2).reshape(B, L, H * dv),
     }
+    if dv == d:
+        wrong_split = [project(x, p).view(B, H, L, d) for p in (proj.q, proj.k, proj.v)]
+        found["heads split wrongly: (B, L, H·d) viewed as (B, H, L, d) without the transpose"] = \
+            plain(*wrong_split, allowed, scale).reshape(B, L, H * d)
     if x.shape[-1] == H * d:
         found["V = X: the values are the input itself (W_V skipped)"] = merge(ref.weights @ split(x, H))
     return found
@@ -289,16 +296,17 @@ def compare_layer(proj: Projections, seen, padding: torch.Tensor, causal: bool =
     allowed = allowed_keys(padding, causal)
     ref = reference(proj, x, allowed)
     if ref is None:
-        return FormulaResult("output", math.inf, "the values' head size differs from the queries'", math.inf, proj)
+        return FormulaResult("output", math.inf, "the keys' head size differs from the queries'", math.inf, proj)
     rows = ~padding
     found = []
     weights = seen.weights
     if weights is not None and weights.shape[-2:] == (L, L) and weights.shape[0] == B:
         w = weights.double().reshape(B, -1, L, L)
         if w.shape[1] == proj.heads:
-            scores = compare_scores(w.log(), w > 0, ref, rows)
-            mask = compare_mask(w > 0, ref, rows, padding)
-            weigh = compare_weights(w, ref, rows, padding)
+            scoring = ref._replace(v=ref.q)  # the score stages read no values (wider values: another shape)
+            scores = compare_scores(w.log(), w > 0, scoring, rows)
+            mask = compare_mask(w > 0, scoring, rows, padding)
+            weigh = compare_weights(w, scoring, rows, padding)
             if "no constant factor" in scores[2]:
                 scores = ("scores", scores[1], score_mistake(proj, x, w, ref, rows) or scores[2])
             if "no constant factor" in scores[2] and weigh[2] and "differ by up to" not in weigh[2]:

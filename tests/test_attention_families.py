@@ -192,3 +192,23 @@ def test_weights_handed_out_that_are_not_the_weights_used_are_named():
     rows = layer_contract(f"{FOLDER / 'sdpa_weights_unmasked.py'}:Attention", d_model=32, n_heads=4)
     row = next(row for row in rows if row.check == "padding")
     assert row.verdict == "FAIL" and "not the weights used" in row.evidence, table(rows)
+
+
+class WideValues(nn.Module):
+    """One head, numpy-style: W_Q, W_K d_model × d_k, W_V d_model × d_model (values wider than the queries)."""
+
+    def __init__(self, d_model, d_k):
+        super().__init__()
+        self.W_Q = nn.Parameter(torch.randn(d_model, d_k) / math.sqrt(d_model))
+        self.W_K = nn.Parameter(torch.randn(d_model, d_k) / math.sqrt(d_model))
+        self.W_V = nn.Parameter(torch.randn(d_model, d_model) / math.sqrt(d_model))
+
+    def forward(self, X):
+        Q, K, V = X @ self.W_Q, X @ self.W_K, X @ self.W_V
+        A = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), dim=-1)
+        return A @ V, A
+
+
+def test_values_wider_than_the_queries_are_the_formula():
+    rows = layer_contract(WideValues, d_model=32, n_heads=4)
+    assert verdicts(rows)["formula"] == "PASS", table(rows)
