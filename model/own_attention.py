@@ -262,6 +262,7 @@ class OwnAttention(nn.Module):
 
 
 def looks_ahead(network: nn.Module) -> bool:
-    """Whether a layer of the network hides later tokens: a built-in kind set causal, or a user's class found causal
-    by probing (its config's causal is refused: the class decides). The monitor's health figures read it."""
-    return any(getattr(module, "look_ahead", False) for module in network.modules())
+    """Whether a user's class in the network was found causal by probing: its look-ahead mask is its family, asked
+    for by the class (its config's causal is refused: the class decides). A built-in kind's look-ahead is the
+    config's `causal`, and one the config does not ask for is a bug the monitor reports, so it is not read here."""
+    return any(isinstance(module, OwnAttention) and module.look_ahead for module in network.modules())
