@@ -33,12 +33,12 @@ from torch import nn
 from model.attention import MultiHeadSelfAttention
 from model.errors import ConfigError
 from model.mask_probe import NoConvention, runs
-from monitor.contract import MATCH, compare, differ
+from monitor.contract import MATCH, compare
 from monitor.doctor import Finding, Verdict
 from monitor.layer_behaviour import (INVARIANCE, ROW_SUM, STEADY, eval_steady, look_ahead, mask_name, neighbours,
                                      padding, permutation, shapes, softmax_rows, stability, train_eval)
-from monitor.layer_family import find_family
-from monitor.layer_formula import SCALE_FACTOR, compare_layer, merge, project, score_factor, split
+from monitor.layer_family import find_family, position_formula
+from monitor.layer_formula import SCALE_FACTOR, compare_layer, score_factor
 from monitor.layer_gradients import gradcheck, gradient
 from monitor.layer_probe import Check, Outcome, Probe, Row, Unusable, figure, model_width, rounding
 from monitor.units import Check as Unit, Subject, examine, register
@@ -98,32 +98,6 @@ def formula(probe: Probe) -> Outcome:
                        f"(largest difference {rounding(result.largest)}){after}", figures)
     return Outcome("FAIL", f"{result.stage} differs by {figure(result.difference)}: {result.how} ({found})", figures,
                    fix=STAGE_FIXES.get(result.stage))
-
-
-def position_formula(probe: Probe, family) -> Outcome:
-    """A family with position terms: its scores depart from Q Kᵀ/√d_k as the family allows (found by probing); the
-    output must still be W_O (weights · V) with the weights it used and V from what its projections read."""
-    seen, real = probe.base, probe.real()
-    layout = probe.projections[0]
-    if seen.weights is None or seen.weights.shape[1] != layout.heads:
-        return Outcome("NOTE", f"positions {family.positions}: the output could not be recomputed (no weights of "
-                       f"{layout.heads} head(s) seen)")
-    v = split(project(seen.x.double(), layout.v), layout.heads)
-    heads = merge(seen.weights.double() @ v)  # (B, L, H·d)
-    expected = project(heads, layout.o) if layout.o is not None else heads
-    if seen.raw_out is None or seen.raw_out.shape != expected.shape:
-        return Outcome("NOTE", f"positions {family.positions}: the output is not compared (no W_O found by name, or "
-                       "another shape)", fix="name it: diagnose.py --attention … --map q=ATTR,k=ATTR,v=ATTR,o=ATTR")
-    candidates = {"W_O left out": heads[real]} if layout.o is not None else {}
-    difference, how = differ(seen.raw_out.double()[real], expected[real], candidates)
-    terms = {"bias": "an additive bias that does not depend on the content", "relative": "a shift-invariant "
-             "(relative) term"}[family.positions]
-    if not how:
-        return Outcome("PASS", f"the scores depart from Q Kᵀ/√d_k by {terms}, as this family's positions do; the "
-                       f"output is W_O (weights · V) from {layout.describe()} (largest difference "
-                       f"{rounding(difference)})", {"difference": difference})
-    return Outcome("FAIL", f"output differs by {figure(difference)} from W_O (weights · V) with the weights it used: "
-                   f"{how} ({layout.describe()})", {"difference": difference}, fix=STAGE_FIXES["output"])
 
 
 def builtin_formula(probe: Probe) -> Outcome:
@@ -262,6 +236,21 @@ LEARN = Check("learn", learning, "the class trained in the classifier (configs/s
               "by more than a margin after the same epochs (not-learning)", "", "")
 
 
+def long_input_row(layer: nn.Module, d_model: int, length: int) -> Row:
+    """The long-input check: the layer on a text of the run's max_length tokens (the other checks read 7)."""
+    from model.user_class import long_input_problem
+
+    problem = long_input_problem(layer, d_model, length)
+    return Row("long-input", "FAIL" if problem else "PASS", problem or f"a text of {length} tokens: finite output",
+               {}, LONG_INPUT.reads, LONG_INPUT.rule, LONG_INPUT.cause, LONG_INPUT.fix)
+
+
+LONG_INPUT = Check("long-input", None, "the output of a text of max_length tokens (--max-length; the other checks "
+                   "read 7)", "the layer raises or gives NaN or infinity on it", "something that grows with the "
+                   "length past what fits (an allocation, a fixed-size table or mask, a sum that overflows)",
+                   "run the class on a text of max_length tokens and follow the first line of the error")
+
+
 def build(layer_or_class, *, d_model: int, n_heads: int, d_head: int | None, args: dict | None) -> nn.Module:
     """The layer to probe: a built-in kind or the adapter as it is; a built-in kind's class built; a user's class
     or "file.py:Class" built as the classifier builds it (model/own_attention.py), or a user's module instance,
@@ -277,9 +266,11 @@ def build(layer_or_class, *, d_model: int, n_heads: int, d_head: int | None, arg
         user, d_model = layer_or_class, model_width(layer_or_class)
     else:
         cls = load_attention_class(layer_or_class) if isinstance(layer_or_class, str) else layer_or_class
-        user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, args, runs)
+        user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, args, args_flag="--args",
+                                runs=runs)
     try:
-        return OwnAttention(built(user), d_model=d_model, n_heads=n_heads, d_head=d_head)
+        return OwnAttention(built(user), d_model=d_model, n_heads=n_heads, d_head=d_head,
+                            name=layer_or_class if isinstance(layer_or_class, str) else None)
     except NoConvention as e:  # it needs a mask and no convention keeps padding out: the padding check FAILs
         raise Unusable(str(e), "padding") from None
     except ConfigError as e:  # the adapter could not call its forward: the layer's fault, not the input's
@@ -298,10 +289,11 @@ def built(user: nn.Module):
 
 def layer_contract(layer_or_class, *, d_model: int = 64, n_heads: int = 4, d_head: int | None = None,
                    args: dict | None = None, mapping: dict | None = None, seed: int = 0,
-                   learn: bool = False) -> list[Row]:
+                   learn: bool = False, max_length: int = 128) -> list[Row]:
     """Every check of CHECKS on one layer: a built layer (a built-in kind, the adapter, or a user's module), a
     class, or "file.py:ClassName". mapping: {"q"|"k"|"v"|"o"|"qkv": attribute path} where the projections'
-    names are not found. learn: add the last check, the class trained on the synthetic task (seconds to minutes)."""
+    names are not found. learn: add the last check, the class trained on the synthetic task (seconds to minutes).
+    max_length: the longest text the layer will read, the length of the long-input check (long_input_row)."""
     torch.manual_seed(seed)
     try:
         layer = build(layer_or_class, d_model=d_model, n_heads=n_heads, d_head=d_head, args=args)
@@ -315,6 +307,8 @@ def layer_contract(layer_or_class, *, d_model: int = 64, n_heads: int = 4, d_hea
     probe = Probe(layer, mapping=mapping, seed=seed, spec=layer_or_class, args=args)
     figures, _ = examine(Subject(layer=probe))  # the doctor's one runner: every registered check that reads a layer
     rows = probe.cache["rows"] = Rows(measured["row"] for measured in figures.values() if "row" in measured)
+    if probe.user is not layer:  # a user's class in the adapter: built-in kinds read what their settings define
+        rows.append(long_input_row(layer, probe.d_model, max_length))
     try:
         rows.identity = find_family(probe).line()
     except Unusable:

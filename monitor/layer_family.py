@@ -24,12 +24,14 @@ from dataclasses import dataclass
 
 import torch
 
-from monitor.contract import centred
-from monitor.layer_formula import project, split
+from monitor.contract import centred, differ
+from monitor.layer_formula import merge, project, split
+from monitor.layer_probe import Outcome, Probe, figure, rounding
 
 SHIFT = 3  # tokens put in front by the relative-position test
 POSITION_MATCH = 1e-3  # relative difference of row-centred log-weights that counts as the same scores
 INVARIANCE = 1e-4  # relative change of an output: float32 rounding gives ≤ 1e-6
+OUTPUT_FIX = "return W_O applied once to the merged heads' output: out = W_O((weights @ V) merged)"
 
 
 @dataclass(frozen=True)
@@ -221,3 +223,28 @@ def change(a: torch.Tensor, b: torch.Tensor) -> float:
         return math.inf
     return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp(min=1e-12))
 
+
+def position_formula(probe: Probe, family) -> Outcome:
+    """A family with position terms: its scores depart from Q Kᵀ/√d_k as the family allows (found by probing); the
+    output must still be W_O (weights · V) with the weights it used and V from what its projections read."""
+    seen, real = probe.base, probe.real()
+    layout = probe.projections[0]
+    if seen.weights is None or seen.weights.shape[1] != layout.heads:
+        return Outcome("NOTE", f"positions {family.positions}: the output could not be recomputed (no weights of "
+                       f"{layout.heads} head(s) seen)")
+    v = split(project(seen.x.double(), layout.v), layout.heads)
+    heads = merge(seen.weights.double() @ v)  # (B, L, H·d)
+    expected = project(heads, layout.o) if layout.o is not None else heads
+    if seen.raw_out is None or seen.raw_out.shape != expected.shape:
+        return Outcome("NOTE", f"positions {family.positions}: the output is not compared (no W_O found by name, or "
+                       "another shape)", fix="name it: diagnose.py --attention … --map q=ATTR,k=ATTR,v=ATTR,o=ATTR")
+    candidates = {"W_O left out": heads[real]} if layout.o is not None else {}
+    difference, how = differ(seen.raw_out.double()[real], expected[real], candidates)
+    terms = {"bias": "an additive bias that does not depend on the content", "relative": "a shift-invariant "
+             "(relative) term"}[family.positions]
+    if not how:
+        return Outcome("PASS", f"the scores depart from Q Kᵀ/√d_k by {terms}, as this family's positions do; the "
+                       f"output is W_O (weights · V) from {layout.describe()} (largest difference "
+                       f"{rounding(difference)})", {"difference": difference})
+    return Outcome("FAIL", f"output differs by {figure(difference)} from W_O (weights · V) with the weights it used: "
+                   f"{how} ({layout.describe()})", {"difference": difference}, fix=OUTPUT_FIX)

@@ -69,6 +69,12 @@ def gradient(probe: Probe) -> Outcome:
     listed = [name for name, value in vars(probe.user).items()
               if not name.startswith("_") and isinstance(value, (list, tuple, dict))
               and any(isinstance(v, nn.Module) for v in (value.values() if isinstance(value, dict) else value))]
+    count = sum(1 for _ in layer.parameters())
+    if not any(p.requires_grad for p in layer.parameters()):  # no loss can reach anything: nothing to call backward on
+        frozen = [name for name, _ in layer.named_parameters()]
+        return Outcome("FAIL", f"nothing to train: requires_grad off: {', '.join(frozen)}" if frozen else
+                       "nothing to train: the layer has no parameter (attention with no W_Q, W_K, W_V learns nothing)",
+                       {"without_gradient": count})
     before = {name: p.grad for name, p in layer.named_parameters()}
     for p in layer.parameters():
         p.grad = None
@@ -90,6 +96,5 @@ def gradient(probe: Probe) -> Outcome:
     parts = [f"{what}: {', '.join(names)}" for what, names in (
         ("no gradient", none), ("zero gradient", zero), ("requires_grad off", frozen),
         ("modules kept in a plain Python container, unseen by the optimizer", listed)) if names]
-    count = sum(1 for _ in layer.parameters())
     return Outcome("FAIL" if parts else "PASS", "; ".join(parts) or f"all {count} parameters get gradient",
                    {"without_gradient": len(none) + len(zero) + len(frozen)})
