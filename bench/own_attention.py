@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     parser.add_argument("--published", action="store_true", help="the classes copied unchanged from public code "
                         "(user_attention/published/) instead of the written ones")
     parser.add_argument("--learn", action="store_true", help="train each correct class on the synthetic task "
-                        "(training/learning.py) instead of the contract; one line a class, as it finishes")
+                        "(monitor/learning.py) instead of the contract; one line a class, as it finishes")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     entries = PUBLISHED if args.published else CATALOGUE
