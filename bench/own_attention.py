@@ -28,6 +28,7 @@ from bench.catalogue.proof import RIGHT, USER_CLASSES, judge, judged
 from bench.catalogue.scores import class_report, class_summary
 from bench.catalogue.user_attention.catalogue import CATALOGUE
 from bench.catalogue.user_attention.published.catalogue import PUBLISHED
+from bench.catalogue.user_attention.published_buggy.catalogue import BUGGY
 
 
 def judge_command(entry: dict, d_model: int, heads: int) -> dict:
@@ -50,12 +51,13 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", type=int, default=4, help="as diagnose.py --attention (default 4)")
     parser.add_argument("--command", action="store_true", help="run each class through diagnose.py (timed)")
     parser.add_argument("--published", action="store_true", help="the classes copied unchanged from public code "
-                        "(user_attention/published/) instead of the written ones")
+                        "(user_attention/published/) and their one-edit buggy variants (published_buggy/) instead "
+                        "of the written ones")
     parser.add_argument("--learn", action="store_true", help="train each correct class on the synthetic task "
                         "(monitor/learning.py) instead of the contract; one line a class, as it finishes")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
-    entries = PUBLISHED if args.published else CATALOGUE
+    entries = PUBLISHED + BUGGY if args.published else CATALOGUE
     if args.learn:
         return learn_report([e for e in entries if e["correct"]])
     results = [(judge_command if args.command else judge)(entry, args.d_model, args.heads) for entry in entries]

@@ -15,7 +15,7 @@ from monitor.thresholds import INVARIANCE
 
 STEADY = 1e-6  # relative change between two identical evaluation passes: exactly 0 for a deterministic layer
 ROW_SUM = 1e-4  # |row sum − 1| of a real query's weights: float32 rounding gives ≤ 1e-6
-STABLE_SCORES = 120.0  # the largest |score| the stability check drives the layer to: exp() overflows float32 past
+STABLE_SCORES = 300.0  # the largest |score| the stability check drives the layer to: exp() overflows float32 past
 # 88.7, so a softmax written as exp(s) / exp(s).sum() without the row maximum subtracted gives inf, then NaN
 CALM = 1e-3  # the input's factor under which the look-ahead check reads each query's weight on its own token
 NO_WEIGHTS = Outcome("NOTE", "the layer hands out no weights (return (output, weights) to get heatmaps and this check)")
@@ -164,7 +164,66 @@ def look_ahead(probe: Probe) -> Outcome:
             bad.append(f"an earlier output moves by {figure(moved)} when later tokens change")
     else:
         parts.insert(0, "not causal (later tokens reach earlier outputs)")
+        bad += [found for found in (triangle_off(calm, probe.padding), unapplied_mask(probe)) if found]
     return Outcome("FAIL" if bad else "PASS", "; ".join(bad or parts), figures)
+
+
+def triangle_off(weights: torch.Tensor | None, padding: torch.Tensor) -> str:
+    """A non-causal layer whose zero weights between real tokens depend only on the key's offset from the query
+    and form a triangle on one side: the later keys past k blocked and the next k seen (a look-ahead mask off by
+    k), or every earlier key blocked and the later ones seen (the triangle reversed). A window that blocks far keys
+    on both sides is not a triangle and stays a PASS."""
+    if weights is None:
+        return ""
+    B, L = padding.shape
+    offsets = torch.arange(L)[None, :] - torch.arange(L)[:, None]  # (L, L): key position − query position
+    zero = weights == 0  # (B, H, L, L)
+    blocked, seen = set(), set()
+    for b in range(B):
+        n = int((~padding[b]).sum())
+        for offset in range(-(n - 1), n):
+            cells = zero[b, :, :n, :n][:, offsets[:n, :n] == offset]
+            if bool(cells.all()):
+                blocked.add(offset)
+            elif bool((~cells).all()):
+                seen.add(offset)
+            else:
+                return ""  # zeros that do not follow the offset: not a mask by distance
+    if blocked & seen or not blocked:
+        return ""
+    if all(d > 0 for d in blocked) and {d for d in seen if d > 0}:
+        k = min(blocked) - 1
+        if all(d in blocked for d in seen | blocked if d > k):
+            return (f"the weights block the later keys from {k + 1} ahead but let the next {k} through: a look-ahead "
+                    f"mask off by {k} (torch.tril(..., diagonal={k}) or triu(..., diagonal={k + 1}); the look-ahead "
+                    "mask blocks every later key: tril(ones(L, L)) keeps, triu(ones(L, L), diagonal=1) blocks)")
+    if all(d <= 0 for d in blocked) and all(d in blocked for d in seen | blocked if d < 0) and \
+            {d for d in seen if d > 0}:
+        return ("the weights block every earlier key and let the later ones through: the look-ahead triangle "
+                "reversed (tril where triu was meant, or the mask's True read as keep)")
+    return ""
+
+
+def unapplied_mask(probe: Probe) -> str:
+    """A class that keeps a look-ahead mask (a square triangular buffer) while later tokens reach earlier
+    outputs: the mask is built and not applied (a masked_fill whose result is dropped, a float mask added
+    instead of blocking). A class with a causal switch turned off is left alone."""
+    switches = [value for name, value in vars(probe.user).items() if "causal" in name.lower()]
+    if any(value is False for value in switches):
+        return ""
+    for name, buffer in probe.user.named_buffers():
+        square = buffer.detach()
+        while square.dim() > 2 and square.shape[0] == 1:
+            square = square[0]
+        if square.dim() != 2 or square.shape[0] != square.shape[1] or square.shape[0] < 2:
+            continue
+        nonzero = square != 0
+        lower, upper = torch.tril(torch.ones_like(nonzero)), torch.triu(torch.ones_like(nonzero), diagonal=1)
+        if bool((nonzero == lower).all()) or bool((nonzero == upper).all()):
+            return (f"the class keeps a look-ahead mask (buffer {name!r}, {tuple(buffer.shape)}, triangular) but later "
+                    "tokens reach earlier outputs: the mask is not applied (a masked_fill whose result is not kept, "
+                    "or a float mask added where a bool mask blocks)")
+    return ""
 
 
 def train_eval(probe: Probe) -> Outcome:

@@ -344,7 +344,7 @@ def score_factor(proj: Projections, seen, padding: torch.Tensor, causal: bool = 
         return math.nan, ""
     out = seen.out.double()[~padding]
     best = (math.inf, math.nan)
-    for factor in torch.logspace(-3, 3, 121, base=2).tolist():  # 2^-3 … 2^3 in steps of 2^0.05
+    for factor in torch.logspace(-5, 5, 201, base=2).tolist():  # 2^-5 … 2^5 in steps of 2^0.05
         heads = merge_heads(plain(ref.q, ref.k, ref.v, allowed, factor / math.sqrt(ref.q.shape[-1])))
         fitted = heads if proj.o is None else project(heads, proj.o)
         best = min(best, (relative(out, fitted[~padding]), factor))

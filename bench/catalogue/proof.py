@@ -208,6 +208,7 @@ RIGHT = {  # a check's FAIL → the catalogue's categories (user_attention/catal
     "scale": {"scale"},
     "gradcheck": {"gradient"},
     "gradient": {"gradient"},
+    "long-input": {"stability"},  # finite and running at the run's max_length
 }
 
 
