@@ -77,7 +77,26 @@ def attention(q, k, v, blocked=None, *, scale: float, dropout: nn.Module | None 
 SLICE_BYTES = 4 << 20
 
 
-class MultiHeadSelfAttention(nn.Module):
+class Kind:
+    """What every attention kind answers about a config (model/kinds.py; the user's class too, model/own_attention.py),
+    with the answers of a kind that takes any setting and adds no weights."""
+
+    @classmethod
+    def check(cls, config) -> None:
+        """Raises ConfigError (one line) when this kind cannot work with the config's settings; full takes any."""
+
+    @classmethod
+    def settings(cls, config) -> dict:
+        """The constructor arguments of this kind beyond those every kind takes, read from the config."""
+        return {}
+
+    @classmethod
+    def extra_parameters(cls, config) -> int:
+        """Weights one layer of this kind has beyond W_Q, W_K, W_V, W_O (for the config's size bound)."""
+        return 0
+
+
+class MultiHeadSelfAttention(Kind, nn.Module):
     """Full attention, the "full" kind (model/kinds.py): every query sees all L keys."""
 
     summary = "every token, O(L²)"  # what a query sees, for --help (model/kinds.py)
@@ -97,20 +116,6 @@ class MultiHeadSelfAttention(nn.Module):
         """Whether, without positions, the output ignores the order of the tokens after the first (the shuffled
         tokens check, monitor/checks.py): every key seen alike; the look-ahead mask makes order matter."""
         return not config.causal
-
-    @classmethod
-    def check(cls, config) -> None:
-        """Raises ConfigError (one line) when this kind cannot work with the config's settings; full takes any."""
-
-    @classmethod
-    def settings(cls, config) -> dict:
-        """The constructor arguments of this kind beyond those every kind takes, read from the config."""
-        return {}
-
-    @classmethod
-    def extra_parameters(cls, config) -> int:
-        """Weights one layer of this kind has beyond W_Q, W_K, W_V, W_O (for the config's size bound)."""
-        return 0
 
     def __init__(
         self,

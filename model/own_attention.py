@@ -26,7 +26,7 @@ import math
 import torch
 from torch import nn
 
-from model.attention import AttentionWeights, unpack
+from model.attention import AttentionWeights, Kind, unpack
 from model.errors import ConfigError
 from model.mask_probe import Convention, find_convention, key_mask, run_layer, runs
 from model.user_class import (  # noqa: F401 (the names callers import from here)
@@ -71,7 +71,7 @@ def say_once(level: int, message: str) -> None:
         log.log(level, message)
 
 
-class OwnAttention(nn.Module):
+class OwnAttention(Kind, nn.Module):
     """A user's attention class inside the classifier's Block, with the interface of the built-in layers:
     forward(x (B, L, D), key_padding_mask (B, L) True = padding, need_weights) → (out (B, L, D), AttentionWeights
     or None), forward_packed, n_heads, head_gate, look_ahead. `.user` is the user's module, unchanged;
@@ -102,14 +102,6 @@ class OwnAttention(nn.Module):
             if getattr(config, name) != default:
                 raise ConfigError(f"{name} {getattr(config, name)!r} applies to the built-in attention kinds, not to "
                                   f"a user's class ({config.attention}): leave it unset (the class decides)")
-
-    @classmethod
-    def settings(cls, config) -> dict:
-        return {}
-
-    @classmethod
-    def extra_parameters(cls, config) -> int:
-        return 0
 
     def __init__(self, cls_or_spec, *, d_model: int, n_heads: int, d_head: int | None = None,
                  attention_args: dict | None = None, name: str | None = None):
