@@ -146,3 +146,31 @@ def test_the_onnx_export_computes_the_same_ngram_votes(tmp_path):
                              for p in classifier.predict(texts)])
         probabilities = torch.from_numpy(outputs["logits"]).softmax(-1).numpy()
         np.testing.assert_allclose(probabilities, expected, atol=TOLERANCE)
+
+
+@pytest.mark.slow  # two short fits
+def test_a_fit_starts_the_branch_from_naive_bayes_and_predict_reads_its_checkpoint(tmp_path, capsys):
+    import json
+
+    import predict
+    from conftest import fit, rows, write
+
+    train_file = write(tmp_path / "reviews.csv", rows(8))
+    tables = {}
+    for start in (0.0, 1.0):
+        root = tmp_path / f"start{start}"
+        # a learning rate so small that the table the fit saves is the one it started from
+        fit(root, "--data.train_file", str(train_file), "--data.vocab_size", "64", "--trainer.max_epochs", "1",
+            "--model.network.ngrams", "2", "--model.ngram_start", str(start), "--model.lr", "1e-12")
+        (ckpt,) = root.glob("lightning_logs/version_0/checkpoints/last.ckpt")
+        checkpoint = torch.load(ckpt, weights_only=True)
+        tables[start] = checkpoint["state_dict"]["model.ngram_bag.ngram_embedding.weight"]
+        labels = checkpoint["hyper_parameters"]["label_names"]
+    assert tables[0.0].abs().max() < 1e-6
+    pos, neg = labels.index("pos"), labels.index("neg")
+    votes = (tables[1.0][:, pos] - tables[1.0][:, neg]).abs()
+    assert votes.max() > 0.5  # words of one class only
+    assert predict.main(["--ckpt", str(ckpt), "--attention", "a great film", "a dull mess"]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [p["label"] for p in printed] == ["pos", "neg"]  # the naive-Bayes votes alone: nothing else learned
+    assert all(p["attention"] for p in printed)
