@@ -40,27 +40,34 @@ examples:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = Parser(prog="diagnose.py", description=DESCRIPTION, epilog=EPILOG,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("--ckpt", metavar="RUN_OR_CKPT",
+    parser.add_argument("--ckpt", metavar="RUN_OR_CKPT",
                         help="a checkpoint written by train.py, or a run folder (lightning_logs/version_N: its best "
                              "checkpoint)")
-    target.add_argument("--attention", metavar="FILE.py:CLASS",
+    parser.add_argument("--attention", metavar="FILE.py:CLASS",
                         help="your own attention class alone, no checkpoint, no data: the attention contract on a "
                              "freshly built layer (shapes, softmax rows, padding, batch neighbours, evaluation "
-                             "passes, permutation, the formula from its own weights, the scale, gradcheck, "
-                             "gradient); exit 1 on any FAIL (docs/OWN_ATTENTION.md)")
-    own = parser.add_argument_group("--attention")
+                             "passes, permutation, the formula from its own weights, the scale, a long input, "
+                             "gradcheck, gradient); exit 1 on any FAIL (docs/OWN_ATTENTION.md). With --ckpt: the "
+                             "class a checkpoint of your own class was trained with (a checkpoint never imports "
+                             "code by itself; its file's sha256 must equal the recorded one)")
+    parser.add_argument("--allow-changed-class", action="store_true",
+                        help="with --ckpt and --attention: load the class although its file's sha256 differs from "
+                             "the one the checkpoint records")
+    own = parser.add_argument_group("--attention alone (not with --ckpt)")
     own.add_argument("--map", type=projection_map, metavar="q=ATTR,k=ATTR,v=ATTR,o=ATTR",
                      help="where the class keeps W_Q, W_K, W_V, W_O (or qkv=ATTR for one fused Linear) when their "
                           "names are not found")
-    own.add_argument("--d-model", type=positive_int, default=64, metavar="N", help="model width D (default: 64)")
-    own.add_argument("--heads", type=positive_int, default=4, metavar="N", help="heads, when the class takes them "
-                                                                                "(default: 4)")
+    own.add_argument("--d-model", type=positive_int, metavar="N", help="model width D (default: 64)")
+    own.add_argument("--heads", type=positive_int, metavar="N", help="heads, when the class takes them "
+                                                                     "(default: 4)")
+    own.add_argument("--max-length", type=positive_int, metavar="N",
+                     help="the longest text the class will read (the long-input probe's length; default: 128, "
+                          "the network's default max_length)")
     own.add_argument("--d-head", type=positive_int, metavar="N", help="head size (default: d_model / heads)")
     own.add_argument("--learn", action="store_true",
                      help="add the last check: the class trained in the classifier on the synthetic task "
                           "(configs/smoke.yaml) must reach the built-in full layer's accuracy in the same epochs "
-                          "(both trained here: minutes)")
+                          "(both trained here: seconds to a minute)")
     own.add_argument("--args", type=json_object, metavar="JSON", help="its other constructor arguments, a JSON "
                                                                       "object: '{\"window\": 8}'")
     data = parser.add_argument_group("data (default: what the checkpoint recorded)")
@@ -83,7 +90,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
                         help="where the network runs (default: cpu)")
     parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    alone = {"--map": args.map, "--d-model": args.d_model, "--heads": args.heads, "--d-head": args.d_head,
+             "--max-length": args.max_length, "--learn": args.learn or None, "--args": args.args}
+    if args.ckpt is None and args.attention is None:
+        parser.error("give --ckpt (a checkpoint or run folder) or --attention (your own class alone)")
+    if args.ckpt is not None:
+        given = [flag for flag, value in alone.items() if value is not None]
+        if given:  # a checkpoint's network fixes them all: refused rather than ignored
+            parser.error(f"{', '.join(given)} go with --attention alone: a checkpoint's network has its own "
+                         "(to check the class with them, leave --ckpt out)")
+    elif args.allow_changed_class:
+        parser.error("--allow-changed-class goes with --ckpt and --attention")
+    else:
+        given = [f"--data.{name}" for name in DATA_NAMES if getattr(args, name, None) is not None]
+        if given:
+            parser.error(f"{', '.join(given)} go with --ckpt: --attention alone checks the class on random inputs, "
+                         "no data")
+    args.d_model = args.d_model or 64
+    args.heads = args.heads or 4
+    args.max_length = args.max_length or 128
+    return args
+
+
+DATA_NAMES = ("dataset", "data_dir", "train_file", "val_file", "text_column", "label_column", "val_fraction", "seed")
 
 
 def fraction(value: str) -> float:
@@ -131,13 +161,59 @@ def positive_int(value: str) -> int:
     return number
 
 
+class SlowClassProgress:
+    """While the contract runs: the forwards of the user's class counted and, once they have taken SLOW_AFTER
+    seconds, a line on stderr every PROGRESS_EVERY seconds with how many ran and about how long the rest takes
+    (CONTRACT_FORWARDS at the default sizes; a fast class prints nothing)."""
+
+    SLOW_AFTER, PROGRESS_EVERY = 3.0, 10.0
+    CONTRACT_FORWARDS = 35  # forwards of the class in the contract without --learn (docs/examples/my_attention.py)
+
+    def __init__(self, spec: str):
+        self.spec = spec
+
+    def __enter__(self):
+        import time
+
+        from torch.nn.modules.module import register_module_forward_hook
+
+        from model.user_class import load_attention_class
+
+        self.cls = load_attention_class(self.spec)  # the class the contract builds (a file runs once)
+        self.count, self.started, self.said = 0, time.monotonic(), None
+        self.handle = register_module_forward_hook(self.seen)
+        return self
+
+    def seen(self, module, args, output):
+        import time
+
+        if type(module) is not self.cls:
+            return
+        self.count += 1
+        now = time.monotonic()
+        spent = now - self.started
+        if spent < self.SLOW_AFTER or self.said is not None and now - self.said < self.PROGRESS_EVERY:
+            return
+        self.said = now
+        left = max(self.CONTRACT_FORWARDS - self.count, 0) * spent / self.count
+        print(f"diagnose.py: {self.spec}: {self.count} forwards of the class in {spent:.0f} s "
+              f"({spent / self.count:.1f} s each); about {left:.0f} s more (the contract runs it about "
+              f"{self.CONTRACT_FORWARDS} times)", file=sys.stderr,
+              flush=True)
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+        return False
+
+
 def attention_main(args) -> int:
     """The contract on a user's class alone: the table, exit 1 on any FAIL, 2 on bad input."""
     from monitor.layer_contract import layer_contract, table
 
     try:
-        rows = layer_contract(args.attention, d_model=args.d_model, n_heads=args.heads, d_head=args.d_head,
-                              args=args.args, mapping=args.map, learn=args.learn)
+        with SlowClassProgress(args.attention):
+            rows = layer_contract(args.attention, d_model=args.d_model, n_heads=args.heads, d_head=args.d_head,
+                                  args=args.args, mapping=args.map, learn=args.learn, max_length=args.max_length)
     except ValueError as e:  # ConfigError: the file, the class, its constructor; a --map attribute not found
         if args.debug:
             raise
@@ -151,7 +227,7 @@ def attention_main(args) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if args.attention:
+    if args.ckpt is None:
         return attention_main(args)
     from tqdm import tqdm
 
@@ -178,7 +254,7 @@ def main(argv=None) -> int:
             args.ckpt, data, texts=args.texts, batch_size=args.batch_size, device=args.device,
             progress=lambda batches: tqdm(batches, desc="checking", unit="batch", leave=False,
                                           disable=len(batches) < 20 and not sys.stderr.isatty()),
-            before=check_report_target,
+            before=check_report_target, attention=args.attention, allow_changed=args.allow_changed_class,
         )
         (target,) = targets
         write_text(target, html_report(diagnosis), "report", inputs=[args.ckpt, diagnosis.checkpoint])

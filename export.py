@@ -9,15 +9,18 @@ config.json says everything else a user needs (tests/test_export.py checks it al
 """
 
 import argparse
+import contextlib
 import importlib
+import io
 import json
 import logging
+import re
 import sys
 import warnings
 from pathlib import Path
 
 import model.threads  # noqa: F401  (before anything loads torch: model/threads.py)
-from inference.faces import notes_to_stderr, run_face
+from inference.faces import add_class_arguments, check_class_arguments, notes_to_stderr, run_face
 
 log = logging.getLogger("export")
 
@@ -61,8 +64,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for model.onnx, tokenizer.json, "
                                                                     "config.json (created if missing)")
     parser.add_argument("--attention", action="store_true", help="add each layer's attention weights as outputs")
+    add_class_arguments(parser)
     parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     args = parser.parse_args(argv)
+    check_class_arguments(parser, args)
     if len(args.ckpt) > 1:
         parser.error("--ckpt given more than once: an export is one network (predict.py and serve.py average an "
                      "ensemble outside the networks); export each checkpoint to its own --out")
@@ -143,21 +148,47 @@ def export_onnx(classifier, path: Path, names: list[str]) -> None:
         block.attention.kernel = "manual"  # the written formula in the graph, never scaled_dot_product_attention
     inputs = trace_inputs(config.max_length, config.vocab_size)
     axes = {"input_ids": {0: "batch", 1: "length"}, "attention_mask": {0: "batch", 1: "length"}}
+    torch_log = logging.getLogger("torch")
+    level = torch_log.level
     try:
-        with warnings.catch_warnings():
+        # torch.export prints the graph it traced when it fails (hundreds of lines, colour codes): the error line
+        # below says what the user needs, so nothing of torch's own reaches the terminal.
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
-            logging.getLogger("torch").setLevel(logging.ERROR)
+            torch_log.setLevel(logging.CRITICAL + 1)
             program = torch.onnx.export(
                 exportable(classifier, attention=len(names) > 2), inputs, input_names=["input_ids", "attention_mask"],
                 output_names=names, dynamic_axes=axes, opset_version=OPSET, dynamo=True, verbose=False,
             )
-    except Exception as e:  # torch.export / onnxscript raise many kinds; the first line says which step failed
-        reason = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+    except Exception as e:  # torch.export / onnxscript raise many kinds; their root cause says what failed
         raise ExportError(f"the {config.attention} attention of this checkpoint cannot be exported to ONNX: "
-                          f"{reason[:300]}") from e
+                          f"{export_failure(e)}") from e
+    finally:
+        torch_log.setLevel(max(level, logging.ERROR))
     from data.files import write_atomically
 
     write_atomically(path, lambda target: program.save(str(target)), what="ONNX model")
+
+
+ANSI_CODES = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def export_failure(error: BaseException) -> str:
+    """One line of why torch could not export: the first line of the root cause (torch's own message starts with
+    its "Next steps" advice), and the user's line that raised it when torch names one, without colour codes."""
+    root = error
+    while root.__cause__ is not None:
+        root = root.__cause__
+    lines = [ANSI_CODES.sub("", line).strip() for line in str(root).splitlines()]
+    reason = next((line for line in lines if line), type(root).__name__)
+    everything = [ANSI_CODES.sub("", line).strip() for line in str(error).splitlines()]
+    if "The following call raised this error:" in everything:
+        at = everything.index("The following call raised this error:")
+        where = [line for line in everything[at + 1:at + 3] if line]
+        if where:
+            reason += f" ({'; '.join(where)})"
+    return reason[:400]
 
 
 def export_tokenizer(classifier, max_length: int):
@@ -230,6 +261,7 @@ def main(argv=None) -> int:
 def run(args) -> int:
     from data.files import check_target, make_folder, write_text
     from inference import TextClassifier
+    from inference.classifier import FACE_FLAGS
     from data.checkpoint import open_checkpoint
 
     for module in ("onnx", "onnxscript"):  # torch.onnx.export needs both: say so, not that the kind cannot export
@@ -239,12 +271,20 @@ def run(args) -> int:
             raise ExportError(f"export.py needs the export extra ({e.name} is not installed): "
                               'pip install -e ".[export]"') from None
     ckpt, checkpoint = open_checkpoint(args.ckpt)
-    classifier = TextClassifier.from_checkpoint(ckpt, device="cpu", checkpoint=checkpoint)
+    classifier = TextClassifier.from_checkpoint(ckpt, device="cpu", checkpoint=checkpoint,
+                                                attention=args.attention_class,
+                                                allow_changed=args.allow_changed_class, flags=FACE_FLAGS)
+    made = not Path(args.out).exists()
     out = make_folder(args.out, "export folder")
     for name in ("model.onnx", "tokenizer.json", "config.json"):
         check_target(out / name, name, inputs=[ckpt])
     names = output_names(classifier, args.attention)
-    export_onnx(classifier, out / "model.onnx", names)
+    try:
+        export_onnx(classifier, out / "model.onnx", names)
+    except ExportError:
+        if made and not any(out.iterdir()):
+            out.rmdir()  # a failed export leaves no empty folder it made behind
+        raise
     tokenizer = export_tokenizer(classifier, classifier.max_length)
     write_text(out / "tokenizer.json", tokenizer.to_str(pretty=True), what="tokenizer")
     config = export_config(classifier, ckpt.name, names)

@@ -5,6 +5,7 @@ The Python API behind this script is `inference.TextClassifier` (inference/class
 """
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -14,7 +15,7 @@ import model.threads  # noqa: F401  (before anything loads torch: model/threads.
 from tqdm import tqdm
 
 from data.sources import has_text
-from inference.faces import notes_to_stderr, run_face
+from inference.faces import add_class_arguments, check_class_arguments, notes_to_stderr, run_face
 from inference.limits import BATCH_SIZE, IG_STEPS, IG_STEPS_DEFAULT, POSITIVE, PREDICT_BATCH
 from inference.texts import EMPTY
 
@@ -99,8 +100,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "length internally")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="where the network runs; auto picks cuda when available (default: auto)")
+    add_class_arguments(parser)
     parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     args = parser.parse_args(argv)
+    check_class_arguments(parser, args)
     if bool(args.texts) == bool(args.file):
         parser.error("give either TEXT arguments or --file (not both, not neither)")
     if args.all_heads and not args.attention:
@@ -177,16 +180,25 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
+    """The answers on stdout, as JSON lines only: anything else written to stdout while they are computed (a
+    user's class that prints in its forward) goes to stderr."""
+    stdout = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        return answer(args, stdout)
+
+
+def answer(args, stdout) -> int:
     # Imported here, not at the top, so --help and argument errors answer without loading torch.
     from inference.answers import NON_FINITE, load, prediction_outputs, truncation_note
 
     texts = read_inputs(args)
-    classifier = load(args.ckpt, device=args.device)
+    classifier = load(args.ckpt, device=args.device, attention=args.attention_class,
+                      allow_changed=args.allow_changed_class)
     if args.show_thresholds and not classifier.multi_label:
         raise InputError(f"--show-thresholds: {args.ckpt[0]} gives one label a text (the most probable), it has no "
                          "thresholds")
     if args.explain:
-        return run_explain(args, classifier, texts)
+        return run_explain(args, classifier, texts, stdout)
     png_dir = Path(args.attention_png) if args.attention_png else None
     if png_dir is not None:
         from data.files import make_folder
@@ -219,8 +231,8 @@ def run(args) -> int:
                     broken.append(i + 1)
                     text = json_line({"text": out["text"], "error": NON_FINITE})
                 encoded.append(text)
-            sys.stdout.write("".join(encoded))
-            sys.stdout.flush()
+            stdout.write("".join(encoded))
+            stdout.flush()
             bar.update(len(window))
     for number, length in truncated[:NOTES_SHOWN]:
         log.info("%s %d: %s", where, number, truncation_note(texts[number - 1], length, classifier.max_length))
@@ -243,7 +255,7 @@ def note_unread(unread: list[tuple[int, str]], where: str) -> None:
         log.info("%s %d: %s", where, number, error)
 
 
-def run_explain(args, classifier, texts: list[str]) -> int:
+def run_explain(args, classifier, texts: list[str], stdout) -> int:
     """--explain: one JSON object per input (an empty one gives {"text", "error"}), and the page with --html.
     The page's target is checked before any explanation is computed; with no non-empty input it is not written."""
     where = "text" if args.texts else "line"
@@ -257,7 +269,7 @@ def run_explain(args, classifier, texts: list[str]) -> int:
 
     pairs = explanation_outputs(classifier, texts, attention=args.attention, ig_steps=args.ig_steps)
     for i, (out, explanation) in enumerate(pairs):
-        sys.stdout.write(json_line(out) or json_line({"text": out["text"], "error": NON_FINITE}))
+        stdout.write(json_line(out) or json_line({"text": out["text"], "error": NON_FINITE}))
         if explanation is not None and explanation.truncated_from is not None:
             log.info("%s %d: %s; explained as the model saw it, its first %d", where, i + 1,
                      token_count(texts[i], explanation.truncated_from), classifier.max_length)

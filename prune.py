@@ -14,6 +14,7 @@ read it; training cannot resume from it.
 """
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -23,6 +24,8 @@ import torch
 from data.files import WriteError, check_target, write_atomically
 from data.checkpoint import CheckpointError, open_checkpoint
 from inference import TextClassifier
+from inference.classifier import FACE_FLAGS
+from inference.faces import add_class_arguments, check_class_arguments
 from inference.heads import (ablation, accuracy, head_importance, labelled, least_important, prune_checkpoint,
                              pruned_classifier, pruning_table)
 from inference.limits import POSITIVE, Parser
@@ -41,6 +44,13 @@ def markdown(heads: list[dict], agreement, table: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
+    args = parse_args(argv)
+    stdout = sys.stdout  # the JSON line; a user's class that prints in its forward goes to stderr
+    with contextlib.redirect_stdout(sys.stderr):
+        return run(args, stdout)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     parser = Parser(prog="prune.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt", required=True,
                         help="checkpoint written by train.py (or by this command), or a run folder: its best checkpoint")
@@ -52,15 +62,40 @@ def main(argv=None) -> int:
     parser.add_argument("--prune", type=POSITIVE.argument(), metavar="N", help="cut the N least important heads ...")
     parser.add_argument("--out", help="... and write the pruned checkpoint here")
     parser.add_argument("--no-table", action="store_true", help="skip the accuracy-against-heads-kept table")
+    add_class_arguments(parser)
     args = parser.parse_args(argv)
+    check_class_arguments(parser, args)
     if (args.prune is None) != (args.out is None):
         parser.error("--prune and --out go together")
+    return args
+
+
+def check_own_class(classifier, path, cut: bool) -> None:
+    """A user's class: its heads are measured (importance, ablation) when they can be told apart in its output;
+    never cut (its weights' layout per head is its own). ValueError, one line, otherwise."""
+    config = classifier.model.config
+    if config.attention_source is None:
+        return
+    if cut:
+        raise ValueError(f"{path}: --prune: heads of a user's attention class ({config.attention}) cannot be cut "
+                         "out of a checkpoint: the product does not know how its weights are laid out per head; "
+                         "leave --prune and --out out to measure its heads")
+    if not all(block.attention.gates_heads for block in classifier.model.blocks):
+        raise ValueError(f"{path}: the heads of {config.attention} cannot be told apart in its output (no output "
+                         "projection found by name, e.g. out_proj / W_O): prune.py has no head to measure")
+
+
+def run(args, stdout) -> int:
     try:  # every input checked before the computation (minutes on a real split)
         if args.out is not None:
             check_target(args.out, "pruned checkpoint (--out)", inputs=[args.ckpt])
         path, checkpoint = open_checkpoint(args.ckpt)  # a run folder: its best checkpoint, as predict.py reads it
         args.ckpt = str(path)
-        classifier = TextClassifier.from_checkpoint(path, device="cpu", checkpoint=checkpoint)
+        classifier = TextClassifier.from_checkpoint(path, device="cpu", checkpoint=checkpoint,
+                                                    attention=args.attention_class,
+                                                    allow_changed=args.allow_changed_class, flags=FACE_FLAGS)
+        own = classifier.model.config.attention_source is not None  # a user's class: its heads measured, not cut
+        check_own_class(classifier, path, args.prune is not None)
         importance_data = labelled(classifier, path, args.importance_split, args.importance_limit, seed=0,
                                    checkpoint=checkpoint)
         data = labelled(classifier, path, args.split, args.limit, checkpoint=checkpoint)
@@ -69,8 +104,11 @@ def main(argv=None) -> int:
     except (CheckpointError, ValueError) as e:  # WriteError and DataError are ValueErrors
         raise SystemExit(f"error: {e}") from None
     base, heads, agreement = ablation(classifier.model, importance, data)
-    table = [] if args.no_table else pruning_table(classifier, checkpoint, importance, data)
+    table = [] if args.no_table or own else pruning_table(classifier, checkpoint, importance, data)
     print(markdown(heads, agreement, table), file=sys.stderr)
+    if own and not args.no_table:
+        print(f"\nno table of heads kept: the heads of a user's class ({classifier.model.config.attention}) are "
+              "measured, never cut out of a checkpoint", file=sys.stderr)
     result = {"checkpoint": str(args.ckpt), "split": args.split, "texts": sum(len(b[2]) for b in data),
               "importance_split": args.importance_split, "importance_texts": sum(len(b[2]) for b in importance_data),
               "accuracy": round(base, 4), "heads": heads, "importance_vs_ablation_spearman": agreement,
@@ -88,7 +126,7 @@ def main(argv=None) -> int:
                             "layer_heads": pruned["hyper_parameters"]["network"]["layer_heads"],
                             "accuracy": round(accuracy(pruned_classifier(classifier, pruned).model, data), 4)}
         print(f"\nwrote {args.out}: removed {removed}, accuracy {result['pruned']['accuracy']:.4f}", file=sys.stderr)
-    print(json.dumps(result))
+    print(json.dumps(result), file=stdout)
     return 0
 
 

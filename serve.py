@@ -28,6 +28,7 @@ except ModuleNotFoundError as e:  # the serve extra is not installed: one line s
 
 from inference.limits import BATCH_SIZE, BATCH_TIMEOUT, IG_STEPS, PORT, POSITIVE, REQUEST_BYTES, REQUEST_TIMEOUT, \
     TEXTS_PER_REQUEST, ServerLimits, host
+from inference.faces import add_class_arguments, check_class_arguments
 from inference.request import BadRequest, PredictRequest, parse_request
 
 log = logging.getLogger("serve")
@@ -43,8 +44,9 @@ POST /predict  {"texts": [...], "attention": false, "explain": false}  →  {"pr
     methods per token (predict.py --explain; slow: Integrated Gradients and occlusion per text), with "attention"
     each layer's per-head weights. A bad request is a 4xx {"error": "..."}: invalid JSON (400), a missing, unknown
     or wrong-typed field (422), more than --max-texts texts (422), a body over --max-bytes (413); no answer within
-    --request-timeout (a worker died: LitServe starts a new one) is a 504; a request the model fails on is a 500
-    {"error"} for that request alone.
+    --request-timeout (a worker died: LitServe starts a new one) is a 504; a text the model fails on gets
+    {"text", "error"} in its place, the other texts their answers; a request every text of which fails alike is a
+    500 {"error"} for that request alone.
 GET /          a page: type a text, see its label, the tokens shaded by an explanation method, and the attention
                of every layer and head (nothing is fetched from the internet)
 GET /health    "ok" when the workers are ready (the port accepts connections only once they are; 503 while a
@@ -100,8 +102,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help=f"Integrated Gradients steps for explanations, {IG_STEPS} (default: {defaults.ig_steps})")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
                         help="where the workers run the network (default: cpu)")
+    add_class_arguments(parser)
     parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     args = parser.parse_args(argv)
+    check_class_arguments(parser, args)
     try:
         args.limits = ServerLimits(max_texts=args.max_texts, max_bytes=args.max_bytes,
                                    request_timeout=args.request_timeout, ig_steps=args.ig_steps,
@@ -182,9 +186,12 @@ async def answer_json(send, status: int, content: dict):
 class ClassifierAPI(ls.LitAPI):
     """One worker: the model loaded once; each batch of requests is answered by inference.answers.answer_batch."""
 
-    def __init__(self, *, checkpoints: list[str], device: str, threads: int, ig_steps: int, **batching):
+    def __init__(self, *, checkpoints: list[str], device: str, threads: int, ig_steps: int,
+                 attention_class: str | None = None, allow_changed_class: bool = False, **batching):
         super().__init__(**batching)
         self.checkpoints, self.device, self.threads, self.ig_steps = checkpoints, device, threads, ig_steps
+        # The class the user named on the command (never one a checkpoint names): each worker names it again.
+        self.named = {"attention": attention_class, "allow_changed": allow_changed_class}
 
     def setup(self, device):
         import torch
@@ -194,7 +201,7 @@ class ClassifierAPI(ls.LitAPI):
         # Ctrl-C reaches every process of the terminal's group; the server stops its workers itself.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         torch.set_num_threads(self.threads)
-        self.classifier = load(self.checkpoints, self.device)
+        self.classifier = load(self.checkpoints, self.device, **self.named)
         self.classifier.predict(["warm up"] * 8)  # first-call costs paid before /health says ready
 
     def decode_request(self, request: PredictRequest) -> PredictRequest:
@@ -247,6 +254,7 @@ def build_server(args, model: dict) -> Server:
 
     limits = args.limits
     api = ClassifierAPI(checkpoints=args.ckpt, device=args.device, threads=args.threads, ig_steps=limits.ig_steps,
+                        attention_class=args.attention_class, allow_changed_class=args.allow_changed_class,
                         max_batch_size=limits.max_batch_size, batch_timeout=limits.batch_timeout)
     info = {"model": model, "server": {**limits.to_dict(), "workers": args.workers, "threads": args.threads,
                                        "device": args.device}}
@@ -295,8 +303,9 @@ def main(argv=None) -> int:
         for path in args.ckpt:
             if not Path(path).exists():
                 raise ValueError(f"{path}: file not found")
-        model = model_info(args.ckpt)  # a missing or unsafe checkpoint: one line before any worker starts
-        load(args.ckpt, "cpu")  # a checkpoint the workers cannot load fails here, with one line
+        named = {"attention": args.attention_class, "allow_changed": args.allow_changed_class}
+        model = model_info(args.ckpt, **named)  # a missing or unsafe checkpoint: one line before any worker starts
+        load(args.ckpt, "cpu", **named)  # a checkpoint the workers cannot load fails here, with one line
     except ValueError as e:  # CheckpointError and friends
         if args.debug:
             raise

@@ -309,6 +309,20 @@ def sizes(args) -> dict:
     return {"target": "sizes", "rows": rows, "returncode": max((r["returncode"] for r in rows), default=0)}
 
 
+def plain_types(annotation) -> tuple[type, ...]:
+    """The plain types a TextDataModule parameter's annotation allows (int, float, str, bool, None), or () when it
+    allows anything else too (a list, a dict): then the data module checks the value itself."""
+    import types
+    import typing
+
+    parts = typing.get_args(annotation) if isinstance(annotation, types.UnionType) or \
+        typing.get_origin(annotation) is typing.Union else (annotation,)
+    found = tuple(type(None) if part is None else part for part in parts)
+    if not all(part in (int, float, str, bool, type(None)) for part in found):
+        return ()
+    return found + ((int,) if float in found and int not in found else ())
+
+
 def setup(args) -> dict:
     import resource
 
@@ -318,7 +332,7 @@ def setup(args) -> dict:
 
     import inspect
 
-    known = set(inspect.signature(TextDataModule).parameters)
+    known = inspect.signature(TextDataModule).parameters
     settings = {}
     for pair in args.settings:
         name, equals, value = pair.partition("=")
@@ -326,6 +340,12 @@ def setup(args) -> dict:
             sys.exit(f"error: setup {pair!r}: give a TextDataModule setting as name=value, name one of "
                      f"{', '.join(sorted(known))}")
         settings[name] = yaml.safe_load(value)
+        wanted = plain_types(known[name].annotation)
+        if wanted and not (isinstance(settings[name], wanted) and not (
+                isinstance(settings[name], bool) and bool not in wanted)):
+            takes = " or ".join("null" if t is type(None) else t.__name__ for t in wanted)
+            sys.exit(f"error: setup {pair!r}: {name} takes {takes}, got {type(settings[name]).__name__} "
+                     f"{settings[name]!r}")
     start = time.perf_counter()
     try:
         TextDataModule(**settings).state  # noqa: B018  (read, tokenize, encode, cache)

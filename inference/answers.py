@@ -24,14 +24,16 @@ __all__ = ["NON_FINITE", "load", "prediction_outputs", "explanation_outputs", "f
            "token_count", "truncation_note", "model_info"]
 
 
-def load(paths: list, device: str = "auto"):
-    """One checkpoint (or run folder): a TextClassifier; several: an Ensemble, their probabilities averaged."""
-    from inference.classifier import TextClassifier
+def load(paths: list, device: str = "auto", attention: str | None = None, allow_changed: bool = False):
+    """One checkpoint (or run folder): a TextClassifier; several: an Ensemble, their probabilities averaged.
+    attention, allow_changed: a face's --attention-class and --allow-changed-class (a user's class, named)."""
+    from inference.classifier import FACE_FLAGS, TextClassifier
     from inference.ensemble import Ensemble
 
+    named = {"attention": attention, "allow_changed": allow_changed, "flags": FACE_FLAGS}
     if len(paths) == 1:
-        return TextClassifier.from_checkpoint(paths[0], device=device)
-    return Ensemble.from_checkpoints(paths, device=device)
+        return TextClassifier.from_checkpoint(paths[0], device=device, **named)
+    return Ensemble.from_checkpoints(paths, device=device, **named)
 
 
 def readable(texts: list[str]) -> tuple[list[int], dict[int, dict]]:
@@ -49,14 +51,42 @@ def prediction_outputs(classifier, texts: list[str], *, attention: bool = False,
     without putting it in the object. thresholds (several labels a text): add "thresholds", label name → the
     probability the label needed to be in "labels"."""
     real, errors = readable(texts)
-    predictions = classifier.predict([texts[i] for i in real], attention=attention or weights, top_k=top_k,
-                                     batch_size=batch_size)
+    predictions = each_alone_on_failure(lambda chosen: classifier.predict(
+        chosen, attention=attention or weights, top_k=top_k, batch_size=batch_size), [texts[i] for i in real])
     by_index = dict(zip(real, predictions))
     cuts = {"thresholds": label_thresholds(classifier.label_names, classifier.thresholds)} \
         if thresholds and classifier.multi_label else {}
     return [(errors[i], None) if i in errors else
+            ({"text": writable(texts[i]), "error": by_index[i]}, None) if isinstance(by_index[i], str) else
             (by_index[i].to_dict(all_heads=all_heads, attention=attention) | cuts, by_index[i])
             for i in range(len(texts))]
+
+
+MODEL_FAILED = "the model failed on this text"
+
+
+def each_alone_on_failure(run, texts: list[str]) -> list:
+    """run(texts)'s results; when it raises (a user's class that cannot read one text: an allocation past a
+    length, its own error), each text run alone, and a text that still fails gets its error line instead of a
+    result: one text's failure is that text's, the others are answered (as a text the tokenizer cannot read)."""
+    if not texts:
+        return []
+    try:
+        return run(texts)
+    except Exception as error:  # the model's (a user's class): told per text below
+        together = error
+    results, errors = [], []
+    for text in texts:
+        try:
+            results += run([text])
+        except Exception as error:
+            lines = str(error).strip().splitlines()
+            results.append(f"{MODEL_FAILED}: {type(error).__name__}" + (f": {lines[0][:300]}" if lines else ""))
+            errors.append(error)
+    if len(errors) == len(texts) and isinstance(together, ValueError) \
+            and all(type(e) is type(together) and str(e) == str(together) for e in errors):
+        raise together  # a request the model cannot answer at all (attention of a pruned model, ...): one line
+    return results
 
 
 def explanation_outputs(classifier, texts: list[str], *, attention: bool = False,
@@ -64,9 +94,11 @@ def explanation_outputs(classifier, texts: list[str], *, attention: bool = False
     """The explanation object of each text with its Explanation (None for a text the model cannot read); attention
     adds each layer's per-head weights (the explanation page draws them)."""
     real, errors = readable(texts)
-    explanations = dict(zip(real, classifier.explain([texts[i] for i in real], ig_steps=ig_steps)))
-    return [(errors[i], None) if i in errors else (explanations[i].to_dict(attention=attention), explanations[i])
-            for i in range(len(texts))]
+    explanations = dict(zip(real, each_alone_on_failure(lambda chosen: classifier.explain(chosen, ig_steps=ig_steps),
+                                                        [texts[i] for i in real])))
+    return [(errors[i], None) if i in errors else
+            ({"text": writable(texts[i]), "error": explanations[i]}, None) if isinstance(explanations[i], str) else
+            (explanations[i].to_dict(attention=attention), explanations[i]) for i in range(len(texts))]
 
 
 def finite(out: dict) -> dict:
@@ -140,10 +172,11 @@ def answer(classifier, pairs: list[tuple]) -> dict:
     return {"predictions": [finite(out) for out, _ in pairs], "notes": notes}
 
 
-def model_info(paths: list) -> dict:
+def model_info(paths: list, attention: str | None = None, allow_changed: bool = False) -> dict:
     """What GET /info says about the model, read from the checkpoints (safely: data/checkpoint.py), with the
     attention doctor's latest verdicts each carries (inference/verdicts.py; the page's badges)."""
     from data.checkpoint import open_checkpoint, stored_calibration, stored_label_names
+    from inference.classifier import FACE_FLAGS, named_hyper_parameters
     from inference.ensemble import check_same_layout
     from inference.verdicts import latest_verdicts
     from model.config import network_config
@@ -152,7 +185,8 @@ def model_info(paths: list) -> dict:
     for path in paths:
         file, checkpoint = open_checkpoint(path)
         labels = stored_label_names(checkpoint)
-        config = network_config(checkpoint["hyper_parameters"], labels)
+        hparams = named_hyper_parameters(file, checkpoint, attention, allow_changed, FACE_FLAGS)
+        config = network_config(hparams, labels)
         multi_label = bool(checkpoint["hyper_parameters"].get("multi_label", False))
         temperature, thresholds = stored_calibration(checkpoint, file)
         if members:  # one line before any worker starts, as the Ensemble the workers build would say it

@@ -21,10 +21,32 @@ from inference.limits import IG_STEPS_DEFAULT, PREDICT_BATCH
 from inference.texts import COUNT_CHARACTERS, check_texts
 from model.classifier import AttentionClassifier
 from model.config import network_config
+from model.errors import ConfigError
+from model.user_class import ALLOW_CHANGED, named_network
 from model.threads import adapt
 from monitor.views import stacked_layers
 
 __all__ = ["Prediction", "TextClassifier"]
+
+API_FLAGS = ("attention=", "allow_changed=True")  # how TextClassifier.from_checkpoint's error lines name its arguments
+FACE_FLAGS = ("--attention-class", "--allow-changed-class")  # predict.py, serve.py, export.py, prune.py
+
+
+def named_hyper_parameters(path, checkpoint: dict, attention: str | None, allow_changed: bool = False,
+                           flags: tuple[str, str] = API_FLAGS) -> dict:
+    """The checkpoint's hyper_parameters with the user's class, when its network has one, named by `attention`
+    (model/user_class.py's named_network: the class's name and its file's hash checked; nothing the checkpoint names
+    is imported); CheckpointError (one line naming the file, the class and the flag) otherwise."""
+    hparams = checkpoint["hyper_parameters"]
+    network = hparams.get("network")
+    if not isinstance(network, dict):
+        return hparams
+    flag, override = flags
+    try:
+        return hparams | {"network": named_network(network, attention, flag=flag, allow_changed=allow_changed,
+                                                   override=f"give {override} (or set {ALLOW_CHANGED}=1)")}
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: {e}") from None
 
 
 @dataclass
@@ -105,10 +127,16 @@ class TextClassifier:
         self.tokenizer = tokenizer
 
     @classmethod
-    def from_checkpoint(cls, path, device: str | torch.device = "auto", checkpoint: dict | None = None
-                        ) -> "TextClassifier":
+    def from_checkpoint(cls, path, device: str | torch.device = "auto", checkpoint: dict | None = None,
+                        attention: str | None = None, allow_changed: bool = False,
+                        flags: tuple[str, str] = API_FLAGS) -> "TextClassifier":
         """The classifier of a checkpoint file or of a run folder (its best checkpoint). `checkpoint`: the file's
-        dict when the caller has read it already (data/checkpoint.py's open_checkpoint), so it is read once."""
+        dict when the caller has read it already (data/checkpoint.py's open_checkpoint), so it is read once.
+
+        attention: a network of a user's own class needs it named, "path/to/file.py:ClassName" as in training:
+        a checkpoint never imports code by itself (docs/BAD_INPUT.md). The file's sha256 must equal the one the
+        checkpoint records, unless allow_changed. flags: how the caller spells `attention` and `allow_changed` in
+        its error lines (a face's --attention-class, --allow-changed-class)."""
         if checkpoint is None:
             path, checkpoint = open_checkpoint(path)
         labels = stored_label_names(checkpoint)
@@ -116,8 +144,11 @@ class TextClassifier:
             tokenizer = Tokenizer.from_str(checkpoint["TextDataModule"]["tokenizer"])
         except Exception as e:  # the Rust tokenizer raises a plain Exception on bad JSON
             raise CheckpointError(f"{path}: the tokenizer saved in the checkpoint is unreadable: {e}") from e
+        hparams = named_hyper_parameters(path, checkpoint, attention, allow_changed, flags)
         try:
-            model = AttentionClassifier(network_config(checkpoint["hyper_parameters"], labels))
+            model = AttentionClassifier(network_config(hparams, labels))
+        except ConfigError as e:  # the user's class: built, probed; one line naming it
+            raise CheckpointError(f"{path}: {e}") from e
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{path}: hyper_parameters do not describe a valid network: {e}") from e
         try:

@@ -193,14 +193,18 @@ def own_not_learning(checkpoint: dict, history: list[dict], logits: list, labels
 
 @torch.no_grad()
 def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch_size: int = 64, device="cpu",
-                        progress=lambda batches: batches, before=lambda path, settings: None) -> Diagnosis:
+                        progress=lambda batches: batches, before=lambda path, settings: None,
+                        attention: str | None = None, allow_changed: bool = False) -> Diagnosis:
     """Every check of the attention doctor on a checkpoint (a run folder stands for its best checkpoint), with every
     validation the run logged (run_history) and not-learning judged on the checkpoint's own predictions.
     progress wraps the iterable of batches (a progress bar); before(checkpoint path, data settings) is called before
-    any data is read (diagnose.py refuses its report's target there)."""
+    any data is read (diagnose.py refuses its report's target there). attention, allow_changed: a network of a
+    user's class, named as diagnose.py's --attention names it (TextClassifier.from_checkpoint)."""
     path, checkpoint = open_checkpoint(path)
     history, sources = run_history(path, checkpoint)
-    classifier = TextClassifier.from_checkpoint(path, device=device, checkpoint=checkpoint)
+    classifier = TextClassifier.from_checkpoint(path, device=device, checkpoint=checkpoint, attention=attention,
+                                                allow_changed=allow_changed,
+                                                flags=("--attention", "--allow-changed-class"))
     model, config = classifier.model, classifier.model.config
     try:
         settings = data_settings(checkpoint, data or {})

@@ -9,9 +9,10 @@ A run folder (lightning_logs/version_N, or its checkpoints/) stands for its best
 best_checkpoint).
 """
 
-from data.checkpoint import CheckpointError
+from data.checkpoint import CheckpointError, open_checkpoint
 from inference.classifier import Prediction, TextClassifier
 from inference.limits import PREDICT_BATCH
+from model.user_class import is_class_spec
 
 
 class Ensemble:
@@ -36,8 +37,16 @@ class Ensemble:
         return [sum(m.thresholds[c] for m in self.members) / len(self.members) for c in range(len(self.label_names))]
 
     @classmethod
-    def from_checkpoints(cls, paths, device="auto") -> "Ensemble":
-        return cls([TextClassifier.from_checkpoint(path, device=device) for path in paths], names=paths)
+    def from_checkpoints(cls, paths, device="auto", attention: str | None = None, **named) -> "Ensemble":
+        """named: TextClassifier.from_checkpoint's allow_changed and flags. attention: the user's class, for each
+        member trained with one (a class named while no member has one is refused, by the first member)."""
+        opened = [open_checkpoint(path) for path in paths]
+        own = [is_class_spec(checkpoint["hyper_parameters"].get("network", {}).get("attention"))
+               for _, checkpoint in opened]
+        members = [TextClassifier.from_checkpoint(path, device=device, checkpoint=checkpoint,
+                                                  attention=attention if uses or not any(own) else None, **named)
+                   for (path, checkpoint), uses in zip(opened, own)]
+        return cls(members, names=paths)
 
     def predict(self, texts: list[str], attention: bool = False, top_k: int | None = None,
                 batch_size: int = PREDICT_BATCH) -> list[Prediction]:

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from model.errors import ConfigError
 from model.kinds import ATTENTION_KINDS, AUTO_KINDS, DEFAULT_KIND, attention_kind
-from model.user_class import check_attention_args, is_class_spec, resolve_source
+from model.user_class import check_attention_args, check_recorded, is_class_spec, name_class
 
 POOLINGS = ("mean", "max", "first", "attention")
 POSITIONS = ("learned", "sinusoidal", "none")
@@ -63,8 +63,8 @@ class NetworkConfig:
         attention_args: a user's class: constructor arguments no network setting fills, e.g. {"d_k": 128}
             (d_model, n_heads and the head size fill the arguments named like them).
         attention_source: a user's class: recorded by the product, leave unset: {"spec", "path", "sha256"} of the
-            class's file, so a checkpoint rebuilds its network from the same file (a changed file is refused
-            unless ATTENTION_ALLOW_CHANGED_CLASS=1).
+            class's file. A checkpoint's record is data: the network is built only with the class the user names
+            on the command that loads it, its file's hash equal to the recorded one (model/user_class.py).
         window: local and sparse: how many tokens on each side a token sees (also the block size they are
             computed in); at most max_length (a block costs w × 3w scores whatever the text's length).
         projection_length: linformer: k, the rows keys and values are projected to (at most max_length).
@@ -130,9 +130,12 @@ class NetworkConfig:
         _one_of("pooling", self.pooling, POOLINGS)
         _one_of("positions", self.positions, POSITIONS)
         _one_of("attention_kernel", self.attention_kernel, KERNELS)
-        if is_class_spec(self.attention):  # a user's class: its file found, hashed and recorded (or checked)
+        if is_class_spec(self.attention):
             check_attention_args(self.attention_args)
-            object.__setattr__(self, "attention_source", resolve_source(self.attention, self.attention_source))
+            if self.attention_source is None:  # the user names the class here: found, hashed, recorded, trusted
+                object.__setattr__(self, "attention_source", name_class(self.attention))
+            else:  # recorded (a checkpoint's): data, checked for shape; building needs the class named (name_class)
+                check_recorded(self.attention, self.attention_source)
         else:
             _one_of("attention", self.attention, (*ATTENTION_KINDS, AUTO))
             if self.attention_args is not None or self.attention_source is not None:
@@ -199,11 +202,16 @@ class NetworkConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "NetworkConfig":
-        """Rebuild from a checkpoint's dict; an unknown key is an error (a setting renamed since must not vanish)."""
+        """Rebuild from a checkpoint's dict; an unknown key is an error (a setting renamed since must not vanish).
+        A user's class must come with its recorded source: a checkpoint's spec alone is never resolved (imported)."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"unknown network setting(s) {', '.join(unknown)}")
+        if is_class_spec(values.get("attention")) and values.get("attention_source") is None:
+            raise ConfigError(f"attention {values['attention']!r:.200} without the attention_source the product "
+                              "records: a user's class is loaded only when the user names it, never from a "
+                              "checkpoint's string")
         return cls(**values)
 
 

@@ -119,6 +119,8 @@ def split_output(result) -> tuple[torch.Tensor, torch.Tensor | None]:
     """out, or (out, weights): (out (B, L, W), weights (B, L, L) / (B, H, L, L) or None)."""
     if isinstance(result, torch.Tensor):
         return result, None
+    if isinstance(result, (tuple, list)) and len(result) > 2:  # (out, weights, scores): not guessed at
+        raise TypeError(f"forward returned {len(result)} values; expected out or (out, weights)")
     if isinstance(result, (tuple, list)) and result and isinstance(result[0], torch.Tensor):
         weights = result[1] if len(result) > 1 and isinstance(result[1], torch.Tensor) else None
         return result[0], weights

@@ -28,8 +28,9 @@ from model.attention import AttentionWeights, unpack
 from model.errors import ConfigError
 from model.mask_probe import Convention, find_convention, key_mask, run_layer
 from model.user_class import (  # noqa: F401 (the names callers import from here)
-    ALLOW_CHANGED, build_user_layer, check_attention_args, configured_class, constructor_arguments, is_class_spec,
-    load_attention_class, resolve_source,
+    ALLOW_CHANGED, build_user_layer, check_attention_args, check_output_dtype, configured_class, display_name,
+    constructor_arguments, is_class_spec, load_attention_class, long_input_problem, name_class, named_class,
+    named_network,
 )
 
 log = logging.getLogger(__name__)
@@ -88,10 +89,12 @@ class OwnAttention(nn.Module):
 
     @classmethod
     def check(cls, config) -> None:
-        """The class loads and its constructor can be filled; the settings of the built-in formula, which do not
-        reach a user's class, are refused rather than ignored."""
-        constructor_arguments(configured_class(config), config.d_model, config.n_heads, config.head_size,
-                              config.attention_args)
+        """The class's constructor can be filled (when the user named the class: a checkpoint's record alone is
+        data, checked when the network is built); the settings of the built-in formula, which do not reach a user's
+        class, are refused rather than ignored."""
+        named = named_class(config.attention_source)
+        if named is not None:
+            constructor_arguments(named, config.d_model, config.n_heads, config.head_size, config.attention_args)
         for name, default in (("scale", None), ("causal", False), ("attention_kernel", "manual"),
                               ("attention_dropout", 0.0), ("layer_heads", None)):
             if getattr(config, name) != default:
@@ -110,7 +113,7 @@ class OwnAttention(nn.Module):
                  attention_args: dict | None = None, name: str | None = None):
         super().__init__()
         cls = load_attention_class(cls_or_spec) if isinstance(cls_or_spec, str) else cls_or_spec
-        name = name or (cls_or_spec if isinstance(cls_or_spec, str) else f"{cls.__module__}.{cls.__qualname__}")
+        name = name or (cls_or_spec if isinstance(cls_or_spec, str) else display_name(cls))
         self.user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, attention_args)
         found = find_convention(self.user, d_model, name)
         self.convention: str = found.convention.describe()
@@ -135,6 +138,7 @@ class OwnAttention(nn.Module):
         # Whether head_gate acts inside the class (on its output projection's input) or on its output.
         self._gate_inside = False
         self._gate_inside = self._find_gate()
+        check_output_dtype(self, self.user, d_model, name)
         if not self.gates_heads:
             say_once(logging.INFO, f"attention {name}: its {self.n_heads} heads cannot be told apart in its output "
                                    "(no output projection by name): head ablation is left out for it")

@@ -1,8 +1,16 @@
 """A user's attention class by name: found, imported, hashed and built (model/own_attention.py wraps it).
 
     "path/to/file.py:ClassName", "package.module:ClassName" or "package.module.ClassName"   (is_class_spec)
-    load_attention_class(spec)      the class; each failure is one ConfigError line
-    resolve_source(spec, recorded)  {"spec", "path", "sha256"}: what NetworkConfig.attention_source records
+    name_class(spec, recorded)      the class the user named on a command, hashed (checked against a checkpoint's
+                                    record), imported and trusted: {"spec", "path", "sha256"}, what
+                                    NetworkConfig.attention_source records
+    named_network(network, spec)    a checkpoint's network dict with the class the user named recorded in it
+    configured_class(config)        the class a config records, if the user named it in this process
+    load_attention_class(spec)      the class a spec names; each failure is one ConfigError line
+
+A checkpoint is data (docs/BAD_INPUT.md): its spec, path and hash are written by whoever made it, so nothing here
+imports what a checkpoint names. The user names the class on the command that loads the checkpoint; the class is
+found by their spec, its file's hash compared with the recorded one before the file runs.
     build_user_layer(cls, ...)      cls built from the network's sizes, its constructor read by parameter names
 """
 
@@ -12,8 +20,9 @@ import importlib.util
 import inspect
 import os
 import sys
-from pathlib import Path
+from pathlib import Path, PurePath
 
+import torch
 from torch import nn
 
 from model.errors import ConfigError
@@ -25,8 +34,12 @@ SIZE_NAMES = {
     "d_head": ("d_k", "d_head", "head_dim", "dim_head", "d_out"),
 }
 ALLOW_CHANGED = "ATTENTION_ALLOW_CHANGED_CLASS"  # set to 1: load a checkpoint whose class file changed since
+ARGS_FLAG = "--model.network.attention_args"  # train.py's option for attention_args (diagnose.py's: --args)
+# Constructor parameters that hold an object (a config dataclass, an argparse namespace), which no plain value fills.
+OBJECT_NAMES = {"config", "cfg", "configuration", "conf", "args", "params", "hparams", "opt", "options"}
 PLAIN = (str, int, float, bool, type(None))  # what attention_args may hold (the checkpoint stores it)
 _loaded: dict[tuple[str, float], object] = {}  # file path, modification time → its module (a file runs once)
+_named: dict[tuple[str, str], type] = {}  # (file sha256, class name) → a class the user named in this process
 
 
 def is_class_spec(name: str) -> bool:
@@ -49,18 +62,26 @@ def is_file(where: str) -> bool:
     return where.endswith(".py") or "/" in where or "\\" in where
 
 
-def load_attention_class(spec: str, path: str | Path | None = None) -> type[nn.Module]:
-    """The nn.Module subclass a spec names (path, when given, replaces the spec's file: a checkpoint's recorded one).
-    Every failure is one ConfigError line: the file missing, its import failing (with its first error line), no such
-    class, not an nn.Module subclass."""
+def load_attention_class(spec: str) -> type[nn.Module]:
+    """The nn.Module subclass a spec names, imported: only ever a spec the user gave on this command (name_class,
+    diagnose.py --attention). Every failure is one ConfigError line: the file missing, its import failing (with its
+    first error line), no such class, not an nn.Module subclass."""
+    where, _ = split_spec(spec)
+    if is_file(where):
+        path = Path(where)
+        if not path.is_file():
+            raise ConfigError(f"attention {spec!r}: file {path} not found")
+        return class_in(_load_file(spec, path), spec)
+    try:
+        module = guarded(lambda: importlib.import_module(where))
+    except Exception as error:  # the user's module: any error it raises is reported, in one line
+        raise ConfigError(f"attention {spec!r}: importing {where} failed: {first_line(error)}") from None
+    return class_in(module, spec)
+
+
+def class_in(module, spec: str) -> type[nn.Module]:
+    """The class a spec names in its module, checked to be an nn.Module subclass (one ConfigError line if not)."""
     where, name = split_spec(spec)
-    if path is not None or is_file(where):
-        module = _load_file(spec, Path(path if path is not None else where))
-    else:
-        try:
-            module = importlib.import_module(where)
-        except Exception as error:  # the user's module: any error it raises is reported, in one line
-            raise ConfigError(f"attention {spec!r}: importing {where} failed: {first_line(error)}") from None
     found = getattr(module, name, None)
     if found is None:
         classes = sorted(n for n, v in vars(module).items() if inspect.isclass(v) and issubclass(v, nn.Module)
@@ -71,6 +92,19 @@ def load_attention_class(spec: str, path: str | Path | None = None) -> type[nn.M
         raise ConfigError(f"attention {spec!r}: {name} is not an nn.Module subclass "
                           "(expected class Name(nn.Module) with forward(x) or forward(x, mask))")
     return found
+
+
+class UserExit(Exception):
+    """A user's file or class called sys.exit() (SystemExit) while the product ran it."""
+
+
+def guarded(run):
+    """run(), a SystemExit it raises turned into UserExit, so that it is reported as one line like any other error
+    of the user's code (KeyboardInterrupt passes: Ctrl-C still stops the command)."""
+    try:
+        return run()
+    except SystemExit as stop:
+        raise UserExit(f"it called sys.exit({stop.code!r})") from None
 
 
 def _load_file(spec: str, path: Path) -> object:
@@ -87,12 +121,21 @@ def _load_file(spec: str, path: Path) -> object:
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[module_name] = module  # dataclasses and pickling look a class's module up here
     try:
-        module_spec.loader.exec_module(module)
+        guarded(lambda: module_spec.loader.exec_module(module))
     except Exception as error:  # the user's file: any error it raises is reported, in one line
         del sys.modules[module_name]
         raise ConfigError(f"attention {spec!r}: importing {path} failed: {first_line(error)}") from None
     _loaded[key] = module
     return module
+
+
+def display_name(cls: type) -> str:
+    """How the product names a user's class in its lines: path/to/file.py:Class for a class of a file (its module's
+    name is the product's own, own_attention_<hash>_<stem>), package.module.Class otherwise."""
+    path = class_file(cls)
+    if inspect.isclass(cls) and cls.__module__.startswith("own_attention_") and path is not None:
+        return f"{path}:{cls.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def class_file(cls: type) -> Path | None:
@@ -107,37 +150,92 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def resolve_source(spec: str, recorded: dict | None = None) -> dict:
-    """{"spec", "path", "sha256"}: the class's file (absolute) and its hash, recorded in the network config.
+def name_class(spec: str, recorded: dict | None = None, *, flag: str = "attention", allow_changed: bool = False,
+               override: str = f"set {ALLOW_CHANGED}=1") -> dict:
+    """The user names a class (train.py's --model.network.attention, a face's --attention-class, diagnose.py's
+    --attention, the API's `attention=`): the one door through which a class file is imported. Returns {"spec",
+    "path", "sha256"}, the record a NetworkConfig keeps, and trusts the class for this process by its file's hash
+    and its name (configured_class finds it there; nothing else is ever imported for a network).
 
-    `recorded` (a checkpoint's, for the same spec) says which file the network was trained with: a relative path is
-    looked for from the working directory first, then at the recorded absolute path; a file whose hash differs is
-    refused (one ConfigError line) unless ATTENTION_ALLOW_CHANGED_CLASS=1. A module spec is hashed by its file."""
+    `recorded` (a checkpoint's attention_source, for a network trained with it): the class must have the recorded
+    name and its file the recorded hash, a file checked before it runs; a mismatch is one ConfigError line naming
+    `override` (how to allow it), unless `allow_changed` or ATTENTION_ALLOW_CHANGED_CLASS=1. `flag` is the option
+    the user gave the spec with, named in each error line."""
+    where, name = split_spec(spec)
     if recorded is not None:
-        fields = ("spec", "path", "sha256")
-        if not (isinstance(recorded, dict) and all(isinstance(recorded.get(k), str) for k in fields)):
-            raise ConfigError(f"attention_source must be {{'spec', 'path', 'sha256'}} strings (recorded by the "
-                              f"product; leave it unset), got {recorded!r}")
-        if recorded["spec"] != spec:
-            recorded = None  # another class than the one recorded: recorded afresh
-    where, _ = split_spec(spec)
+        trained = split_spec(recorded["spec"])[1]
+        if name != trained:
+            raise ConfigError(f"{flag} {spec!r}: this network was trained with a class named {trained}, not {name}")
+    allowed = allow_changed or os.environ.get(ALLOW_CHANGED) == "1"
+
+    def check(path: Path) -> str:
+        digest = file_sha256(path)
+        if recorded is not None and digest != recorded["sha256"] and not allowed:
+            raise ConfigError(f"{flag} {spec!r}: {path} is not the file this network was trained with (sha256 "
+                              f"{recorded['sha256'][:12]}… recorded, {digest[:12]}… now): name that file, or "
+                              f"{override} to load it anyway")
+        return digest
+
     if is_file(where):
-        tried = [Path(where)] + ([Path(recorded["path"])] if recorded is not None else [])
-        path = next((p for p in tried if p.is_file()), None)
-        if path is None:
-            also = f" (recorded as {recorded['path']})" if recorded is not None and recorded["path"] != where else ""
-            raise ConfigError(f"attention {spec!r}: file {where}{also} not found: this network needs its class file")
+        path = Path(where)  # relative to the working directory: the user typed it on this command
+        if not path.is_file():
+            raise ConfigError(f"{flag} {spec!r}: file {where} not found: this network needs its class file")
         path = path.resolve()
-    else:
-        path = class_file(load_attention_class(spec))
+        digest = check(path)  # before the file runs: a file that is not the recorded one never does
+        cls = class_in(_load_file(spec, path), spec)
+    else:  # a module the user named: imported, then its class's file hashed
+        cls = load_attention_class(spec)
+        path = class_file(cls)
         if path is None:
-            raise ConfigError(f"attention {spec!r}: its class has no source file to record")
-    digest = file_sha256(path)
-    if recorded is not None and recorded["sha256"] != digest and os.environ.get(ALLOW_CHANGED) != "1":
-        raise ConfigError(f"attention {spec!r}: {path} changed since this network was trained (sha256 "
-                          f"{recorded['sha256'][:12]}… recorded, {digest[:12]}… now); restore it, or set "
-                          f"{ALLOW_CHANGED}=1 to load it anyway")
+            raise ConfigError(f"{flag} {spec!r}: its class has no source file to record")
+        digest = check(path)
+    _named[(digest, name)] = cls
     return {"spec": spec, "path": str(path), "sha256": digest}
+
+
+def check_recorded(spec: str, recorded) -> None:
+    """A recorded attention_source (a checkpoint's: data, never trusted) has the shape the product writes: one
+    ConfigError line otherwise. Reads no file and imports nothing."""
+    fields = ("spec", "path", "sha256")
+    if not (isinstance(recorded, dict) and set(recorded) == set(fields)
+            and all(isinstance(recorded[k], str) for k in fields)):
+        raise ConfigError(f"attention_source must be {{'spec', 'path', 'sha256'}} strings (recorded by the "
+                          f"product; leave it unset), got {recorded!r:.200}")
+    if recorded["spec"] != spec or len(recorded["sha256"]) != 64:
+        raise ConfigError(f"attention_source {recorded!r:.200} does not record attention {spec!r:.200}")
+    split_spec(spec)
+
+
+def named_class(source: dict) -> type[nn.Module] | None:
+    """The class the user named in this process for a recorded source (its file's hash and its name), or None."""
+    return _named.get((source["sha256"], split_spec(source["spec"])[1]))
+
+
+def needs_naming(source: dict, flag: str) -> str:
+    """The one line a command prints for a network of a user's class that nobody named: which class, which flag."""
+    _, name = split_spec(source["spec"])
+    file = PurePath(source["path"]).name or "FILE.py"
+    return (f"this network uses a user's attention class, {name} of a file {file} (sha256 {source['sha256'][:12]}…), "
+            f"and a checkpoint never imports code by itself: name the class with {flag} path/to/{file}:{name}")
+
+
+def named_network(network: dict, spec: str | None, *, flag: str, allow_changed: bool = False,
+                  override: str = f"set {ALLOW_CHANGED}=1") -> dict:
+    """A checkpoint's network dict ready to build: when it uses a user's class, with the class the user named
+    (`spec`, given with `flag`) recorded in it (name_class checks the name and the file's hash), else as it is.
+    Without `spec`: one ConfigError line (needs_naming); `spec` for a built-in kind: refused, not ignored."""
+    attention = network.get("attention")
+    if not is_class_spec(attention):
+        if spec is not None:
+            raise ConfigError(f"{flag} {spec!r}: this network's attention is {attention!r}, a built-in kind: it takes "
+                              f"no class (leave {flag} out)")
+        return network
+    recorded = network.get("attention_source")
+    check_recorded(attention, recorded)
+    if spec is None:
+        raise ConfigError(needs_naming(recorded, flag))
+    named = name_class(spec, recorded, flag=flag, allow_changed=allow_changed, override=override)
+    return network | {"attention_source": {"spec": attention, "path": named["path"], "sha256": named["sha256"]}}
 
 
 def check_attention_args(args) -> None:
@@ -152,15 +250,20 @@ def check_attention_args(args) -> None:
 
 
 def configured_class(config) -> type[nn.Module]:
-    """The class a NetworkConfig's attention names, from the file its attention_source records."""
-    source = config.attention_source
-    where, _ = split_spec(config.attention)
-    return load_attention_class(config.attention, source["path"] if is_file(where) else None)
+    """The class a NetworkConfig's attention_source records, if the user named it in this process (name_class);
+    else one ConfigError line: a recorded spec or path is never imported."""
+    cls = named_class(config.attention_source)
+    if cls is None:
+        raise ConfigError(needs_naming(config.attention_source, "--attention-class (train.py: "
+                                                                  "--model.network.attention; the API: attention=)"))
+    return cls
 
 
-def constructor_arguments(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None) -> dict:
+def constructor_arguments(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None,
+                          args_flag: str = ARGS_FLAG) -> dict:
     """The keyword arguments cls(**them) is built with: each parameter named like a size (SIZE_NAMES) gets the
-    network's, `args` (attention_args) gives or overrides any; a required one nobody fills is a ConfigError line."""
+    network's, `args` (attention_args) gives or overrides any; a required one nobody fills is a ConfigError line
+    naming `args_flag`, the option of the command that gives attention_args (diagnose.py --attention: --args)."""
     args = dict(args or {})
     sizes = {name: value for size, value in (("d_model", d_model), ("n_heads", n_heads), ("d_head", d_head))
              for name in SIZE_NAMES[size]}
@@ -177,21 +280,86 @@ def constructor_arguments(cls: type, d_model: int, n_heads: int, d_head: int, ar
             chosen[name] = args[name]
         elif name in sizes:
             chosen[name] = sizes[name]
+        elif parameter.default is parameter.empty and name.lower() in OBJECT_NAMES:
+            raise ConfigError(f"attention: {cls.__name__}.__init__ needs {name!r}, an object no setting can give "
+                              f"(arguments are filled by name with plain values): wrap the class in your file, e.g. "
+                              f"class Mine({cls.__name__}): def __init__(self, d_model, n_heads): "
+                              f"super().__init__(<your {name} built from d_model and n_heads>), and name Mine")
         elif parameter.default is parameter.empty:
             raise ConfigError(f"attention: {cls.__name__}.__init__ needs {name!r}, which no network setting fills: "
-                              f"give it with --model.network.attention_args '{{\"{name}\": ...}}'")
+                              f"give it with {args_flag} '{{\"{name}\": ...}}'")
     return chosen
 
 
-def build_user_layer(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None) -> nn.Module:
-    """cls built from the network's sizes and attention_args (constructor_arguments); a constructor that raises is
-    one ConfigError line."""
-    arguments = constructor_arguments(cls, d_model, n_heads, d_head, args)
+def build_user_layer(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None,
+                     args_flag: str = ARGS_FLAG) -> nn.Module:
+    """cls built from the network's sizes and attention_args (constructor_arguments); a constructor that raises
+    (sys.exit included) is one ConfigError line, and so is one that leaves anything but the network's dtype behind:
+    torch's default dtype changed (set back first), or floating parameters and buffers of another dtype."""
+    arguments = constructor_arguments(cls, d_model, n_heads, d_head, args, args_flag)
+    dtype = torch.get_default_dtype()
     try:
-        return cls(**arguments)
+        layer = guarded(lambda: cls(**arguments))
     except Exception as error:  # the user's constructor
         shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
         raise ConfigError(f"attention: {cls.__name__}({shown}) failed: {first_line(error)}") from None
+    finally:
+        changed = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)  # the process's setting, whatever the class did to it
+    if changed != dtype:
+        raise ConfigError(f"attention: {cls.__name__}.__init__ changed torch's default dtype to {changed} (the "
+                          f"network runs in {dtype}; set back): remove torch.set_default_dtype from the class")
+    other = [f"{name} ({t.dtype})" for name, t in (*layer.named_parameters(), *layer.named_buffers())
+             if t.is_floating_point() and t.dtype != dtype]
+    if other:
+        raise ConfigError(f"attention: {cls.__name__} holds {', '.join(other[:3])}{', ...' if len(other) > 3 else ''}"
+                          f" while the network runs in {dtype}: create them in {dtype} (no dtype=, no .double())")
+    return layer
+
+
+def check_output_dtype(layer: nn.Module, user: nn.Module, d_model: int, name: str) -> None:
+    """One ConfigError line unless the user's module (`user`, inside the adapter `layer`) answers a batch in torch's
+    default dtype with that dtype (a class that returns float64 would stop training at its first matrix product
+    with the network's float32)."""
+    x = torch.randn(2, 5, d_model, generator=torch.Generator().manual_seed(0))
+    seen = []
+    handle = user.register_forward_hook(lambda module, args, output: seen.append(
+        output[0] if isinstance(output, (tuple, list)) else output))
+    was_training = layer.training
+    layer.eval()
+    try:
+        with torch.no_grad():
+            layer(x)
+    except Exception:  # a product projection refusing its float64 (checked below); else the probes report it
+        pass
+    finally:
+        handle.remove()
+        layer.train(was_training)
+    dtype = getattr(seen[0], "dtype", x.dtype) if seen else x.dtype
+    if dtype != x.dtype:
+        raise ConfigError(f"attention {name}: forward returns {dtype} for a {x.dtype} input (the network runs in "
+                          f"{x.dtype}): return the output in the input's dtype (compute in it, or out.to(x.dtype))")
+
+
+def long_input_problem(layer: nn.Module, d_model: int, length: int) -> str | None:
+    """What goes wrong when the layer reads texts of `length` tokens (the run's max_length): None, or one line (an
+    error it raises, NaN or infinity in a real token's output). A class that works on the short probes may break
+    past a length (an allocation, a fixed-size table, a bad mask); training must not find out mid-epoch."""
+    x = torch.randn(2, length, d_model, generator=torch.Generator().manual_seed(0))
+    padding = torch.zeros(2, length, dtype=torch.bool)
+    padding[1, max(1, length // 2):] = True  # one full text, one half as long
+    was_training = layer.training
+    layer.eval()
+    try:
+        with torch.no_grad():
+            out, _ = guarded(lambda: layer(x, padding))
+    except Exception as error:  # the user's forward
+        return f"a text of {length} tokens: {first_line(error)}"
+    finally:
+        layer.train(was_training)
+    if not torch.isfinite(out[~padding]).all():
+        return f"a text of {length} tokens: its output holds NaN or infinity"
+    return None
 
 
 def first_line(error: BaseException) -> str:

@@ -340,8 +340,14 @@ class AttentionMonitor(Callback):
                 self.log_probes(trainer, pl_module, writer)
                 self.last_probe_step = step
         if self.warn and self.trained_enough(trainer):
+            noted = self.__dict__.setdefault("notes_logged", set())  # a note says the same at every validation
             for finding in self.findings:
-                (log.warning if finding.severity == "warning" else log.info)("%s", finding.line())
+                line = finding.line()
+                if finding.severity == "warning":
+                    log.warning("%s", line)
+                elif line not in noted:  # once per run; TensorBoard's verdict text keeps every epoch's
+                    noted.add(line)
+                    log.info("%s", line)
 
     def log_scalars(self, trainer, figures, checks: dict, dynamics: dict) -> None:
         scalars = {

@@ -85,7 +85,8 @@ VERDICTS: dict[str, Verdict] = {
         "exactly 0",
         "a look-ahead (causal) mask is applied though the config does not ask for one, so each token only sees "
         "the ones before it",
-        "drop the triangular mask, or set network.causal if it is meant"),
+        "drop the triangular mask (a user's class: from its forward, which blocks what it blocks), or, for a "
+        "built-in kind, set network.causal if it is meant"),
     "saturated": Verdict(
         "warning", f"every head of a layer: gradient_pass < {SATURATED_GRADIENT_PASS:g} and score_std ≥ "
         f"{SATURATED_SCORE_STD:g}",

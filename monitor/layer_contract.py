@@ -277,6 +277,12 @@ def gradient(probe: Probe) -> Outcome:
     listed = [name for name, value in vars(probe.user).items()
               if not name.startswith("_") and isinstance(value, (list, tuple, dict))
               and any(isinstance(v, nn.Module) for v in (value.values() if isinstance(value, dict) else value))]
+    count = sum(1 for _ in layer.parameters())
+    if not any(p.requires_grad for p in layer.parameters()):  # no loss can reach anything: nothing to call backward on
+        frozen = [name for name, _ in layer.named_parameters()]
+        return Outcome("FAIL", f"nothing to train: requires_grad off: {', '.join(frozen)}" if frozen else
+                       "nothing to train: the layer has no parameter (attention with no W_Q, W_K, W_V learns nothing)",
+                       {"without_gradient": count})
     before = {name: p.grad for name, p in layer.named_parameters()}
     for p in layer.parameters():
         p.grad = None
@@ -298,7 +304,6 @@ def gradient(probe: Probe) -> Outcome:
     parts = [f"{what}: {', '.join(names)}" for what, names in (
         ("no gradient", none), ("zero gradient", zero), ("requires_grad off", frozen),
         ("modules kept in a plain Python container, unseen by the optimizer", listed)) if names]
-    count = sum(1 for _ in layer.parameters())
     return Outcome("FAIL" if parts else "PASS", "; ".join(parts) or f"all {count} parameters get gradient",
                    {"without_gradient": len(none) + len(zero) + len(frozen)})
 
@@ -373,6 +378,21 @@ LEARN = Check("learn", learning, "the class trained in the classifier (configs/s
               "by more than a margin after the same epochs (not-learning)", "", "")
 
 
+def long_input_row(layer: nn.Module, d_model: int, length: int) -> Row:
+    """The long-input check: the layer on a text of the run's max_length tokens (the other checks read 7)."""
+    from model.user_class import long_input_problem
+
+    problem = long_input_problem(layer, d_model, length)
+    return Row("long-input", "FAIL" if problem else "PASS", problem or f"a text of {length} tokens: finite output",
+               {}, LONG_INPUT.reads, LONG_INPUT.rule, LONG_INPUT.cause, LONG_INPUT.fix)
+
+
+LONG_INPUT = Check("long-input", None, "the output of a text of max_length tokens (--max-length; the other checks "
+                   "read 7)", "the layer raises or gives NaN or infinity on it", "something that grows with the "
+                   "length past what fits (an allocation, a fixed-size table or mask, a sum that overflows)",
+                   "run the class on a text of max_length tokens and follow the first line of the error")
+
+
 def build(layer_or_class, *, d_model: int, n_heads: int, d_head: int | None, args: dict | None) -> nn.Module:
     """The layer to probe: a built-in kind or the adapter as it is; a built-in kind's class built; a user's class
     or "file.py:Class" built as the classifier builds it (model/own_attention.py), or a user's module instance,
@@ -388,9 +408,10 @@ def build(layer_or_class, *, d_model: int, n_heads: int, d_head: int | None, arg
         user, d_model = layer_or_class, model_width(layer_or_class)
     else:
         cls = load_attention_class(layer_or_class) if isinstance(layer_or_class, str) else layer_or_class
-        user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, args)
+        user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, args, args_flag="--args")
     try:
-        return OwnAttention(built(user), d_model=d_model, n_heads=n_heads, d_head=d_head)
+        return OwnAttention(built(user), d_model=d_model, n_heads=n_heads, d_head=d_head,
+                            name=layer_or_class if isinstance(layer_or_class, str) else None)
     except NoConvention as e:  # it needs a mask and no convention keeps padding out: the padding check FAILs
         raise Unusable(str(e), "padding") from None
     except ConfigError as e:  # the adapter could not call its forward: the layer's fault, not the input's
@@ -409,10 +430,11 @@ def built(user: nn.Module):
 
 def layer_contract(layer_or_class, *, d_model: int = 64, n_heads: int = 4, d_head: int | None = None,
                    args: dict | None = None, mapping: dict | None = None, seed: int = 0,
-                   learn: bool = False) -> list[Row]:
+                   learn: bool = False, max_length: int = 128) -> list[Row]:
     """Every check of CHECKS on one layer: a built layer (a built-in kind, the adapter, or a user's module), a
     class, or "file.py:ClassName". mapping: {"q"|"k"|"v"|"o"|"qkv": attribute path} where the projections'
-    names are not found. learn: add the last check, the class trained on the synthetic task (seconds to minutes)."""
+    names are not found. learn: add the last check, the class trained on the synthetic task (seconds to minutes).
+    max_length: the longest text the layer will read, the length of the long-input check (long_input_row)."""
     torch.manual_seed(seed)
     try:
         layer = build(layer_or_class, d_model=d_model, n_heads=n_heads, d_head=d_head, args=args)
@@ -424,6 +446,8 @@ def layer_contract(layer_or_class, *, d_model: int = 64, n_heads: int = 4, d_hea
     probe = Probe(layer, mapping=mapping, seed=seed, spec=layer_or_class, args=args)
     figures, _ = examine(Subject(layer=probe))  # the doctor's one runner: every registered check that reads a layer
     rows = probe.cache["rows"] = [measured["row"] for measured in figures.values() if "row" in measured]
+    if probe.user is not layer:  # a user's class in the adapter: built-in kinds read what their settings define
+        rows.append(long_input_row(layer, probe.d_model, max_length))
     return rows + [LEARN(probe)] if learn else rows
 
 

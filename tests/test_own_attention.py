@@ -14,7 +14,7 @@ from torch import nn
 
 from conftest import ROOT, SHORT, fit, padding_mask, save_checkpoint, tiny_classifier
 from model.config import ConfigError, NetworkConfig
-from model.own_attention import ALLOW_CHANGED, OwnAttention, build_user_layer, load_attention_class
+from model.own_attention import ALLOW_CHANGED, OwnAttention, build_user_layer, load_attention_class, named_network
 
 SEED_FILE = ROOT.parent / "shared" / "examples" / "seed_self_attention.py"
 SEED = f"{SEED_FILE}:SelfAttention"
@@ -315,25 +315,30 @@ def test_a_changed_class_file_is_refused_unless_allowed(tmp_path, monkeypatch):
     shutil.copy(SEED_FILE, path)  # a user's own file, which they may edit later
     config = NetworkConfig(attention=f"{path}:SelfAttention", d_model=16, n_heads=2)
     assert config.attention_source["path"] == str(path.resolve()) and len(config.attention_source["sha256"]) == 64
-    assert NetworkConfig.from_dict(config.to_dict()) == config
+    assert NetworkConfig.from_dict(config.to_dict()) == config  # a record is data: read without the file
+    spec = f"{path}:SelfAttention"
+    assert named_network(config.to_dict(), spec, flag="--x")["attention_source"] == config.attention_source
     path.write_text(path.read_text() + "\n# edited\n")
     with pytest.raises(ConfigError) as error:
-        NetworkConfig.from_dict(config.to_dict())
-    assert "\n" not in str(error.value) and "changed since" in str(error.value) and ALLOW_CHANGED in str(error.value)
+        named_network(config.to_dict(), spec, flag="--x", override="--let-it")
+    assert "\n" not in str(error.value) and "not the file this network was trained with" in str(error.value) \
+        and "--let-it" in str(error.value)
+    assert named_network(config.to_dict(), spec, flag="--x", allow_changed=True)["attention_source"]["sha256"] \
+        != config.attention_source["sha256"]
     monkeypatch.setenv(ALLOW_CHANGED, "1")
-    assert NetworkConfig.from_dict(config.to_dict()).attention_source["sha256"] != config.attention_source["sha256"]
+    assert named_network(config.to_dict(), spec, flag="--x")["attention_source"]["sha256"] \
+        != config.attention_source["sha256"]
     path.unlink()
     with pytest.raises(ConfigError, match=f"file {path} not found"):
-        NetworkConfig.from_dict(config.to_dict())
+        named_network(config.to_dict(), spec, flag="--x")
 
 
-def test_a_relative_path_falls_back_to_the_recorded_one(tmp_path, monkeypatch):
-    (tmp_path / "a").mkdir()
-    shutil.copy(SEED_FILE, tmp_path / "a" / "mine.py")
-    monkeypatch.chdir(tmp_path)
-    config = NetworkConfig(attention="a/mine.py:SelfAttention", d_model=16, n_heads=2)
-    monkeypatch.chdir(tmp_path / "a")  # "a/mine.py" is not here: the recorded absolute path is
-    assert NetworkConfig.from_dict(config.to_dict()).attention_source == config.attention_source
+def test_a_class_of_another_name_is_refused(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text(SEED_FILE.read_text() + "\n\nclass Other(SelfAttention):\n    pass\n")
+    config = NetworkConfig(attention=f"{path}:SelfAttention", d_model=16, n_heads=2)
+    with pytest.raises(ConfigError, match="trained with a class named SelfAttention, not Other"):
+        named_network(config.to_dict(), f"{path}:Other", flag="--x")
 
 
 def test_a_dotted_module_path_loads(tmp_path, monkeypatch):
@@ -358,7 +363,7 @@ def test_checkpoint_round_trips_through_predict_api(tmp_path):
     checkpoint = torch.load(path, weights_only=True)  # plain data only
     assert checkpoint["hyper_parameters"]["network"]["attention_source"]["spec"] == SEED
     torch.save(checkpoint | {"pytorch-lightning_version": lightning.__version__}, path)
-    loaded = TextClassifier.from_checkpoint(path, device="cpu")
+    loaded = TextClassifier.from_checkpoint(path, device="cpu", attention=SEED)
     texts = ["w1 alpha w2 beta", "beta w3", "w4 w5 w6 w7 w8 w9"]
     before, after = classifier.predict(texts, attention=True), loaded.predict(texts, attention=True)
     for a, b in zip(before, after):
@@ -384,7 +389,8 @@ def test_seed_class_trains_and_draws_heatmaps(tmp_path):
     assert 0.0 < entropy <= 1.0
     assert events.Scalars("attention_health/pad_weight/layer0_head0")[-1].value == 0.0
     (best,) = (run / "checkpoints").glob("best-*.ckpt")
-    prediction = TextClassifier.from_checkpoint(best, device="cpu").predict(["alpha w1 beta"], attention=True)[0]
+    prediction = TextClassifier.from_checkpoint(best, device="cpu", attention=SEED).predict(["alpha w1 beta"],
+                                                                                            attention=True)[0]
     assert len(prediction.tokens) == 3 and torch.as_tensor(prediction.attention).shape[-1] == 3
 
 
@@ -442,7 +448,8 @@ def test_export_keeps_a_masked_class_and_refuses_one_without_mask(tmp_path, caps
         ckpt = save_checkpoint(classifier, tmp_path / "own.ckpt")
         torch.save(torch.load(ckpt, weights_only=True) | {"pytorch-lightning_version": lightning.__version__}, ckpt)
         out = tmp_path / f"out_{exported}"
-        assert export.main(["--ckpt", str(ckpt), "--out", str(out), "--attention"]) == (0 if exported else 2)
+        assert export.main(["--ckpt", str(ckpt), "--out", str(out), "--attention", "--attention-class", spec]) \
+            == (0 if exported else 2)
         if not exported:
             line = capsys.readouterr().err.strip().splitlines()[-1]
             assert "takes no mask" in line and "forward(x, mask)" in line

@@ -297,7 +297,9 @@ def test_a_request_the_model_fails_on_fails_alone():
     requests = [PredictRequest(texts=["w1 alpha"]), PredictRequest(texts=["boom w2"]),
                 PredictRequest(texts=["w3", "beta"], attention=True)]
     answers = answer_batch(classifier, requests)
-    assert "error" in answers[1] and "predictions" not in answers[1]
+    (failed,) = answers[1]["predictions"]  # the text's own error entry (docs/SERVING.md)
+    assert failed == {"text": "boom w2", "error": "the model failed on this text: RuntimeError: a fault this text "
+                                                  "causes"}
     assert answers[0]["predictions"][0]["probabilities"] == predict(["w1 alpha"])[0].probabilities
     assert [p["label"] for p in answers[2]["predictions"]] == [p.label for p in predict(["w3", "beta"])]
 

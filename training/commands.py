@@ -18,6 +18,7 @@ from data.labels import monitored_metric
 from data.pretraining import check_known
 from model.config import ConfigError, NetworkConfig, max_length_caps
 from model.kinds import kinds_help
+from model.user_class import is_class_spec, named_network
 from training.checkpoints import SPECIAL_NAMES, check_fits, check_pretraining_fits, check_restorable, resolve
 from training.encoder import check_pretrained
 from training.length import training_epochs
@@ -41,6 +42,27 @@ def check_network(config) -> None:
     settings = {**vars(network), "num_classes": 2, "vocab_size": data.get("vocab_size") or 1,
                 "max_length": data.get("max_length") or max(max_length_caps(network.attention))}
     NetworkConfig(**settings)
+
+
+def named_on_command(config) -> str | None:
+    """The user's class the command names (--model.network.attention, or the --config it gives), read before
+    LightningCLI replaces the network settings with a --ckpt_path's: the only class a run may import."""
+    config = config[config["subcommand"]] if config.get("subcommand") else config
+    network = config["model"]["network"]
+    if is_class_spec(network.attention) and network.attention_source is None:
+        return network.attention
+    return None
+
+
+def name_checkpoint_class(config, named: str | None) -> None:
+    """A --ckpt_path's network of a user's class gets the class the command named (`named`), its file's hash
+    checked against the checkpoint's record; none named: one line saying which class and the flag. A checkpoint's
+    own spec is never imported (model/user_class.py)."""
+    network = config["model"]["network"]
+    if network.attention_source is None:
+        return
+    settings = named_network(vars(network), named, flag="--model.network.attention")
+    network.attention_source = settings["attention_source"]
 
 
 def list_kinds(parser) -> None:
@@ -74,6 +96,7 @@ class CLI(LightningCLI):
 
     def parse_arguments(self, parser, args):
         super().parse_arguments(parser, args)
+        self.named_class = named_on_command(self.config)
         # LightningCLI then reads the checkpoint's hyperparameters into the config (so `validate --ckpt_path X`
         # rebuilds X's network); make sure first that the file is a safe, readable checkpoint of this project.
         subcommand = self.config.get("subcommand")
@@ -97,6 +120,7 @@ class CLI(LightningCLI):
 
     def before_instantiate_classes(self):
         config = self.config[self.subcommand] if self.subcommand else self.config
+        name_checkpoint_class(config, getattr(self, "named_class", None))
         check_network(config)
         if self.subcommand in ("fit", None) and config["model"].get("distillation", 0) > 0 \
                 and not config["data"]["teacher"]:
@@ -230,6 +254,7 @@ class PretrainCLI(CLI):
 
     def parse_arguments(self, parser, args):
         LightningCLI.parse_arguments(self, parser, args)
+        self.named_class = named_on_command(self.config)
         ckpt_path = (self.config["fit"] if "fit" in self.config else self.config).get("ckpt_path")
         if ckpt_path and ckpt_path not in SPECIAL_NAMES:
             self.read(ckpt_path)

@@ -12,6 +12,7 @@ from data.checkpoint import calibrated, stored_calibration
 from data.tokenizer import UNK_ID
 from model.classifier import AttentionClassifier
 from model.config import ConfigError, NetworkConfig
+from model.user_class import long_input_problem
 from training import calibration as calib
 from training.adapt import AdaptThreads
 from training.average import WeightAverage
@@ -93,6 +94,7 @@ class ClassifierModule(L.LightningModule):
         # `model` is validated, monitored and saved for prediction; with ema_decay it is the average (its
         # checkpoint keys model.*) of `_online`, the network the optimizer trains.
         self.model, self._online, self.average = AttentionClassifier(network), None, None
+        check_long_texts(self.model, network)
         if ema_decay > 0:
             self.average = WeightAverage(self.model, ema_decay)
             self._online, self.model = self.model, self.average.network
@@ -141,9 +143,8 @@ class ClassifierModule(L.LightningModule):
         if not torch.isfinite(loss):
             # Stop here: one more step would put NaN into the weights and the next checkpoint; those on disk stay.
             raise NonFiniteLossError(
-                f"training loss is {loss.item()} at step {self.trainer.global_step} (epoch {self.current_epoch}): the "
-                f"learning rate ({self.hparams.lr}) is likely too high; try lowering --model.lr. Checkpoints already "
-                "saved are kept")
+                f"training loss is {loss.item()} at step {self.trainer.global_step} (epoch {self.current_epoch}): "
+                f"{non_finite_cause(self.network, self.hparams.lr, logits)}. Checkpoints already saved are kept")
         self.log("train/loss", loss, prog_bar=True, batch_size=len(logits))
         self.train_metrics.update(logits, batch["labels"].long() if self.hparams.multi_label else batch["labels"])
         return loss
@@ -208,3 +209,25 @@ class ClassifierModule(L.LightningModule):
     def configured_optimizer(self) -> tuple[torch.nn.Module, dict[str, dict]]:
         """(the network trained, {parameter name: {"lr", "weight_decay"}}) as configured (hparams_initial)."""
         return self.online_model, optimizer_settings(self.hparams_initial, self.online_model)
+
+
+def check_long_texts(model: AttentionClassifier, network: NetworkConfig) -> None:
+    """A user's class must read a text of the run's max_length before training starts (the doctor's probes read 7
+    tokens): a class that raises or gives NaN past a length is one ConfigError line here, not a traceback mid-epoch."""
+    if network.attention_source is None:
+        return
+    problem = long_input_problem(model.blocks[0].attention, network.d_model, network.max_length)
+    if problem:
+        raise ConfigError(f"attention {network.attention}: {problem}: it cannot read this run's texts; fix the class "
+                          f"(diagnose.py --attention {network.attention} --max-length {network.max_length} checks "
+                          "it alone), or lower data.max_length")
+
+
+def non_finite_cause(network: NetworkConfig, lr: float, logits: torch.Tensor) -> str:
+    """The likely cause of a NaN or infinite loss: at the first steps with a user's class, what the class computed
+    (the loss is NaN because the logits are); else a learning rate too high."""
+    if network.attention_source is not None and not torch.isfinite(logits).all():
+        return (f"the network's outputs are NaN or infinite: the attention class {network.attention} computed them "
+                f"on this batch (diagnose.py --attention {network.attention} --max-length {network.max_length} "
+                "checks it alone), or the learning rate ({lr}) is too high (--model.lr)")
+    return f"the learning rate ({lr}) is likely too high; try lowering --model.lr"
