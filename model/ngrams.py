@@ -6,9 +6,10 @@ class to the logits (a linear model on binary n-gram features, NBSVM's; Wang & M
 
 The n-grams are found from the token ids inside the network (no vocabulary of n-grams is kept, fastText's hashing
 trick): a unigram is its token id (rows 0..V-1), a longer n-gram is hashed into one of K rows after them. A text
-counts each of its n-grams once (binary features: a word said three times is not three times the evidence), so
-the same text gives the same logits whatever its padding. The table is plain tensors in the checkpoint; the
-start can be naive-Bayes log-count ratios of the training texts (nb_start), as NBSVM weighs its features.
+counts each of its n-grams once (binary features: a word said three times is not three times the evidence), and
+n-grams reaching into padding count for nothing, so a text gets the same votes whatever its padding. The table is a
+plain tensor in the checkpoint; its start can be naive-Bayes log-count ratios of the training texts
+(training/ngram_start.py, nb_log_count_ratios below), as NBSVM weighs its features.
 Letters: B batch, L tokens, M n-gram places (L for each order), C classes.
 """
 

@@ -23,7 +23,7 @@ def ngram_counts(split, bag: NgramBag, num_classes: int) -> tuple[torch.Tensor, 
         batch = split.__getitems__(list(range(at, min(at + BATCH, len(split)))))
         rows, present = bag.ids(batch["input_ids"], batch["padding_mask"])  # (B, M)
         labels = batch["labels"]
-        place, text = present.nonzero(as_tuple=True)[1], present.nonzero(as_tuple=True)[0]
+        text, place = present.nonzero(as_tuple=True)  # (K,) each: the distinct n-grams of the batch's texts
         found = rows[text, place]
         texts_with.index_add_(0, found, torch.ones(len(found), dtype=torch.float64))
         if labels.ndim == 2:  # several labels a text: multi-hot (B, C)
