@@ -7,12 +7,14 @@
 
 What the adapter finds out is found by running the class (model/mask_probe.py), never guessed from names: how its
 forward takes a mask (positional or keyword, which convention, which shape), what it returns (out or (out, weights),
-weights (B, L, L) or (B, H, L, L)) and its output width (another than d_model gets an output projection the product
-adds, `w_o`). A class that takes no mask is run on texts of one length at a time, so no key it sees is padding.
+weights (B, L, L) or (B, H, L, L)), its output width (another than d_model gets an output projection the product
+adds, `w_o`) and whether it is causal. A class that takes no mask is run on texts of one length at a time, so no key
+it sees is padding, unless it is causal: padding at the end is then out of every real token's view already.
 
-The class hands out its weights (returned, or read from the softmax it computes when it returns only its output),
-not the scores it softmaxed: AttentionWeights.scores is NaN (the monitor's score figures are then NaN, never a
-guess). The doctor's formula reference is not defined for a user's class here (`reference` is None:
+The class hands out its weights (returned, kept on an attribute, read from the softmax it computes, or a fused call
+answered by the written formula while weights are asked for: model/weights_seen.py), not the scores it softmaxed:
+AttentionWeights.scores is NaN (the monitor's score figures are then NaN, never a guess). A class whose weights
+cannot be seen hands out none (need_weights gives None: no heatmaps, the output checks still run). The doctor's formula reference is not defined for a user's class here (`reference` is None:
 monitor/contract.py skips it).
 
 Letters in the shape comments: B batch, L tokens, H heads, D model width, W the class's output width, N real tokens.
@@ -26,12 +28,12 @@ from torch import nn
 
 from model.attention import AttentionWeights, unpack
 from model.errors import ConfigError
-from model.mask_probe import Convention, find_convention, key_mask, run_layer
+from model.mask_probe import Convention, find_convention, key_mask, run_layer, runs
 from model.user_class import (  # noqa: F401 (the names callers import from here)
-    ALLOW_CHANGED, build_user_layer, check_attention_args, check_output_dtype, configured_class, display_name,
-    constructor_arguments, is_class_spec, load_attention_class, long_input_problem, name_class, named_class,
-    named_network,
+    ALLOW_CHANGED, check_attention_args, check_output_dtype, configured_class, display_name, is_class_spec,
+    load_attention_class, long_input_problem, name_class, named_class, named_network,
 )
+from model.user_constructor import build_user_layer, constructor_arguments  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ ROLE_NAMES = {
     "v": {"wv", "v", "vproj", "value", "values", "tov", "vlinear", "linearv", "wvalue", "valueproj", "projv",
           "vprojweight", "weightv", "wvs"},
     "o": {"wo", "o", "oproj", "out", "outproj", "toout", "output", "cproj", "proj", "outlinear", "linearo", "wout",
-          "projout", "outputproj", "dense", "fcout"},
+          "projout", "outputproj", "dense", "fcout", "fc"},
     "qkv": {"qkv", "toqkv", "cattn", "inproj", "inprojweight", "wqkv", "qkvproj", "qkvlinear", "projqkv"},
 }
 
@@ -114,27 +116,36 @@ class OwnAttention(nn.Module):
         super().__init__()
         cls = load_attention_class(cls_or_spec) if isinstance(cls_or_spec, str) else cls_or_spec
         name = name or (cls_or_spec if isinstance(cls_or_spec, str) else display_name(cls))
-        self.user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, attention_args)
+        self.user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, attention_args, runs=runs)
         found = find_convention(self.user, d_model, name)
         self.convention: str = found.convention.describe()
+        self.weights_not_used: Convention | None = found.weights_not_used  # the doctor names it (padding check)
         self._convention: Convention = found.convention
         self.n_heads = found.heads  # the heads its weights show: (B, L, L) is one head
         self.width = found.width  # its output width W
-        # A class that returns only its output: its weights are read from the softmax it computes, when asked for.
+        # A class that returns only its output: its weights are read as model/weights_seen.py says, when asked for.
         self.reads_softmax = not found.returns_weights
+        self.weights_from: str | None = found.weights_from  # None: its weights cannot be seen
         self.d_model, self.d_head = d_model, d_head or d_model // n_heads
-        self.look_ahead = False  # a user's class blocks what it blocks; the product adds no look-ahead mask
+        # A user's class blocks what it blocks; the product adds no look-ahead mask, and says when it found one.
+        self.look_ahead = found.causal
         self.head_gate: torch.Tensor | None = None  # (H,): head importance and ablation (inference/heads.py)
         # An output width other than d_model gets the product's own W_O, so the residual can add it.
         self.w_o = nn.Linear(self.width, d_model, bias=False) if self.width != d_model else None
         if self.w_o is not None:
             say_once(logging.INFO, f"attention {name}: output width {self.width} ≠ d_model {d_model}: the product "
                                    f"adds an output projection nn.Linear({self.width}, {d_model}, bias=False)")
-        say_once(logging.WARNING if found.convention.call == "none" else logging.INFO,
-                 f"attention {name}: {self.convention}")
+        if found.convention.call != "none" or not found.causal:
+            say_once(logging.WARNING if found.convention.call == "none" else logging.INFO,
+                     f"attention {name}: {self.convention}")
+        if found.causal:
+            say_once(logging.INFO, f"attention {name}: causal (no output depends on a later token, found by probing)"
+                                   + (": padding at the end is out of every real token's view, so it needs no mask"
+                                      if found.convention.call == "none" else ""))
         if self.reads_softmax:
-            say_once(logging.INFO, f"attention {name}: forward returns no weights: they are read from the softmax it "
-                                   "computes")
+            say_once(logging.INFO, f"attention {name}: forward returns no weights: " + (
+                f"they are read from {found.weights_from}" if found.weights_from else
+                "none can be seen (no attribute, softmax or fused call): no heatmaps, the output checks still run"))
         # Whether head_gate acts inside the class (on its output projection's input) or on its output.
         self._gate_inside = False
         self._gate_inside = self._find_gate()
@@ -189,7 +200,7 @@ class OwnAttention(nn.Module):
     @property
     def runs_by_length(self) -> bool:
         """Whether the class takes no mask, so that a padded batch is run text length by text length."""
-        return self._convention.call == "none"
+        return self._convention.call == "none" and not self.look_ahead
 
     def projection(self, role: str) -> nn.Linear | None:
         """The class's own nn.Linear for "w_q", "w_k" or "w_v" by its usual names (ROLE_NAMES), or None."""
@@ -210,7 +221,7 @@ class OwnAttention(nn.Module):
         if self.runs_by_length and key_padding_mask is not None and key_padding_mask.any():
             out, weights = self._by_length(x, key_padding_mask, need_weights)
         else:
-            mask = None if self.runs_by_length else key_mask(
+            mask = None if self._convention.call == "none" else key_mask(
                 key_padding_mask if key_padding_mask is not None else x.new_zeros(B, L, dtype=torch.bool),
                 self._convention, x.dtype)
             out, weights = run_layer(self.user, x, mask, self._convention, self.reads_softmax and need_weights)
@@ -218,7 +229,7 @@ class OwnAttention(nn.Module):
             out = self._gated(out)  # (B, L, W), each head's slice times its gate
         if self.w_o is not None:
             out = self.w_o(out)  # (B, L, D)
-        if not need_weights:
+        if not need_weights or weights is None:
             return out, None
         weights = weights if weights.dim() == 4 else weights.unsqueeze(1)  # (B, H, L, L)
         blocked = None if key_padding_mask is None else key_padding_mask.bool()[:, None, None, :]
@@ -252,3 +263,10 @@ class OwnAttention(nn.Module):
         real = ~key_padding_mask.bool()  # (B, L)
         out, weights = self.forward(unpack(x, real), key_padding_mask, need_weights)
         return out[real.nonzero(as_tuple=True)], weights  # (N, D)
+
+
+def looks_ahead(network: nn.Module) -> bool:
+    """Whether a user's class in the network was found causal by probing: its look-ahead mask is its family, asked
+    for by the class (its config's causal is refused: the class decides). A built-in kind's look-ahead is the
+    config's `causal`, and one the config does not ask for is a bug the monitor reports, so it is not read here."""
+    return any(isinstance(module, OwnAttention) and module.look_ahead for module in network.modules())

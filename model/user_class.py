@@ -11,7 +11,8 @@
 A checkpoint is data (docs/BAD_INPUT.md): its spec, path and hash are written by whoever made it, so nothing here
 imports what a checkpoint names. The user names the class on the command that loads the checkpoint; the class is
 found by their spec, its file's hash compared with the recorded one before the file runs.
-    build_user_layer(cls, ...)      cls built from the network's sizes, its constructor read by parameter names
+
+How a class is built from the network's sizes: model/user_constructor.py.
 """
 
 import hashlib
@@ -27,16 +28,8 @@ from torch import nn
 
 from model.errors import ConfigError
 
-# Constructor parameter names the network's sizes fill (tutorials' spellings): d_model, n_heads, the head size.
-SIZE_NAMES = {
-    "d_model": ("d_model", "embed_dim", "hidden_size", "dim", "d_in"),
-    "n_heads": ("n_heads", "num_heads", "num_attention_heads", "heads", "n_head"),
-    "d_head": ("d_k", "d_head", "head_dim", "dim_head", "d_out"),
-}
 ALLOW_CHANGED = "ATTENTION_ALLOW_CHANGED_CLASS"  # set to 1: load a checkpoint whose class file changed since
 ARGS_FLAG = "--model.network.attention_args"  # train.py's option for attention_args (diagnose.py's: --args)
-# Constructor parameters that hold an object (a config dataclass, an argparse namespace), which no plain value fills.
-OBJECT_NAMES = {"config", "cfg", "configuration", "conf", "args", "params", "hparams", "opt", "options"}
 PLAIN = (str, int, float, bool, type(None))  # what attention_args may hold (the checkpoint stores it)
 _loaded: dict[tuple[str, float], object] = {}  # file path, modification time → its module (a file runs once)
 _named: dict[tuple[str, str], type] = {}  # (file sha256, class name) → a class the user named in this process
@@ -242,11 +235,14 @@ def check_attention_args(args) -> None:
     """attention_args: None or a dict of names to plain values (the checkpoint stores it as plain data)."""
     if args is None:
         return
-    plain = all(isinstance(v, PLAIN) or isinstance(v, list) and all(isinstance(e, PLAIN) for e in v)
-                for v in args.values()) if isinstance(args, dict) else False
-    if not plain or not all(isinstance(k, str) for k in args):
-        raise ConfigError(f"attention_args must be a dict of names to numbers, strings, booleans or lists of them, "
-                          f"got {args!r}")
+
+    def plain(v, nested=True):
+        return (isinstance(v, PLAIN) or isinstance(v, list) and all(isinstance(e, PLAIN) for e in v)
+                or nested and isinstance(v, dict) and all(isinstance(k, str) and plain(e, False) for k, e in v.items()))
+
+    if not isinstance(args, dict) or not all(isinstance(k, str) and plain(v) for k, v in args.items()):
+        raise ConfigError(f"attention_args must be a dict of names to numbers, strings, booleans, lists of them or "
+                          f"one config object of them ({{\"config\": {{\"n_embd\": 64}}}}), got {args!r}")
 
 
 def configured_class(config) -> type[nn.Module]:
@@ -257,64 +253,6 @@ def configured_class(config) -> type[nn.Module]:
         raise ConfigError(needs_naming(config.attention_source, "--attention-class (train.py: "
                                                                   "--model.network.attention; the API: attention=)"))
     return cls
-
-
-def constructor_arguments(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None,
-                          args_flag: str = ARGS_FLAG) -> dict:
-    """The keyword arguments cls(**them) is built with: each parameter named like a size (SIZE_NAMES) gets the
-    network's, `args` (attention_args) gives or overrides any; a required one nobody fills is a ConfigError line
-    naming `args_flag`, the option of the command that gives attention_args (diagnose.py --attention: --args)."""
-    args = dict(args or {})
-    sizes = {name: value for size, value in (("d_model", d_model), ("n_heads", n_heads), ("d_head", d_head))
-             for name in SIZE_NAMES[size]}
-    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]  # after self
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters)
-    named = {p.name: p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    unknown = sorted(set(args) - set(named)) if not takes_any else []
-    if unknown:
-        raise ConfigError(f"attention_args {unknown[0]!r}: {cls.__name__}.__init__ takes no such argument "
-                          f"(it takes {', '.join(named) or 'none'})")
-    chosen = {}
-    for name, parameter in named.items():
-        if name in args:
-            chosen[name] = args[name]
-        elif name in sizes:
-            chosen[name] = sizes[name]
-        elif parameter.default is parameter.empty and name.lower() in OBJECT_NAMES:
-            raise ConfigError(f"attention: {cls.__name__}.__init__ needs {name!r}, an object no setting can give "
-                              f"(arguments are filled by name with plain values): wrap the class in your file, e.g. "
-                              f"class Mine({cls.__name__}): def __init__(self, d_model, n_heads): "
-                              f"super().__init__(<your {name} built from d_model and n_heads>), and name Mine")
-        elif parameter.default is parameter.empty:
-            raise ConfigError(f"attention: {cls.__name__}.__init__ needs {name!r}, which no network setting fills: "
-                              f"give it with {args_flag} '{{\"{name}\": ...}}'")
-    return chosen
-
-
-def build_user_layer(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None,
-                     args_flag: str = ARGS_FLAG) -> nn.Module:
-    """cls built from the network's sizes and attention_args (constructor_arguments); a constructor that raises
-    (sys.exit included) is one ConfigError line, and so is one that leaves anything but the network's dtype behind:
-    torch's default dtype changed (set back first), or floating parameters and buffers of another dtype."""
-    arguments = constructor_arguments(cls, d_model, n_heads, d_head, args, args_flag)
-    dtype = torch.get_default_dtype()
-    try:
-        layer = guarded(lambda: cls(**arguments))
-    except Exception as error:  # the user's constructor
-        shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
-        raise ConfigError(f"attention: {cls.__name__}({shown}) failed: {first_line(error)}") from None
-    finally:
-        changed = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)  # the process's setting, whatever the class did to it
-    if changed != dtype:
-        raise ConfigError(f"attention: {cls.__name__}.__init__ changed torch's default dtype to {changed} (the "
-                          f"network runs in {dtype}; set back): remove torch.set_default_dtype from the class")
-    other = [f"{name} ({t.dtype})" for name, t in (*layer.named_parameters(), *layer.named_buffers())
-             if t.is_floating_point() and t.dtype != dtype]
-    if other:
-        raise ConfigError(f"attention: {cls.__name__} holds {', '.join(other[:3])}{', ...' if len(other) > 3 else ''}"
-                          f" while the network runs in {dtype}: create them in {dtype} (no dtype=, no .double())")
-    return layer
 
 
 def check_output_dtype(layer: nn.Module, user: nn.Module, d_model: int, name: str) -> None:

@@ -32,6 +32,7 @@ from data.batches import collate
 from data.tokenizer import UNK_ID
 from model.config import ConfigError
 from model.errors import check_whole_number
+from model.own_attention import looks_ahead
 from monitor.checks import SAMPLE_TEXTS, forward_passes
 from monitor.contract import optimizer_differences
 from monitor.doctor import SHOWN_FIGURES, Finding, figure_table_markdown, head_titles, verdict_table_markdown
@@ -249,7 +250,8 @@ class AttentionMonitor(Callback):
     def setup(self, trainer, pl_module, stage):
         pl_module.keep_validation_attention = True  # validation_step hands out what its layers computed
         config = getattr(pl_module.model, "config", None)
-        self.health = AttentionHealth(rows_per_batch=self.health_rows, causal=bool(getattr(config, "causal", False)))
+        causal = bool(getattr(config, "causal", False)) or looks_ahead(pl_module.model)  # a user's causal class too
+        self.health = AttentionHealth(rows_per_batch=self.health_rows, causal=causal)
 
     def teardown(self, trainer, pl_module, stage):
         pl_module.keep_validation_attention = False

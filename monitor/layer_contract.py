@@ -7,135 +7,41 @@ prints and `assert_attention_contract(MyAttention(64, 4))` raises with. Each che
     padding       padded keys get exactly 0, and a text's output does not move with more padding
     neighbours    a text's output does not move with the other texts of its batch
     eval-steady   two passes in evaluation give the same output (dropout left on in eval FAILs here)
-    permutation   permuting the tokens permutes the output (no positions inside attention)
-    formula       softmax(Q Kᵀ/√d_k) V (W_O) recomputed from the layer's own weights, stage by stage
-                  (monitor/layer_formula.py), the first stage that differs named with how
+    train-eval    training mode with the dropout modules off computes what evaluation computes
+    permutation   permuting the tokens permutes the output (position-free families; causal: the last token's output
+                  ignores the order of the tokens before it; a NOTE where the family has positions)
+    look-ahead    every real query sees its own token; causal: no earlier output moves when later tokens change
+    formula       softmax(Q Kᵀ/√d_k) V (W_O) recomputed from the layer's own weights on what its projections read,
+                  stage by stage (monitor/layer_formula.py), with the family's look-ahead mask; for a family with
+                  position terms, the output from the weights it used, the first stage that differs named with how
     scale         the spread of a freshly built layer's scores against what 1/√d_k gives
+    stability     the input scaled until the largest score is about 120: the output stays finite (an unguarded exp())
+    mask-name     a mask argument named key_padding_mask / attention_mask works in the convention its name promises
     gradcheck     float64 torch.autograd.gradcheck of the output on a tiny input
     gradient      every parameter gets gradient from a loss on the output
+
+Before the verdicts, the layer's family (monitor/layer_family.py) as one identity line: mask, positions, where its
+weights come from, normalisation inside.
 """
 
-import copy
 import math
 from types import SimpleNamespace
 
 import torch
 from torch import nn
-from torch.autograd.gradcheck import GradcheckError
 
 from model.attention import MultiHeadSelfAttention
 from model.errors import ConfigError
-from model.mask_probe import NoConvention, mask_calls
+from model.mask_probe import NoConvention, runs
 from monitor.contract import MATCH, compare
 from monitor.doctor import Finding, Verdict
+from monitor.layer_behaviour import (INVARIANCE, ROW_SUM, STEADY, eval_steady, look_ahead, mask_name, neighbours,
+                                     padding, permutation, shapes, softmax_rows, stability, train_eval)
+from monitor.layer_family import find_family, position_formula
 from monitor.layer_formula import SCALE_FACTOR, compare_layer, score_factor
-from monitor.layer_probe import (MORE_PADDING, Check, Outcome, Probe, Row, Unusable, changed, figure, model_width,
-                                 rounding)
+from monitor.layer_gradients import gradcheck, gradient
+from monitor.layer_probe import Check, Outcome, Probe, Row, Unusable, figure, model_width, rounding
 from monitor.units import Check as Unit, Subject, examine, register
-
-INVARIANCE = 1e-4  # relative change of a real token's output: float32 rounding gives ≤ 1e-6
-STEADY = 1e-6  # relative change between two identical evaluation passes: exactly 0 for a deterministic layer
-ROW_SUM = 1e-4  # |row sum − 1| of a real query's weights: float32 rounding gives ≤ 1e-6
-GRADCHECK_STEP, GRADCHECK_RTOL = 1e-6, 1e-3  # torch.autograd.gradcheck's defaults
-COARSE_STEP, COARSE_RTOL = 1e-3, 1e-2  # a step float32 resolves: its rounding costs ~1e-7/1e-3 = 1e-4 relative, the
-# step's own error ~1e-6; a wrong backward misses by O(1)
-NO_WEIGHTS = Outcome("NOTE", "the layer hands out no weights (return (output, weights) to get heatmaps and this check)")
-
-
-def shapes(probe: Probe) -> Outcome:
-    try:
-        seen = probe.base
-    except Unusable:
-        return Outcome("FAIL", str(probe.cache["base"]))
-    B, L = probe.x.shape[:2]
-    parts, bad = [f"out {tuple(seen.out.shape)}"], []
-    if tuple(seen.out.shape) != (B, L, probe.d_model):
-        bad.append(f"the output is {tuple(seen.out.shape)}, not (B, L, D) = {(B, L, probe.d_model)}")
-    if seen.raw_out is not None and seen.raw_out is not seen.out:
-        parts.append(f"its own out {tuple(seen.raw_out.shape)}")
-        if tuple(seen.raw_out.shape[:2]) != (B, L):
-            bad.append(f"its own output is {tuple(seen.raw_out.shape)}, not (B, L, ·) = ({B}, {L}, ·)")
-    raw = seen.raw_weights
-    if raw is not None:
-        parts.append(f"weights {tuple(raw.shape)}")
-        if raw.ndim not in (3, 4) or raw.shape[0] != B or tuple(raw.shape[-2:]) != (L, L):
-            bad.append(f"the weights are {tuple(raw.shape)}, not (B, L, L) or (B, H, L, L) with B={B}, L={L}")
-    if not torch.isfinite(seen.out).all():
-        bad.append("the output holds NaN or inf")
-    return Outcome("FAIL" if bad else "PASS", "; ".join(bad or parts))
-
-
-def softmax_rows(probe: Probe) -> Outcome:
-    weights = probe.base.weights
-    if weights is None:
-        return NO_WEIGHTS
-    rows = weights[probe.real()[:, None].expand_as(weights[..., 0])]  # (real query rows, L)
-    lowest, error = float(rows.min()), float((rows.sum(-1) - 1).abs().max())
-    figures = {"lowest_weight": lowest, "row_sum_error": error}
-    verdict = "FAIL" if lowest < 0 or not error < ROW_SUM else "PASS"
-    return Outcome(verdict, f"lowest weight {figure(lowest)}, largest |row sum − 1| {rounding(error)}", figures)
-
-
-def padding(probe: Probe) -> Outcome:
-    if not probe.takes_mask:
-        calls = mask_calls(probe.user, type(probe.user).__name__)
-        if calls:  # its forward takes a mask, yet the adapter found no convention under which padding is ignored
-            taken = "the second argument" if calls == ["positional"] else f"{calls[0]}="
-            return Outcome("FAIL", f"forward takes a mask ({taken}), but under none of the conventions tried (bool "
-                           "True = padding or keep, 1/0 keep, additive 0/-inf, -1e4, -1e9; shapes (B, L), (B, 1, 1, L),"
-                           " (B, L, L)) does a real token's output stay as its text alone gives",
-                           {"conventions_working": 0})
-        return Outcome("NOTE", "the layer takes no mask: it is right only where no key it sees is padding (texts "
-                       "of one length in a batch); the classifier pads by the lengths")
-    seen = probe.base
-    B, L, _ = probe.x.shape
-    # More padding, with other numbers in the padded places: a real token must see neither.
-    x = probe.other.clone()
-    x[:, :L][probe.real()] = probe.x[probe.real()]
-    more = torch.nn.functional.pad(probe.padding, (0, MORE_PADDING), value=True)
-    moved = changed(probe.call(x, more).out[:, :L][probe.real()], seen.out[probe.real()])
-    figures, parts = {"output_moved": moved}, [f"a real token's output moves by {rounding(moved)} with "
-                                               f"{MORE_PADDING} more padded tokens"]
-    if seen.weights is not None:
-        on_padding = float(seen.weights.masked_fill(~probe.padding[:, None, None, :], 0)[
-            probe.real()[:, None].expand_as(seen.weights[..., 0])].max())
-        figures["pad_weight"] = on_padding
-        parts.insert(0, f"largest weight on a padded key {figure(on_padding)}")
-    verdict = "FAIL" if figures.get("pad_weight", 0) > 0 or not moved < INVARIANCE else "PASS"
-    return Outcome(verdict, "; ".join(parts), figures)
-
-
-def neighbours(probe: Probe) -> Outcome:
-    seen, real = probe.base, probe.real()
-    alone = []
-    for text, length in zip(probe.x, real.sum(-1).tolist()):
-        alone.append(probe.call(text[None, :length], torch.zeros(1, length, dtype=torch.bool)).out[0])
-    moved = max(changed(a, s[r]) for a, s, r in zip(alone, seen.out, real))
-    return Outcome("FAIL" if not moved < INVARIANCE else "PASS",
-                   f"a text's output moves by {rounding(moved)} when run alone instead of with its batch",
-                   {"output_moved": moved})
-
-
-def eval_steady(probe: Probe) -> Outcome:
-    again = probe.call(probe.x, probe.padding).out
-    moved = changed(again[probe.real()], probe.base.out[probe.real()])
-    return Outcome("FAIL" if not moved < STEADY else "PASS",
-                   f"two evaluation passes differ by {rounding(moved)}", {"output_moved": moved})
-
-
-def permutation(probe: Probe) -> Outcome:
-    if probe.builtin and not type(probe.layer).order_blind(SimpleNamespace(causal=probe.layer.causal)):
-        return Outcome("NOTE", "this kind's keys depend on where the tokens are (a window or a look-ahead): order "
-                       "matters by its definition")
-    B, L, _ = probe.x.shape
-    order = torch.randperm(L, generator=probe.generator)
-    while bool((order == torch.arange(L)).all()):
-        order = torch.randperm(L, generator=probe.generator)
-    plain = probe.call(probe.x).out
-    moved = changed(probe.call(probe.x[:, order]).out, plain[:, order])
-    return Outcome("FAIL" if not moved < INVARIANCE else "PASS",
-                   f"the output of permuted tokens differs from the permuted output by {rounding(moved)}",
-                   {"output_moved": moved})
 
 
 STAGE_FIXES = {
@@ -161,10 +67,24 @@ def formula(probe: Probe) -> Outcome:
     seen = probe.base
     if seen.raw_out is None:
         return Outcome("NOTE", "the formula could not be checked: the user's module returned no tensor")
+    family = find_family(probe)
+    if family.position_terms:
+        return position_formula(probe, family)
     seen = SimpleNamespace(x=seen.x, out=seen.raw_out, weights=seen.raw_weights, heads=seen.heads)
     padding = probe.padding
-    results = [compare_layer(layout, seen, padding) for layout in layouts]
+    results = [compare_layer(layout, seen, padding, probe.causal) for layout in layouts]
     result = next((r for r in results if r.stage is None), results[0])
+    after = ""
+    o_out = probe.base.o_out
+    if result.stage == "output" and o_out is not None and o_out.shape[:2] == seen.out.shape[:2]:
+        # What W_O gave may be right while the class adds more after it (a residual and LayerNorm, another
+        # Linear): the formula ends at W_O.
+        at_o = compare_layer(result.projections, SimpleNamespace(**{**vars(seen), "out": o_out}), padding,
+                             probe.causal)
+        if at_o.stage is None:
+            probe.cache["at_o"] = True  # the scale check reads W_O's output too
+            changed_by = ", ".join(result.projections.others) or "its code"
+            result, after = at_o, f"; the class changes W_O's output after it ({changed_by}): not part of the formula"
     probe.cache["matched"] = result.projections
     found = f"{result.projections.describe()}, {result.projections.heads} head(s)"
     figures = {"difference": result.largest if result.stage is None else result.difference}
@@ -175,7 +95,7 @@ def formula(probe: Probe) -> Outcome:
                        fix="name it: diagnose.py --attention … --map q=ATTR,k=ATTR,v=ATTR,o=ATTR")
     if result.stage is None:
         return Outcome("PASS", f"{', '.join(result.stages)} match the formula recomputed from {found} "
-                       f"(largest difference {rounding(result.largest)})", figures)
+                       f"(largest difference {rounding(result.largest)}){after}", figures)
     return Outcome("FAIL", f"{result.stage} differs by {figure(result.difference)}: {result.how} ({found})", figures,
                    fix=STAGE_FIXES.get(result.stage))
 
@@ -208,11 +128,14 @@ def scale(probe: Probe) -> Outcome:
     else:
         if not probe.projections:
             return Outcome("NOTE", "the scale could not be judged: the projections were not found (see formula)")
+        if find_family(probe).position_terms:
+            return Outcome("NOTE", "not judged: the scores hold this family's position terms (see formula)")
         if "matched" not in probe.cache:
             formula(probe)
         seen = probe.base
-        seen = SimpleNamespace(x=seen.x, out=seen.raw_out, weights=seen.raw_weights, heads=seen.heads)
-        factor, how = score_factor(probe.cache["matched"], seen, probe.padding)
+        out = seen.o_out if probe.cache.get("at_o") else seen.raw_out
+        seen = SimpleNamespace(x=seen.x, out=out, weights=seen.raw_weights, heads=seen.heads)
+        factor, how = score_factor(probe.cache["matched"], seen, probe.padding, probe.causal)
         if math.isnan(factor):
             return Outcome("NOTE", "the scale could not be read: the layer's scores are not a multiple of the "
                            "formula's (see formula)")
@@ -220,92 +143,6 @@ def scale(probe: Probe) -> Outcome:
     far = factor * (1 + MATCH) >= SCALE_FACTOR or factor <= (1 + MATCH) / SCALE_FACTOR
     return Outcome("FAIL" if far else "PASS", f"the scores spread {figure(factor)} × what 1/√d_k gives ({how})",
                    {"scale_factor": factor})
-
-
-def gradcheck(probe: Probe) -> Outcome:
-    """torch.autograd.gradcheck in float64. A layer that computes in float32 inside (softmax(..., dtype=float32),
-    as transformers writes it) makes float64 finite differences noise: its gradient is then compared with finite
-    differences at a step float32 resolves (a NOTE when they agree), rather than failed."""
-    layer = copy.deepcopy(probe.layer).double().eval()
-    x = torch.randn(2, 3, probe.d_model, dtype=torch.float64, generator=probe.generator)
-
-    def f(x):
-        return layer(x, key_padding_mask=None, need_weights=False)[0]
-
-    try:
-        fine = directional_error(f, x, GRADCHECK_STEP, probe.generator)
-        if fine < GRADCHECK_RTOL:  # torch's own check, which passes quickly where this one does
-            torch.autograd.gradcheck(f, (x.requires_grad_(),), eps=GRADCHECK_STEP, atol=1e-5, rtol=GRADCHECK_RTOL,
-                                     fast_mode=True)
-            return Outcome("PASS", "analytical and numerical gradients agree (float64, 2 texts of 3 tokens)",
-                           {"gradient_error": fine})
-        coarse = directional_error(f, x, COARSE_STEP, probe.generator)
-    except GradcheckError as e:
-        return Outcome("FAIL", "the gradient the layer's backward gives differs from finite differences: "
-                       + str(e).splitlines()[0])
-    except Exception as e:  # a layer that cannot run in float64 is not judged here
-        return Outcome("NOTE", f"not run: the layer raised {type(e).__name__} in float64: {e}".splitlines()[0])
-    figures = {"gradient_error": fine, "coarse_gradient_error": coarse}
-    if coarse < COARSE_RTOL:
-        return Outcome("NOTE", f"float64 finite differences disagree by {figure(fine)} (relative), at step "
-                       f"{COARSE_STEP:g} they agree within {figure(coarse)}: the layer computes in lower precision "
-                       "inside", figures)
-    return Outcome("FAIL", f"uᵀ J v from the layer's backward differs from finite differences by {figure(coarse)} "
-                   f"(relative) at step {COARSE_STEP:g}, by {figure(fine)} at {GRADCHECK_STEP:g}", figures)
-
-
-def directional_error(f, x: torch.Tensor, step: float, generator, directions: int = 3) -> float:
-    """The largest relative gap between uᵀ J v from backward and from central differences of f at x, over a few
-    random directions u (outputs) and v (inputs): what gradcheck's fast mode compares."""
-    worst = 0.0
-    for _ in range(directions):
-        v = torch.randn(x.shape, dtype=x.dtype, generator=generator)
-        point = x.detach().clone().requires_grad_()
-        out = f(point)
-        u = torch.randn(out.shape, dtype=out.dtype, generator=generator)
-        (grad,) = torch.autograd.grad((out * u).sum(), point, allow_unused=True)
-        analytical = float((grad * v).sum()) if grad is not None else 0.0
-        with torch.no_grad():
-            numerical = float(((f(x + step * v) - f(x - step * v)) * u).sum() / (2 * step))
-        worst = max(worst, abs(analytical - numerical) / max(abs(numerical), abs(analytical), 1e-12))
-    return worst
-
-
-def gradient(probe: Probe) -> Outcome:
-    layer = probe.layer
-    key_bias = probe.projections[0].key_bias if probe.projections else None
-    listed = [name for name, value in vars(probe.user).items()
-              if not name.startswith("_") and isinstance(value, (list, tuple, dict))
-              and any(isinstance(v, nn.Module) for v in (value.values() if isinstance(value, dict) else value))]
-    count = sum(1 for _ in layer.parameters())
-    if not any(p.requires_grad for p in layer.parameters()):  # no loss can reach anything: nothing to call backward on
-        frozen = [name for name, _ in layer.named_parameters()]
-        return Outcome("FAIL", f"nothing to train: requires_grad off: {', '.join(frozen)}" if frozen else
-                       "nothing to train: the layer has no parameter (attention with no W_Q, W_K, W_V learns nothing)",
-                       {"without_gradient": count})
-    before = {name: p.grad for name, p in layer.named_parameters()}
-    for p in layer.parameters():
-        p.grad = None
-    try:
-        out = probe.call(probe.x, probe.padding, train=True, grad=True).out
-        torch.manual_seed(probe.seed)
-        (out[probe.real()] * torch.randn_like(out[probe.real()])).sum().backward()
-        frozen, none, zero = [], [], []
-        for name, p in layer.named_parameters():
-            if not p.requires_grad:
-                frozen.append(name)
-            elif p.grad is None:
-                none.append(name)
-            elif not p.grad.any() and p is not key_bias:  # K's bias adds a constant to a row of scores: no gradient
-                zero.append(name)
-    finally:
-        for name, p in layer.named_parameters():
-            p.grad = before.get(name)
-    parts = [f"{what}: {', '.join(names)}" for what, names in (
-        ("no gradient", none), ("zero gradient", zero), ("requires_grad off", frozen),
-        ("modules kept in a plain Python container, unseen by the optimizer", listed)) if names]
-    return Outcome("FAIL" if parts else "PASS", "; ".join(parts) or f"all {count} parameters get gradient",
-                   {"without_gradient": len(none) + len(zero) + len(frozen)})
 
 
 CHECKS: list[Check] = [
@@ -328,10 +165,22 @@ CHECKS: list[Check] = [
     Check("eval-steady", eval_steady, "two evaluation passes", f"they differ by ≥ {STEADY:g} (relative)",
           "dropout applied whatever the mode (F.dropout(..., training=True), torch.bernoulli), or other randomness",
           "use nn.Dropout (or F.dropout(..., training=self.training))"),
-    Check("permutation", permutation, "the output of permuted tokens",
-          f"it differs from the permuted output by ≥ {INVARIANCE:g} (relative)",
-          "positions inside attention (a position embedding or bias in the layer), a look-ahead mask, or tokens "
-          "mixed by position", "leave positions to the classifier's embedding; no triangular mask in an encoder"),
+    Check("train-eval", train_eval, "the output in training mode with every dropout module off",
+          f"it differs from evaluation by ≥ {INVARIANCE:g} (relative)", "code that runs only in training or only in "
+          "evaluation besides dropout (a mask applied `if self.training`, F.dropout(..., training=True))",
+          "let dropout modules be the only difference between the modes"),
+    Check("permutation", permutation, "the output of permuted tokens (causal: of the last token, the tokens before "
+          "it permuted)", f"it differs from the permuted output by ≥ {INVARIANCE:g} (relative), in a family without "
+          "position terms", "positions inside attention that are neither a content-free bias nor relative, tokens "
+          "mixed by position (heads split or merged wrongly), a mask that depends on position",
+          "leave positions to the classifier's embedding, or make them a bias on the scores; split heads with "
+          "view(B, L, H, d).transpose(1, 2)"),
+    Check("look-ahead", look_ahead, "each real query's weight on its own token; causal: earlier outputs with later "
+          "tokens changed", f"a real query gives its own token no weight, an output is NaN, or (causal) an earlier "
+          f"output moves by ≥ {INVARIANCE:g} when later tokens change", "a look-ahead mask that blocks the diagonal "
+          "(torch.triu(ones, diagonal=0)) or the wrong triangle (True = keep given to a kernel that reads True = "
+          "blocked, or the reverse)", "block the later keys only: torch.triu(torch.ones(L, L, dtype=torch.bool), "
+          "diagonal=1) as the blocked set (masked_fill ... -inf), or its negation as SDPA's attn_mask (True = keep)"),
     Check("formula", formula, "the layer's own W_Q, W_K, W_V (W_O) and its stages",
           "a stage (mask, scores up to a row's constant, weights, output before W_O, output) differs from "
           "softmax(Q Kᵀ/√d_k) V (W_O) recomputed from the layer's weights in float64 by ≥ 1e-3",
@@ -340,6 +189,15 @@ CHECKS: list[Check] = [
           f"≥ {SCALE_FACTOR:g}× or ≤ 1/{SCALE_FACTOR:g} of what 1/√d_k gives",
           "no scaling (saturated softmax) or a scale far too small such as 1/d_k (over-uniform attention)",
           "divide the scores by math.sqrt(d_k), d_k the size of one head"),
+    Check("stability", stability, "the output with the input scaled until the largest score is about 120",
+          "the output or weights hold NaN or inf", "a softmax written as exp(s) / exp(s).sum() without subtracting "
+          "the row maximum: exp() overflows float32 past 88.7", "use scores.softmax(dim=-1), or subtract "
+          "scores.amax(dim=-1, keepdim=True) before exp()"),
+    Check("mask-name", mask_name, "the convention the mask argument works in against its name",
+          "key_padding_mask / src_key_padding_mask works as True = keep, or attention_mask as bool True = padding",
+          "the mask read the other way round from the convention its name has in PyTorch and Hugging Face",
+          "key_padding_mask: True marks padding (masked_fill(key_padding_mask, -inf)); attention_mask: 1 marks a "
+          "token (masked_fill(attention_mask == 0, -inf))"),
     Check("gradcheck", gradcheck, "the output's gradient in float64 against finite differences",
           "torch.autograd.gradcheck fails", "a hand-written backward (autograd.Function) that is wrong, or an "
           "in-place change autograd cannot follow", "let autograd differentiate the forward"),
@@ -408,7 +266,8 @@ def build(layer_or_class, *, d_model: int, n_heads: int, d_head: int | None, arg
         user, d_model = layer_or_class, model_width(layer_or_class)
     else:
         cls = load_attention_class(layer_or_class) if isinstance(layer_or_class, str) else layer_or_class
-        user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, args, args_flag="--args")
+        user = build_user_layer(cls, d_model, n_heads, d_head or d_model // n_heads, args, args_flag="--args",
+                                runs=runs)
     try:
         return OwnAttention(built(user), d_model=d_model, n_heads=n_heads, d_head=d_head,
                             name=layer_or_class if isinstance(layer_or_class, str) else None)
@@ -440,15 +299,29 @@ def layer_contract(layer_or_class, *, d_model: int = 64, n_heads: int = 4, d_hea
         layer = build(layer_or_class, d_model=d_model, n_heads=n_heads, d_head=d_head, args=args)
     except Unusable as e:
         failed = e.args[1] if len(e.args) > 1 else "shapes"  # the check the reason belongs to
-        return [Row(check.name, "FAIL" if check.name == failed else "NOTE", e.args[0] if check.name == failed
+        rows = Rows(Row(check.name, "FAIL" if check.name == failed else "NOTE", e.args[0] if check.name == failed
                     else f"not run: the layer could not be called (see {failed})", {}, check.reads, check.rule,
-                    check.cause, check.fix) for check in CHECKS]
+                    check.cause, check.fix) for check in CHECKS)
+        rows.identity = f"identity: not found (the layer could not be called: see {failed})"
+        return rows
     probe = Probe(layer, mapping=mapping, seed=seed, spec=layer_or_class, args=args)
     figures, _ = examine(Subject(layer=probe))  # the doctor's one runner: every registered check that reads a layer
-    rows = probe.cache["rows"] = [measured["row"] for measured in figures.values() if "row" in measured]
+    rows = probe.cache["rows"] = Rows(measured["row"] for measured in figures.values() if "row" in measured)
     if probe.user is not layer:  # a user's class in the adapter: built-in kinds read what their settings define
         rows.append(long_input_row(layer, probe.d_model, max_length))
-    return rows + [LEARN(probe)] if learn else rows
+    try:
+        rows.identity = find_family(probe).line()
+    except Unusable:
+        rows.identity = "identity: not found (the layer could not be called: see shapes)"
+    if learn:
+        rows.append(LEARN(probe))
+    return rows
+
+
+class Rows(list):
+    """The rows of layer_contract, with the layer's identity line (monitor/layer_family.py)."""
+
+    identity = ""
 
 
 def registered(check: Check) -> Unit:
@@ -484,7 +357,7 @@ for _check in CHECKS:
 def table(rows: list[Row]) -> str:
     """The rows as the command prints them: check, verdict, evidence; cause and fix under each FAIL and NOTE."""
     width = max(len(row.check) for row in rows)
-    lines = []
+    lines = [rows.identity] if getattr(rows, "identity", "") else []
     for row in rows:
         lines.append(f"{row.check:<{width}}  {row.verdict:<4}  {row.evidence}")
         if row.verdict == "FAIL":

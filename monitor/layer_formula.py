@@ -13,7 +13,7 @@ Letters in the shape comments: B texts, L tokens, H heads, d head size, D model 
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import torch
@@ -44,6 +44,8 @@ class Projections:
     o_module: nn.Module | None = None  # the module whose input is the heads' output (hooked for that stage)
     key_bias: torch.Tensor | None = None  # K's own bias parameter: the formula gives it no gradient
     others: list = field(default_factory=list)  # the user's parameters none of the projections read
+    in_module: nn.Module | None = None  # the module whose input is what the projections read (hooked: a
+    # LayerNorm inside the class is then before what the formula is recomputed from)
 
     def describe(self) -> str:
         return ", ".join(f"{role}={name}" for role, name in self.names.items())
@@ -152,7 +154,9 @@ def find_projections(user: nn.Module, d_model: int, heads: int | None = None,
     key_bias = key.bias if isinstance(key, nn.Linear) else None
     read = {id(p) for obj in found.values() for p in (obj.parameters() if isinstance(obj, nn.Module) else [obj])}
     others = [name for name, p in user.named_parameters() if id(p) not in read]
-    return [Projections(layout["q"], layout["k"], layout["v"], o, heads, names, o_module, key_bias, others)
+    first = found.get("q", found.get("qkv"))
+    in_module = first_linear(first) if isinstance(first, nn.Module) else None
+    return [Projections(layout["q"], layout["k"], layout["v"], o, heads, names, o_module, key_bias, others, in_module)
             for layout in layouts for o in (o_ways or [None])]
 
 
@@ -182,7 +186,7 @@ def multihead_projections(user, mha: nn.MultiheadAttention) -> list[Projections]
     names = {"q": f"{path}.in_proj_weight", "o": f"{path}.out_proj"}
     others = [name for name, p in user.named_parameters() if all(p is not q for q in mha.parameters())]
     return [Projections(*zip(weights, biases), (mha.out_proj.weight, mha.out_proj.bias), mha.num_heads,
-                        names, mha.out_proj, None, others)]
+                        names, mha.out_proj, None, others, mha)]
 
 
 def project(x: torch.Tensor, linear: tuple) -> torch.Tensor:
@@ -202,11 +206,17 @@ def merge(t: torch.Tensor) -> torch.Tensor:
 
 def reference(proj: Projections, x: torch.Tensor, allowed: torch.Tensor):
     """The definition on x (B, L, D), float64, over the allowed keys (B, 1, L, L): model/attention.py's Reference,
-    or None when the values' head size differs from the queries' (torch's reference needs them equal)."""
+    or None when the keys' head size differs from the queries'. Values wider than the queries (W_V d_model × d_model
+    beside W_Q d_model × d_k, as numpy-style course code writes one head) are weighted by the reference's weights."""
     q, k, v = (split(project(x, p), proj.heads) for p in (proj.q, proj.k, proj.v))
-    if q.shape != v.shape or q.shape != k.shape:
+    if q.shape != k.shape or q.shape[:-1] != v.shape[:-1]:
         return None
     d = q.shape[-1]
+    if v.shape != q.shape:
+        ref = reference(replace(proj, v=proj.q, o=None), x, allowed)  # scores and weights; values apart
+        heads = merge(ref.weights @ v)  # (B, L, H·d_v)
+        out = project(heads, proj.o) if proj.o is not None else heads
+        return ref._replace(heads=heads, out=out, v=v)
     inner = proj.heads * d
     w_o = SimpleNamespace(weight=torch.eye(inner, dtype=x.dtype), bias=None)
     if proj.o is not None:
@@ -238,9 +248,8 @@ def plain(q, k, v, allowed, scale, axis=-1):
 def variants(proj: Projections, x: torch.Tensor, allowed: torch.Tensor, ref) -> dict[str, torch.Tensor]:
     """The heads' output (B, L, H·d) as common mistakes compute it, by name, to say how an output differs."""
     B, L, _ = x.shape
-    H, d = proj.heads, ref.q.shape[-1]
+    H, d, dv = proj.heads, ref.q.shape[-1], ref.v.shape[-1]
     q, k, v, scale = ref.q, ref.k, ref.v, 1.0 / math.sqrt(d)
-    wrong_split = [project(x, p).view(B, H, L, d) for p in (proj.q, proj.k, proj.v)]
     found = {
         "the scores not scaled (no 1/√d_k)": merge(plain(q, k, v, allowed, 1.0)),
         "the scores divided by d_k (1/√d_k twice)": merge(plain(q, k, v, allowed, scale**2)),
@@ -251,10 +260,12 @@ def variants(proj: Projections, x: torch.Tensor, allowed: torch.Tensor, ref) -> 
         "a look-ahead (causal) mask": merge(plain(q, k, v, allowed & torch.ones(L, L, dtype=torch.bool).tril(),
                                                   scale)),
         "heads merged wrongly: (B, H, L, d) reshaped to (B, L, H·d) without moving H back":
-            ref.heads.view(B, L, H, d).transpose(1, 2).reshape(B, L, H * d),
-        "heads split wrongly: (B, L, H·d) viewed as (B, H, L, d) without the transpose":
-            plain(*wrong_split, allowed, scale).reshape(B, L, H * d),
+            ref.heads.view(B, L, H, dv).transpose(1, 2).reshape(B, L, H * dv),
     }
+    if dv == d:
+        wrong_split = [project(x, p).view(B, H, L, d) for p in (proj.q, proj.k, proj.v)]
+        found["heads split wrongly: (B, L, H·d) viewed as (B, H, L, d) without the transpose"] = \
+            plain(*wrong_split, allowed, scale).reshape(B, L, H * d)
     if x.shape[-1] == H * d:
         found["V = X: the values are the input itself (W_V skipped)"] = merge(ref.weights @ split(x, H))
     return found
@@ -270,23 +281,32 @@ class FormulaResult:
     stages: list = field(default_factory=list)  # the stages compared, by name
 
 
-def compare_layer(proj: Projections, seen, padding: torch.Tensor) -> FormulaResult:
-    """The user's stages (seen: what the layer's module received and returned) against the reference."""
+def allowed_keys(padding: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """(B, 1, L, L) True where a query may see a key: every real key, and (causal) none after the query."""
+    B, L = padding.shape
+    allowed = (~padding)[:, None, None, :].expand(B, 1, L, L)
+    return allowed & torch.ones(L, L, dtype=torch.bool, device=padding.device).tril() if causal else allowed
+
+
+def compare_layer(proj: Projections, seen, padding: torch.Tensor, causal: bool = False) -> FormulaResult:
+    """The user's stages (seen: what the layer's module received and returned) against the reference; causal: the
+    reference with its look-ahead mask (the class's family, found by probing)."""
     x = seen.x.double()
     B, L, _ = x.shape
-    allowed = (~padding)[:, None, None, :].expand(B, 1, L, L)
+    allowed = allowed_keys(padding, causal)
     ref = reference(proj, x, allowed)
     if ref is None:
-        return FormulaResult("output", math.inf, "the values' head size differs from the queries'", math.inf, proj)
+        return FormulaResult("output", math.inf, "the keys' head size differs from the queries'", math.inf, proj)
     rows = ~padding
     found = []
     weights = seen.weights
     if weights is not None and weights.shape[-2:] == (L, L) and weights.shape[0] == B:
         w = weights.double().reshape(B, -1, L, L)
         if w.shape[1] == proj.heads:
-            scores = compare_scores(w.log(), w > 0, ref, rows)
-            mask = compare_mask(w > 0, ref, rows, padding)
-            weigh = compare_weights(w, ref, rows, padding)
+            scoring = ref._replace(v=ref.q)  # the score stages read no values (wider values: another shape)
+            scores = compare_scores(w.log(), w > 0, scoring, rows)
+            mask = compare_mask(w > 0, scoring, rows, padding)
+            weigh = compare_weights(w, scoring, rows, padding)
             if "no constant factor" in scores[2]:
                 scores = ("scores", scores[1], score_mistake(proj, x, w, ref, rows) or scores[2])
             if "no constant factor" in scores[2] and weigh[2] and "differ by up to" not in weigh[2]:
@@ -316,12 +336,12 @@ def compare_layer(proj: Projections, seen, padding: torch.Tensor) -> FormulaResu
                          [stage for stage, _, _ in found])
 
 
-def score_factor(proj: Projections, seen, padding: torch.Tensor) -> tuple[float, str]:
+def score_factor(proj: Projections, seen, padding: torch.Tensor, causal: bool = False) -> tuple[float, str]:
     """How many times the spread of the layer's scores is what 1/√d_k gives, and how it was read: from the weights
     it hands out (log w is the scores up to a constant a row), else fitted on its output. NaN when neither works."""
     x = seen.x.double()
     B, L, _ = x.shape
-    allowed = (~padding)[:, None, None, :].expand(B, 1, L, L)
+    allowed = allowed_keys(padding, causal)
     ref = reference(proj, x, allowed)
     if ref is None:
         return math.nan, ""
@@ -336,7 +356,7 @@ def score_factor(proj: Projections, seen, padding: torch.Tensor) -> tuple[float,
         return math.nan, ""
     out = seen.out.double()[~padding]
     best = (math.inf, math.nan)
-    for factor in torch.logspace(-3, 3, 121, base=2).tolist():  # 2^-3 … 2^3 in steps of 2^0.05
+    for factor in torch.logspace(-5, 5, 201, base=2).tolist():  # 2^-5 … 2^5 in steps of 2^0.05
         heads = merge(plain(ref.q, ref.k, ref.v, allowed, factor / math.sqrt(ref.q.shape[-1])))
         fitted = heads if proj.o is None else project(heads, proj.o)
         best = min(best, (relative(out, fitted[~padding]), factor))

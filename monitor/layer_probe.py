@@ -74,10 +74,11 @@ class Seen:
 
     out: torch.Tensor  # the layer's output (B, L, D)
     weights: torch.Tensor | None  # the handed-out weights, token × token (B, H, L, L); None if none
-    x: torch.Tensor | None = None  # the user's module's input (B, L, D)
+    x: torch.Tensor | None = None  # what its projections read (B, L, D): its input, after any norm inside
     raw_out: torch.Tensor | None = None  # its own output (B, L, ·), before any projection the adapter adds
     raw_weights: torch.Tensor | None = None  # its own weights as returned: (B, L, L) or (B, H, L, L)
     heads: torch.Tensor | None = None  # the input of its output projection (the heads' output), when found
+    o_out: torch.Tensor | None = None  # what its output projection gave, before anything the class adds after it
 
 
 @dataclass
@@ -96,7 +97,9 @@ class Probe:
         self.builtin = isinstance(self.layer, MultiHeadSelfAttention)
         self.d_model = model_width(self.layer)
         convention = getattr(self.layer, "_convention", None)  # the adapter's, found by probing
-        self.takes_mask = convention is None or convention.call != "none"
+        # A causal class needs no mask: padding at the end of a text is after every real token.
+        self.causal = bool(self.layer.causal if self.builtin else getattr(self.layer, "look_ahead", False))
+        self.takes_mask = convention is None or convention.call != "none" or self.causal
         generator = torch.Generator().manual_seed(self.seed)
         lengths = torch.tensor(LENGTHS if self.takes_mask else (max(LENGTHS),) * len(LENGTHS))
         L = int(lengths.max())
@@ -108,15 +111,29 @@ class Probe:
     def call(self, x, padding=None, *, train=False, grad=False) -> Seen:
         """The layer on x (B, L, D) and its padding (None: no padding), in eval (or train) mode."""
         mask = padding if self.takes_mask and padding is not None and padding.any() else None
-        record = {}
+        record = {"inputs": [], "output": [], "heads": [], "read": [], "o_out": []}  # each call of each module
         hooks = []
+
+        def keep(name, value):
+            record[name].append(value)
+
         if self.user is not self.layer:
             hooks.append(self.user.register_forward_hook(
-                lambda module, args, kwargs, output: record.update(inputs=(args, kwargs), output=output),
+                lambda module, args, kwargs, output: keep("inputs", (args, kwargs)) or keep("output", output),
                 with_kwargs=True))
         o_module = self.projections[0].o_module if self.projections else None
+        in_module = self.projections[0].in_module if self.projections else None
         if o_module is not None:
-            hooks.append(o_module.register_forward_pre_hook(lambda module, args: record.update(heads=args[0])))
+            hooks.append(o_module.register_forward_pre_hook(lambda module, args: keep("heads", args[0])))
+        # What W_O gives, copied before the class changes it in place (q += residual); nn.MultiheadAttention applies
+        # its out_proj inside its own forward, whose output is then W_O's.
+        last = in_module if isinstance(in_module, nn.MultiheadAttention) else o_module
+        if last is not None:
+            hooks.append(last.register_forward_hook(
+                lambda module, args, output: keep("o_out", (output[0] if isinstance(output, tuple) else output).clone())))
+        if in_module is not None and self.user is not self.layer:
+            hooks.append(in_module.register_forward_pre_hook(
+                lambda module, args, kwargs: keep("read", (*args, *kwargs.values())[0]), with_kwargs=True))
         was_training = self.layer.training
         self.layer.train(train)
         try:
@@ -129,11 +146,17 @@ class Probe:
             for hook in hooks:
                 hook.remove()
         weights = token_by_token(handed, x.shape[1])
-        seen = Seen(out, weights, x, out, weights, record.get("heads"))
-        if "output" in record:
-            args, kwargs = record["inputs"]
-            seen.x = next((t for t in (*args, *kwargs.values()) if torch.is_tensor(t) and t.ndim == 3), x)
-            seen.raw_out, seen.raw_weights = split_output(record["output"])
+        seen = Seen(out, weights, x, out, weights, first(record["heads"]))
+        seen.o_out = first(record["o_out"])
+        if record["output"]:
+            inputs = [next((t for t in (*args, *kwargs.values()) if torch.is_tensor(t)), None)
+                      for args, kwargs in record["inputs"]]
+            seen.x = first(inputs) if torch.is_tensor(first(inputs)) and first(inputs).ndim == 3 else x
+            read = first(record["read"])
+            if torch.is_tensor(read) and read.shape == seen.x.shape:
+                seen.x = read
+            outputs = [split_output(output) for output in record["output"]]
+            seen.raw_out, seen.raw_weights = first([o for o, _ in outputs]), first([w for _, w in outputs])
         return seen
 
     @property
@@ -157,6 +180,16 @@ class Probe:
 
     def real(self, padding=None) -> torch.Tensor:
         return ~(self.padding if padding is None else padding)
+
+
+def first(values: list):
+    """What one call of a module gave: the first, or (a class run one text at a time, model/mask_probe.py) each
+    text's (L, ·) stacked into (B, L, ·); None when it was not called."""
+    if not values:
+        return None
+    if len(values) > 1 and all(torch.is_tensor(v) and v.ndim == 2 and v.shape == values[0].shape for v in values):
+        return torch.stack(values)
+    return values[0]
 
 
 def model_width(layer: nn.Module) -> int:

@@ -215,13 +215,17 @@ def test_a_three_tuple_is_refused_as_documented(tmp_path):
     assert "returned 3 values; expected out or (out, weights)" in one_line(str(error.value))
 
 
-@pytest.mark.parametrize("argument, says", [("window", "--args '{\"window\": ...}'"), ("config", "wrap the class")])
-def test_constructor_hints_name_the_commands_own_flag(tmp_path, capsys, argument, says):
+@pytest.mark.parametrize("argument, init, says", [
+    ("window", "pass", "--args '{\"window\": ...}'"),
+    # a config object is made from the network's sizes; an attribute it lacks is named with the flag that gives it
+    ("config", "self.window = config.window", "--args '{\"config\": {\"window\": ...}}'"),
+])
+def test_constructor_hints_name_the_commands_own_flag(tmp_path, capsys, argument, init, says):
     import diagnose
 
     path = tmp_path / "needs.py"
     path.write_text(HEAD.replace("def __init__(self, d_model)", f"def __init__(self, d_model, {argument})")
-                    .replace("{init}", "pass").replace("{forward}", "pass"))
+                    .replace("{init}", init).replace("{forward}", "pass"))
     assert diagnose.main(["--attention", f"{path}:A"]) == 2
     line = one_line(capsys.readouterr().err)
     assert says in line and "--model.network" not in line

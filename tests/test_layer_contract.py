@@ -189,6 +189,32 @@ class HeadsNotMerged(MultiHead):
         return weights @ v, weights  # (B, H, L, d): the heads never merged back
 
 
+class CausalOnlyInTraining(MultiHead):
+    def scores(self, q, k):  # the look-ahead mask applied only while training: evaluation sees the future
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)
+        if self.training:
+            L = scores.shape[-1]
+            scores = scores.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+        return scores
+
+
+class DiagonalBlocked(MultiHead):
+    def scores(self, q, k):  # triu(diagonal=0): each token's own key blocked with the later ones
+        L = q.shape[-2]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)
+        return scores.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(0), -1e9)
+
+
+class ExpOverSum(MultiHead):
+    def softmax(self, scores):  # no row maximum subtracted: exp() overflows once scores grow
+        return scores.exp() / scores.exp().sum(dim=-1, keepdim=True)
+
+
+class KeyPaddingMeansKeep(MultiHead):
+    def forward(self, x, key_padding_mask=None):  # PyTorch's name, read as True = keep
+        return super().forward(x, None if key_padding_mask is None else ~key_padding_mask)
+
+
 PLANTED = [  # (class, the check that must FAIL, d_model, heads)
     (HeadsNotMerged, "shapes", 32, 4),
     (SoftmaxOverQueries, "softmax-rows", 32, 4),
@@ -196,6 +222,10 @@ PLANTED = [  # (class, the check that must FAIL, d_model, heads)
     (BatchMean, "neighbours", 32, 4),
     (DropoutAlwaysOn, "eval-steady", 32, 4),
     (PositionsInside, "permutation", 32, 4),
+    (CausalOnlyInTraining, "train-eval", 32, 4),
+    (DiagonalBlocked, "look-ahead", 32, 4),
+    (ExpOverSum, "stability", 32, 4),
+    (KeyPaddingMeansKeep, "mask-name", 32, 4),
     (QueriesAsKeys, "formula", 32, 4),
     (NoScaling, "scale", 64, 1),  # one head of 64: unscaled scores spread 8× what 1/√d_k gives
     (OwnBackward, "gradcheck", 32, 4),
@@ -321,8 +351,10 @@ def page_commands():
     return [(shlex.split(command), printed) for command, printed in blocks]
 
 
-def test_the_page_shows_three_commands():
+def test_the_page_shows_five_commands():
+    published = "bench/catalogue/user_attention/published/"
     assert [argv[1] for argv, _ in page_commands()] == [
+        f"{published}mingpt.py:CausalSelfAttention", f"{published}mha_implementations.py:MHAPyTorchScaledDotProduct",
         "../shared/examples/seed_self_attention.py:SelfAttention", "docs/examples/my_attention.py:MyAttention",
         "docs/examples/my_attention_mistake.py:MyAttention"]
 

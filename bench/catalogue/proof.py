@@ -199,11 +199,16 @@ RIGHT = {  # a check's FAIL → the catalogue's categories (user_attention/catal
     "padding": {"padding", "mask-convention"},
     "neighbours": {"padding"},  # "its output does not change ... with the other texts in its batch"
     "eval-steady": {"determinism"},
+    "train-eval": {"determinism"},
     "permutation": {"permutation"},
+    "look-ahead": {"padding", "mask-convention", "look-ahead"},
+    "stability": {"softmax-rows", "stability"},
+    "mask-name": {"mask-convention"},
     "formula": {"formula"},
     "scale": {"scale"},
     "gradcheck": {"gradient"},
     "gradient": {"gradient"},
+    "long-input": {"stability"},  # finite and running at the run's max_length
 }
 
 

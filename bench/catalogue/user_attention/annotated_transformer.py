@@ -1,3 +1,6 @@
+# EDITED from the Annotated Transformer's MultiHeadedAttention (not a published class): forward(x, mask) in place of
+# forward(query, key, value, mask=None), mask required, clones() inlined, to fit the product before it took classes as
+# published; the unchanged original is published/annotated_transformer.py.
 # The Annotated Transformer's MultiHeadedAttention (h, d_model, four Linears in a ModuleList, a module-level
 # attention()), used as self-attention; mask (batch, seq_len, seq_len) bool, True where the query may see the key.
 import math

@@ -1,3 +1,6 @@
+# EDITED from nanoGPT's CausalSelfAttention (not a published class): causal mask and flash path removed, config
+# replaced by (dim, heads), to fit a classifier before the product took classes as published; the unchanged
+# original is published/nanogpt.py.
 # nanoGPT's CausalSelfAttention without the causal mask (for a classifier), with dim / heads in place of
 # n_embd / n_head: one c_attn Linear split in three, c_proj out; no mask; returns only the output, no weights.
 import math

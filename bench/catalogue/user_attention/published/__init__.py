@@ -1,0 +1,1 @@
+"""Attention classes copied unchanged from public repositories (README.md), with their manifest (catalogue.py)."""

@@ -1,0 +1,304 @@
+"""Attention as published code writes it (monitor/layer_family.py, model/weights_seen.py, model/mask_probe.py,
+model/user_class.py): classes copied unchanged from public repositories (bench/catalogue/user_attention/published/)
+are taken as they are and judged against their own family, printed as an identity line; fused kernels are seen
+through while weights are needed and left alone otherwise; a published mistake is caught."""
+
+import importlib.util
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bench.catalogue.user_attention.published.catalogue import PUBLISHED
+from bench.catalogue.user_attention.published_buggy.catalogue import BUGGY
+from conftest import ROOT
+from model.own_attention import OwnAttention, load_attention_class
+from model.weights_seen import FUSED, WeightsSeen
+from monitor.layer_contract import layer_contract, table
+
+FOLDER = ROOT / "bench" / "catalogue" / "user_attention"
+
+
+def spec(entry) -> str:
+    return f"{FOLDER / entry['file']}:{entry['class_name']}"
+
+
+def published(file: str, class_name: str) -> dict:
+    return next(e for e in PUBLISHED if e["file"] == f"published/{file}" and e["class_name"] == class_name)
+
+
+def missing(entry) -> list[str]:
+    return [name for name in entry["needs"] if importlib.util.find_spec(name) is None]
+
+
+def verdicts(rows) -> dict:
+    return {row.check: row.verdict for row in rows}
+
+
+IDENTITY = [  # (file, class, what its identity line must say)
+    ("nanogpt.py", "CausalSelfAttention", ("mask causal;", "positions none", "weights a fused call recomputed")),
+    ("llama2_rope.py", "MultiHeadAttention", ("mask causal;", "positions relative", "weights a softmax seen")),
+    ("annotated_transformer.py", "MultiHeadedAttention", ("mask padding (mask=, bool True = keep",
+                                                          "weights an attribute")),
+    ("attention_is_all_you_need.py", "MultiHeadAttention", ("normalisation inside after the output projection",
+                                                            "weights returned")),
+    ("mha_implementations.py", "MHAPyTorchClass", ("mask causal;", "weights a fused call recomputed")),
+    ("llms_from_scratch_ch03.py", "SelfAttention_v1", ("mask none;", "positions none")),
+    ("vit.py", "Attention", ("normalisation inside before the projections (pre-norm)",)),
+]
+
+
+@pytest.mark.parametrize("file,class_name,said", IDENTITY, ids=[f"{f}:{c}" for f, c, _ in IDENTITY])
+def test_a_published_class_is_taken_unchanged_and_named_by_its_family(file, class_name, said):
+    entry = published(file, class_name)
+    if missing(entry):
+        pytest.skip(f"{file} imports {', '.join(missing(entry))}, not installed")
+    rows = layer_contract(spec(entry), d_model=32, n_heads=4)
+    assert not [row.check for row in rows if row.verdict == "FAIL"], table(rows)
+    assert all(words in rows.identity for words in said), rows.identity
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", PUBLISHED, ids=[f"{e['file']}:{e['class_name']}" for e in PUBLISHED])
+def test_every_published_class_is_judged_as_published(entry):
+    if missing(entry):
+        pytest.skip(f"{entry['file']} imports {', '.join(missing(entry))}, not installed")
+    rows = layer_contract(spec(entry), d_model=64, n_heads=4)
+    failed = {row.check for row in rows if row.verdict == "FAIL"}
+    assert not failed if entry["correct"] else failed & set(entry["expected"]), table(rows)
+
+
+def test_the_books_sdpa_class_without_flash_is_caught_seeing_only_later_tokens():
+    rows = layer_contract(spec(published("mha_implementations.py", "MHAPyTorchSDPAWithoutFlash")), d_model=32,
+                          n_heads=4)
+    row = next(row for row in rows if row.check == "look-ahead")
+    assert row.verdict == "FAIL" and "own token weight 0" in row.evidence, table(rows)
+
+
+def test_d_out_means_the_output_width_where_the_head_size_fails():
+    # The book's wrapper takes d_out per head and concatenates: d_out = D builds and runs (width H·D, projected back)
+    layer = OwnAttention(spec(published("llms_from_scratch_ch03.py", "MultiHeadAttention")), d_model=32, n_heads=4)
+    assert layer.user.d_out == 32 and layer.w_o is None and layer.look_ahead
+
+
+def test_a_config_object_is_made_from_json_and_the_network_sizes():
+    layer = OwnAttention(spec(published("nanogpt.py", "CausalSelfAttention")), d_model=32, n_heads=4,
+                         attention_args={"config": {"bias": False}})
+    assert layer.user.n_embd == 32 and layer.user.n_head == 4 and layer.user.c_attn.bias is None
+
+
+# ---- fused kernels ------------------------------------------------------------------------------------------------
+
+
+class Fused(nn.Module):
+    """Multi-head attention through F.scaled_dot_product_attention, as the fastest published variants write it."""
+
+    def __init__(self, dim, heads, causal=False):
+        super().__init__()
+        self.heads, self.causal = heads, causal
+        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, L, D = x.shape
+        q, k, v = (t.view(B, L, self.heads, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.out(y.transpose(1, 2).reshape(B, L, D))
+
+
+def test_a_fused_call_is_answered_by_the_formula_only_while_weights_are_needed(monkeypatch):
+    layer = OwnAttention(Fused, d_model=16, n_heads=2, attention_args={"causal": True}).eval()
+    assert layer.weights_from == FUSED and layer.look_ahead
+    x = torch.randn(2, 5, 16)
+    calls = []
+    kernel = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    with torch.no_grad():
+        fast, _ = layer(x)
+        assert len(calls) == 1  # the class's own kernel ran
+        out, handed = layer(x, need_weights=True)
+    q, k, v = (t.view(2, 5, 2, 8).transpose(1, 2) for t in layer.user.qkv(x).chunk(3, dim=-1))
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(torch.ones(5, 5).triu(1).bool(), -math.inf)
+    assert torch.allclose(handed.weights, scores.softmax(-1), atol=1e-6)
+    assert torch.allclose(out, fast, atol=1e-5)
+
+
+def test_nn_multihead_attention_hands_its_per_head_weights_while_seen():
+    mha = nn.MultiheadAttention(16, 2, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad(), WeightsSeen(2, 5) as seen:
+        out, none = mha(x, x, x, need_weights=False)
+    expected, per_head = mha(x, x, x, need_weights=True, average_attn_weights=False)
+    assert none is None and seen.source == FUSED
+    assert torch.allclose(seen.weights, per_head, atol=1e-6) and torch.allclose(out, expected, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_heatmaps_appear_for_a_class_that_calls_scaled_dot_product_attention(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from conftest import SHORT, fit
+
+    fit(tmp_path, "--model.network.attention", spec(published("nanogpt.py", "CausalSelfAttention")), *SHORT,
+        "--trainer.max_epochs", "1")
+    run = tmp_path / "lightning_logs" / "version_0"
+    events = EventAccumulator(str(run), size_guidance={"images": 0})
+    events.Reload()
+    assert "attention/probe_0" in events.Tags()["images"]
+    # Its look-ahead mask is its family, not a mask nobody asked for: the monitor reads the layer, not the config.
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    (history,) = [state["history"] for name, state in checkpoint["callbacks"].items() if "AttentionMonitor" in name]
+    verdicts = {finding["verdict"] for entry in history for finding in entry["findings"]}
+    assert history and "unasked-look-ahead" not in verdicts, verdicts
+
+
+# ---- position terms -----------------------------------------------------------------------------------------------
+
+
+class ALiBi(nn.Module):
+    """Attention with ALiBi's distance penalty (a content-free bias on the scores), no mask."""
+
+    def __init__(self, dim, heads, slope_scale=1.0, content=False):
+        super().__init__()
+        self.heads, self.content = heads, content
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.out_proj = nn.Linear(dim, dim)
+        self.register_buffer("slopes", slope_scale * 2.0 ** -torch.arange(1, heads + 1).float())
+
+    def forward(self, x):
+        B, L, D = x.shape
+        q, k, v = (p(x).view(B, L, self.heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        distance = (torch.arange(L)[None] - torch.arange(L)[:, None]).abs().float()  # (L, L)
+        bias = -self.slopes[:, None, None] * distance  # (H, L, L)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if self.content:  # a mistake: the scores stretched by the key's place, a term that depends on the content
+            scores = scores * (1 + 0.5 * torch.arange(L))
+        weights = (scores + bias).softmax(dim=-1)
+        return self.out_proj((weights @ v).transpose(1, 2).reshape(B, L, D)), weights
+
+
+def test_a_content_free_position_bias_is_its_family_not_a_mistake():
+    rows = layer_contract(ALiBi, d_model=32, n_heads=4)
+    assert "positions an additive bias" in rows.identity
+    assert verdicts(rows)["permutation"] == "NOTE" and verdicts(rows)["formula"] == "PASS", table(rows)
+
+
+def test_a_position_term_that_depends_on_the_content_still_fails():
+    rows = layer_contract(ALiBi, d_model=32, n_heads=4, args={"content": True})
+    assert {"permutation", "formula"} & {row.check for row in rows if row.verdict == "FAIL"}, table(rows)
+
+
+def test_weights_handed_out_that_are_not_the_weights_used_are_named():
+    rows = layer_contract(f"{FOLDER / 'sdpa_weights_unmasked.py'}:Attention", d_model=32, n_heads=4)
+    row = next(row for row in rows if row.check == "padding")
+    assert row.verdict == "FAIL" and "not the weights used" in row.evidence, table(rows)
+
+
+class WideValues(nn.Module):
+    """One head, numpy-style: W_Q, W_K d_model × d_k, W_V d_model × d_model (values wider than the queries)."""
+
+    def __init__(self, d_model, d_k):
+        super().__init__()
+        self.W_Q = nn.Parameter(torch.randn(d_model, d_k) / math.sqrt(d_model))
+        self.W_K = nn.Parameter(torch.randn(d_model, d_k) / math.sqrt(d_model))
+        self.W_V = nn.Parameter(torch.randn(d_model, d_model) / math.sqrt(d_model))
+
+    def forward(self, X):
+        Q, K, V = X @ self.W_Q, X @ self.W_K, X @ self.W_V
+        A = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), dim=-1)
+        return A @ V, A
+
+
+def test_values_wider_than_the_queries_are_the_formula():
+    rows = layer_contract(WideValues, d_model=32, n_heads=4)
+    assert verdicts(rows)["formula"] == "PASS", table(rows)
+
+
+class Banded(nn.Module):
+    """One head whose scores get -inf where `blocked(offset)` holds, offset = key position − query position."""
+
+    def __init__(self, d_model, blocked):
+        super().__init__()
+        self.w_q, self.w_k, self.w_v = (nn.Linear(d_model, d_model, bias=False) for _ in range(3))
+        self.blocked = blocked
+
+    def forward(self, x):
+        q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        L = x.shape[1]
+        offset = torch.arange(L)[None, :] - torch.arange(L)[:, None]
+        weights = scores.masked_fill(self.blocked(offset), float("-inf")).softmax(-1)
+        return weights @ v, weights
+
+
+@pytest.mark.parametrize("blocked,said", [
+    (lambda d: d > 1, "a look-ahead mask off by 1"),  # tril(diagonal=1): each token sees the next one
+    (lambda d: d > 2, "a look-ahead mask off by 2"),
+    (lambda d: d < 0, "the look-ahead triangle reversed"),  # tril where triu was meant
+    (lambda d: d <= 0, "NaN or inf (a row with no key left"),  # the first query sees nothing
+])
+def test_a_triangle_that_is_not_the_look_ahead_mask_is_named(blocked, said):
+    layer = Banded(16, blocked)
+    rows = {row.check: row for row in layer_contract(layer, d_model=16, n_heads=1)}
+    assert rows["look-ahead"].verdict == "FAIL" and said in rows["look-ahead"].evidence, rows["look-ahead"]
+
+
+def test_a_window_that_blocks_far_keys_on_both_sides_is_no_look_ahead_mistake():
+    rows = {row.check: row for row in layer_contract(Banded(16, lambda d: d.abs() > 1), d_model=16, n_heads=1)}
+    assert rows["look-ahead"].verdict == "PASS", rows["look-ahead"]
+
+
+class MaskKeptNotApplied(nn.Module):
+    """The book's causal class with its masked_fill result dropped (one of the mistakes people make)."""
+
+    def __init__(self, d_in, d_out, context_length=64):
+        super().__init__()
+        self.W_query, self.W_key, self.W_value = (nn.Linear(d_in, d_out, bias=False) for _ in range(3))
+        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
+
+    def forward(self, x):
+        b, num_tokens, d_in = x.shape
+        queries, keys, values = self.W_query(x), self.W_key(x), self.W_value(x)
+        attn_scores = queries @ keys.transpose(1, 2)
+        attn_scores.masked_fill(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)  # result not kept
+        attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
+        return attn_weights @ values
+
+
+def test_a_look_ahead_mask_kept_but_not_applied_is_named():
+    rows = {row.check: row for row in layer_contract(MaskKeptNotApplied, d_model=16, n_heads=1)}
+    assert rows["look-ahead"].verdict == "FAIL" and "not applied" in rows["look-ahead"].evidence, rows["look-ahead"]
+
+
+def test_a_causal_switch_turned_off_keeps_its_buffer_without_blame():
+    class Switched(MaskKeptNotApplied):
+        def __init__(self, d_in, d_out):
+            super().__init__(d_in, d_out)
+            self.causal = False
+
+    rows = {row.check: row for row in layer_contract(Switched, d_model=16, n_heads=1)}
+    assert rows["look-ahead"].verdict == "PASS", rows["look-ahead"]
+
+
+# The buggy variants (one edit each of a published class, written by someone who had not read the checks) that
+# exit 0, each with why: bench/own_attention.py --published counts them.
+MISSED = {
+    "nanogpt__dropout_in_eval.py": "the product builds the class with dropout 0, so dropout in evaluation drops nothing",
+    "mha_implementations__dropout_condition_inverted.py": "the same: dropout 0 as built",
+    "llms_from_scratch_ch03__cat_over_tokens.py": "heads concatenated along the tokens: the adapter takes the first "
+                                                  "head count under which the output is usable (1 head), and one "
+                                                  "head concatenated is the correct output",
+    "annotated_transformer__mask_inverted.py": "`mask` names no convention; the probe finds the inverted one works",
+    "attention_is_all_you_need__no_residual.py": "the residual the class adds after its output projection is "
+                                                 "outside attention's formula (the product adds its own)",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", BUGGY, ids=[e["file"].split("/")[-1] for e in BUGGY])
+def test_a_one_edit_mistake_in_a_published_class_is_a_fail(entry):
+    if missing(entry):
+        pytest.skip(f"{entry['file']} imports {', '.join(missing(entry))}, not installed")
+    failed = [row.check for row in layer_contract(spec(entry), d_model=32, n_heads=4) if row.verdict == "FAIL"]
+    assert bool(failed) != (entry["file"].split("/")[-1] in MISSED), (entry["mistake"], failed)
