@@ -8,8 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
-import model.threads  # noqa: F401  (before anything loads torch: model/threads.py)
-from inference.limits import Parser
+import runtime
+from inference.limits import POSITIVE, Parser, fraction
 
 DESCRIPTION = """\
 Run the attention doctor on a checkpoint from train.py: its checks (weight on padding, row sums, a look-ahead
@@ -57,13 +57,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     own.add_argument("--map", type=projection_map, metavar="q=ATTR,k=ATTR,v=ATTR,o=ATTR",
                      help="where the class keeps W_Q, W_K, W_V, W_O (or qkv=ATTR for one fused Linear) when their "
                           "names are not found")
-    own.add_argument("--d-model", type=positive_int, metavar="N", help="model width D (default: 64)")
-    own.add_argument("--heads", type=positive_int, metavar="N", help="heads, when the class takes them "
+    own.add_argument("--d-model", type=POSITIVE.argument(), metavar="N", help="model width D (default: 64)")
+    own.add_argument("--heads", type=POSITIVE.argument(), metavar="N", help="heads, when the class takes them "
                                                                      "(default: 4)")
-    own.add_argument("--max-length", type=positive_int, metavar="N",
+    own.add_argument("--max-length", type=POSITIVE.argument(), metavar="N",
                      help="the longest text the class will read (the long-input probe's length; default: 128, "
                           "the network's default max_length)")
-    own.add_argument("--d-head", type=positive_int, metavar="N", help="head size (default: d_model / heads)")
+    own.add_argument("--d-head", type=POSITIVE.argument(), metavar="N", help="head size (default: d_model / heads)")
     own.add_argument("--learn", action="store_true",
                      help="add the last check: the class trained in the classifier on the synthetic task "
                           "(configs/smoke.yaml) must reach the built-in full layer's accuracy in the same epochs "
@@ -80,9 +80,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     data.add_argument("--data.val_fraction", dest="val_fraction", type=fraction, metavar="F",
                       help="share of train_file held out for validation without val_file")
     data.add_argument("--data.seed", dest="seed", type=int, metavar="N", help="seed of that held-out share")
-    parser.add_argument("--texts", type=positive_int, default=1000, metavar="N",
+    parser.add_argument("--texts", type=POSITIVE.argument(), default=1000, metavar="N",
                         help="validation texts to check, a seeded random sample (default: 1000)")
-    parser.add_argument("--batch-size", type=positive_int, default=64, metavar="N", help="texts per forward pass")
+    parser.add_argument("--batch-size", type=POSITIVE.argument(), default=64, metavar="N",
+                        help="texts per forward pass")
     parser.add_argument("--html", metavar="FILE",
                         help="where to write the HTML report (default: <checkpoint>.diagnosis.html next to the "
                              "checkpoint, or diagnosis.html in --out)")
@@ -116,17 +117,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 DATA_NAMES = ("dataset", "data_dir", "train_file", "val_file", "text_column", "label_column", "val_fraction", "seed")
 
 
-def fraction(value: str) -> float:
-    """A share strictly between 0 and 1, as train.py's --data.val_fraction."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number between 0 and 1, got {value!r}") from None
-    if not 0 < number < 1:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {value}")
-    return number
-
-
 def projection_map(value: str) -> dict[str, str]:
     """"q=attr,k=attr,v=attr,o=attr" (or "qkv=attr,o=attr") → {role: attribute path}."""
     found = {}
@@ -152,13 +142,6 @@ def json_object(value: str) -> dict:
     if not isinstance(found, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"window\": 8}}', got {value!r}")
     return found
-
-
-def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return number
 
 
 class SlowClassProgress:
@@ -226,6 +209,7 @@ def attention_main(args) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    runtime.configure()  # before torch loads: runtime.py
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.ckpt is None:
         return attention_main(args)

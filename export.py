@@ -19,7 +19,7 @@ import sys
 import warnings
 from pathlib import Path
 
-import model.threads  # noqa: F401  (before anything loads torch: model/threads.py)
+import runtime
 from inference.faces import add_class_arguments, check_class_arguments, notes_to_stderr, run_face
 
 log = logging.getLogger("export")
@@ -254,6 +254,7 @@ class ExportError(ValueError):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    runtime.configure()  # before torch loads: runtime.py
     notes_to_stderr(log)
     return run_face(run, args)  # CheckpointError, ExportError, WriteError: one line
 

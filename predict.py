@@ -11,10 +11,10 @@ import logging
 import sys
 from pathlib import Path
 
-import model.threads  # noqa: F401  (before anything loads torch: model/threads.py)
 from tqdm import tqdm
 
-from data.sources import has_text
+import runtime
+from data.reading import has_text
 from inference.faces import add_class_arguments, check_class_arguments, notes_to_stderr, run_face
 from inference.limits import BATCH_SIZE, IG_STEPS, IG_STEPS_DEFAULT, POSITIVE, PREDICT_BATCH
 from inference.texts import EMPTY
@@ -175,6 +175,7 @@ class InputError(ValueError):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    runtime.configure()  # before torch loads: runtime.py
     notes_to_stderr(log, "note: ")
     return run_face(run, args)  # CheckpointError, InputError, a bad --device: one line, no traceback
 

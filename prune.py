@@ -18,16 +18,8 @@ import contextlib
 import json
 import sys
 
-import model.threads  # noqa: F401  (before anything loads torch: model/threads.py)
-import torch
-
-from data.files import WriteError, check_target, write_atomically
-from data.checkpoint import CheckpointError, open_checkpoint
-from inference import TextClassifier
-from inference.classifier import FACE_FLAGS
+import runtime
 from inference.faces import add_class_arguments, check_class_arguments
-from inference.heads import (ablation, accuracy, head_importance, labelled, least_important, prune_checkpoint,
-                             pruned_classifier, pruning_table)
 from inference.limits import POSITIVE, Parser
 
 
@@ -45,6 +37,7 @@ def markdown(heads: list[dict], agreement, table: list[dict]) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    runtime.configure()  # before torch loads: runtime.py
     stdout = sys.stdout  # the JSON line; a user's class that prints in its forward goes to stderr
     with contextlib.redirect_stdout(sys.stderr):
         return run(args, stdout)
@@ -86,6 +79,15 @@ def check_own_class(classifier, path, cut: bool) -> None:
 
 
 def run(args, stdout) -> int:
+    import torch
+
+    from data.checkpoint import CheckpointError, open_checkpoint
+    from data.files import WriteError, check_target, write_atomically
+    from inference import TextClassifier
+    from inference.classifier import FACE_FLAGS
+    from inference.heads import (ablation, accuracy, head_importance, labelled, least_important, prune_checkpoint,
+                                 pruned_classifier, pruning_table)
+
     try:  # every input checked before the computation (minutes on a real split)
         if args.out is not None:
             check_target(args.out, "pruned checkpoint (--out)", inputs=[args.ckpt])

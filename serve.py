@@ -19,7 +19,7 @@ import signal
 import sys
 from pathlib import Path
 
-import model.threads  # noqa: F401  (the pool's wait, inherited by the workers; before anything loads torch)
+import runtime
 
 try:
     import litserve as ls
@@ -294,6 +294,7 @@ def stop(signum, frame):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    runtime.configure()  # before torch loads (runtime.py); the workers inherit the pool's wait
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         from inference.answers import load, model_info

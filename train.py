@@ -28,21 +28,7 @@ import logging
 import sys
 from pathlib import Path
 
-from model.threads import log_setting  # before anything loads torch: model/threads.py
-
-import torch
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
-
-from data import DataError, TextDataModule
-from data.checkpoint import CheckpointError
-from data.files import WriteError, reason
-from data.pretraining import PretrainDataModule
-from model.config import ConfigError
-from training.cli import ArgumentParser, wrapped_config_error
-from training.commands import BEST_NAME, CLI, PretrainCLI
-from training.module import ClassifierModule, NonFiniteLossError
-from training.pretraining import PretrainModule
-from training.runs import SaveRunConfig, name_writer_errors, wait_for_writer
+import runtime
 
 DESCRIPTION = """Train, validate, test or predict with a YAML config (Lightning's subcommands below), or pretrain:
 `train.py pretrain` is fit of the pretraining system on unlabeled text (`train.py pretrain --help` lists its
@@ -58,7 +44,17 @@ PRETRAIN_CONFIG = ROOT / "configs" / "pretrain.yaml"  # and `pretrain`
 
 def main(args=None):
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    log_setting()
+    logging.getLogger("runtime").info(runtime.configure().describe())  # before torch loads: runtime.py
+    import torch
+
+    from data import DataError
+    from data.checkpoint import CheckpointError
+    from data.files import WriteError, reason
+    from model.config import ConfigError
+    from training.cli import wrapped_config_error
+    from training.module import NonFiniteLossError
+    from training.runs import name_writer_errors, wait_for_writer
+
     torch.set_float32_matmul_precision("high")
     name_writer_errors()
     try:
@@ -81,15 +77,21 @@ def main(args=None):
         sys.exit(f"error: {e.filename or 'a file'}: {what}; {hint}")
 
 
-
 def cli(args=None, run=True):
-    from_command_line = args is None
-    args = list(sys.argv[1:] if from_command_line else args)
+    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+
+    from data import TextDataModule
+    from data.pretraining import PretrainDataModule
+    from training.cli import ArgumentParser
+    from training.commands import BEST_NAME, CLI, PretrainCLI
+    from training.module import ClassifierModule
+    from training.pretraining import PretrainModule
+    from training.runs import SaveRunConfig
+
+    args = list(sys.argv[1:] if args is None else args)  # handed to LightningCLI, which then reads no sys.argv
     pretrain = args[:1] == ["pretrain"]
     if pretrain:  # `fit` of the pretraining classes (no subcommand at all when not run)
         args = ["fit", *args[1:]] if run else args[1:]
-        if from_command_line:  # LightningCLI reads sys.argv itself (and warns when handed args beside it)
-            sys.argv[1] = "fit"
     monitor, mode = ("val/loss", "min") if pretrain else ("val/acc", "max")
     parser_kwargs = {"description": DESCRIPTION, "fit": {"description": PRETRAIN_DESCRIPTION}} if pretrain else {
         "description": DESCRIPTION}
@@ -128,7 +130,7 @@ def cli(args=None, run=True):
                 LearningRateMonitor(logging_interval="step"),
             ],
         },
-        args=None if from_command_line else args,
+        args=args,
         run=run,
     )
 

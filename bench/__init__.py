@@ -3,4 +3,8 @@
 Run from the repository root as modules: `python -m bench.timing speed --quick` (see bench/README.md).
 """
 
-import model.threads  # noqa: F401  (every bench's thread pool, set before any bench loads torch: model/threads.py)
+import runtime
+
+# Every bench is a command (`python -m bench.NAME`), whose process is tuned before its module loads torch: the package
+# is the one place all of them pass through first (runtime.py).
+runtime.configure()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from data.files import WriteError, check_target, make_folder
-from inference.limits import Bound
+from inference.limits import positive_number, whole_number  # the faces' argument types, for the benches
 
 if TYPE_CHECKING:
     from model.config import NetworkConfig
@@ -45,19 +45,6 @@ def __getattr__(name):
 
 
 # ---- the benches' own flags ----------------------------------------------------------------------------------------
-
-
-def whole_number(least: int = 1, most: int | None = None):
-    """An argparse type: a whole number in least..most (argparse's one-line error names the flag)."""
-    return Bound(least, most).argument(int)
-
-
-def positive_number(text: str) -> float:
-    """An argparse type: a finite number of seconds (or any amount) > 0."""
-    value = float(text)
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
-    return value
 
 
 def check_writable(parser: argparse.ArgumentParser, folders: dict | None = None, files: dict | None = None) -> None:

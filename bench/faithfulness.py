@@ -24,7 +24,7 @@ import torch
 
 
 from data.checkpoint import CheckpointError
-from data.sources import has_text
+from data.reading import has_text
 from inference import TextClassifier
 from inference.explain import METHODS, explain_ids
 from inference.limits import IG_STEPS_DEFAULT

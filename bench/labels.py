@@ -201,7 +201,7 @@ def cross_fitted_ece(logits, labels, seed: int = DROP_SEED) -> tuple[float, list
     the other half; and the two temperatures."""
     import torch
 
-    from data.sources import stratified_split
+    from data.splitting import stratified_split
     from training.calibration import expected_calibration_error, fit_temperature
 
     halves = stratified_split(labels.tolist(), 0.5, seed)

@@ -80,7 +80,8 @@ def best_of(repeats: int, work) -> tuple[float, object]:
 
 def throughput(args) -> dict:
     import export
-    from data.sources import has_text, load_splits
+    from data.reading import has_text
+    from data.sources import load_splits
     from inference import TextClassifier
 
     splits = load_splits(dataset=args.dataset, data_dir=None, train_file=None, val_file=None, test_file=None,

@@ -54,7 +54,7 @@ def main(argv=None) -> int:
                         "(user_attention/published/) and their one-edit buggy variants (published_buggy/) instead "
                         "of the written ones")
     parser.add_argument("--learn", action="store_true", help="train each correct class on the synthetic task "
-                        "(training/learning.py) instead of the contract; one line a class, as it finishes")
+                        "(monitor/learning.py) instead of the contract; one line a class, as it finishes")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     entries = PUBLISHED + BUGGY if args.published else CATALOGUE
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
 
 def learn_report(entries: list[dict]) -> int:
     """Validation accuracy on the synthetic task, each class against the built-in full layer of its shape."""
-    from training.learning import learns
+    from monitor.learning import learns
 
     print("| class | accuracy | built-in full, same shape | difference | minutes |\n|---|---|---|---|---|", flush=True)
     for entry in entries:

@@ -26,7 +26,7 @@ data (the batch itself); nothing has to be computed for the rest. Training token
 inference tokens/s time the trained network over the validation split in evaluation mode. The estimate of a whole
 `make train` adds set-up, validation passes and the config's epochs to the measured step time.
 
-The thread pool is the product's own (model/threads.py): to compare another setting, run the bench again under it,
+The thread pool is the commands' own (runtime.py): to compare another setting, run the bench again under it,
 e.g. `GOMP_SPINCOUNT=300000 python -m bench.roofline --quick` (libgomp's long spin, torch's default),
 `OMP_WAIT_POLICY=PASSIVE …` (threads sleep at once) or
 `OMP_NUM_THREADS=1 …`. The tables go to stderr; the last line of stdout is one JSON object of every figure.
@@ -50,7 +50,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from bench.common import CONFIGS, ROOT, read_config
 from bench.machine import bandwidth_gbs, busy_programs, matmul_gflops, median_seconds, sigterm_as_interrupt
-from model.threads import SETTING
+import runtime
 
 log = logging.getLogger("bench.roofline")
 
@@ -212,7 +212,8 @@ class StepClock(Callback):
         step = sum(per_step.values())
         floor = sum(self.floors.values())
         lines.append(f"matrix products {figures['matmul_gflops']:.0f} GFLOPS at {figures['matmul_shapes']} "
-                     f"(tokens, in, out); memory {figures['bandwidth_gb_per_s']:.1f} GB/s; {SETTING.describe()}")
+                     f"(tokens, in, out); memory {figures['bandwidth_gb_per_s']:.1f} GB/s; "
+                     f"{runtime.configure().describe()}")
         lines.append(f"\nquiet training step (mean of {len(quiet)}): {1000 * step:.1f} ms, floor {1000 * floor:.2f} ms "
                      f"({step / floor:.1f}× the floor)")
         lines.append(f"{'part':<10} {'ms/step':>8} {'share':>6} {'floor ms':>9} {'× floor':>8}")
@@ -335,8 +336,9 @@ def run(args) -> tuple[str, dict]:
                   f"{estimate['steps_per_epoch']} steps, set-up {estimate['set_up_s']} s here): "
                   + ", ".join(f"{s} s {'quiet' if name == 'quiet' else 'beside ' + name}"
                               for name, s in seconds.items()))
+    setting = runtime.configure()  # bench/__init__.py's, already made
     figures |= {"config": str(args.config), "steps_per_phase": args.steps, "wall_s": round(wall, 1),
-                "threads": SETTING.threads, "wait_policy": SETTING.wait_policy, "thread_source": SETTING.source,
+                "threads": setting.threads, "wait_policy": setting.wait_policy, "thread_source": setting.source,
                 "make_train_estimate": estimate}
     return table, figures
 

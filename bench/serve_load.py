@@ -218,7 +218,7 @@ def ceiling(ckpt: str, texts: list[str], threads: int) -> float:
 
 
 def run(args) -> tuple[str, dict]:
-    from data.sources import has_text
+    from data.reading import has_text
 
     if args.kill and not args.ckpt:
         raise SystemExit("error: --kill needs --ckpt (the bench must have started the server to kill it)")

@@ -38,7 +38,7 @@ def parser_of_targets() -> tuple[argparse.ArgumentParser, dict]:
                                       formatter_class=argparse.RawDescriptionHelpFormatter)
         threads = getattr(module, "THREADS", None)
         command.add_argument("--threads", type=int, default=threads,
-                             help=f"torch threads (default: {threads or 'one per core this process may use: model/threads.py'})")
+                             help=f"torch threads (default: {threads or 'one per core it may use: runtime.py'})")
         module.add_arguments(command)
     return parser, modules
 

@@ -23,7 +23,8 @@ import torch
 from filelock import FileLock
 
 from data.files import WriteError, describe, write_atomically
-from data.sources import LABEL_NAMES_FILE, DataError, local_copy_dir
+from data.reading import LABEL_NAMES_FILE
+from data.sources import DataError, local_copy_dir
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 8  # part of every key: bump it when tokenization or the splits read change

@@ -14,7 +14,8 @@ from data.cache import encoded_path, load_encoded
 from data.encoded import EncodedSplit, encode_splits
 from data.labels import class_counts, describe_counts, is_imbalanced
 from data.sizes import bucket_pool, check_sizes, choose_sizes
-from data.sources import DataError, Splits, load_splits, local_copy_dir
+from data.sources import DataError, load_splits, local_copy_dir
+from data.splitting import Splits
 from data.tokenizer import KINDS, CutTexts, load_tokenizer, pretrained_tokenizer, stored_form, \
     train_tokenizer
 

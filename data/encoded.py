@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 from data.labels import class_counts, describe_counts, multi_hot
 from data.progress import progress_bar
-from data.sources import Splits
+from data.splitting import Splits
 from data.tokenizer import PAD_ID, UNK_ID, cut, padding_mask
 
 log = logging.getLogger(__name__)

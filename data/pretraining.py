@@ -16,7 +16,9 @@ import torch
 
 from data.datamodule import TextDataModule
 from data.encoded import EncodedSplit, encode_splits
-from data.sources import DataError, Splits, read_unlabeled
+from data.reading import read_unlabeled
+from data.sources import DataError
+from data.splitting import Splits
 from data.tokenizer import UNK_ID
 
 log = logging.getLogger(__name__)

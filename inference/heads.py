@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from data.sources import has_text
+from data.reading import has_text
 from data.tokenizer import pad
 from inference.classifier import TextClassifier
 from inference.explain import spearman

@@ -1,4 +1,5 @@
-"""Every bound on what a caller may ask, declared once: predict.py and serve.py check their arguments against these
+"""Every bound on what a caller may ask, declared once, and the argument types every face and bench shares (Parser,
+Bound.argument, whole_number, fraction, positive_number): predict.py and serve.py check their arguments against these
 before anything loads, the server checks each request against its ServerLimits, the library checks its own calls
 (inference/explain.py: ig_steps), and GET /info reports the ServerLimits that hold.
 
@@ -44,6 +45,30 @@ class Bound:
 
         parse.__name__ = kind.__name__  # argparse: "invalid int value: 'x'"
         return parse
+
+
+def fraction(value: str) -> float:
+    """An argparse type: a share strictly between 0 and 1, as train.py's --data.val_fraction."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number between 0 and 1, got {value!r}") from None
+    if not 0 < number < 1:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {value}")
+    return number
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number of seconds (or any amount) > 0."""
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
+
+
+def whole_number(least: int = 1, most: int | None = None):
+    """An argparse type: a whole number in least..most (argparse's one-line error names the flag)."""
+    return Bound(least, most).argument(int)
 
 
 # Integrated Gradients converges within tens to a few hundred steps; more only costs time.

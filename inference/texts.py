@@ -6,7 +6,7 @@ predict.py and serve.py give it {"text", "error"} in its place, the Python API a
 Imports nothing heavy: the faces use it before torch is loaded.
 """
 
-from data.sources import has_text
+from data.reading import has_text
 
 # A text cut before tokenizing has its own length in tokens counted on at most this many characters (a fraction of
 # a second); a longer one reports the length of those, a lower bound.

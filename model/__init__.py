@@ -3,7 +3,7 @@
 classifier around it (model/classifier.py), its one configuration (model/config.py), which also rebuilds it from a checkpoint's
 settings (a checkpoint is read safely by data/checkpoint.py).
 
-The names below load torch on first use, so that `import model.threads` (the thread pool's setting, which must come
+The names below load torch on first use, so that `import runtime` (a command's thread pool setting, which must come
 before torch is loaded) loads nothing heavy.
 """
 

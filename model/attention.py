@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.dropout import Dropout
 
 
 class AttentionWeights(NamedTuple):
@@ -143,7 +142,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.w_k = nn.Linear(d_model, inner, bias=bias)
         self.w_v = nn.Linear(d_model, inner, bias=bias)
         self.w_o = nn.Linear(inner, d_model, bias=bias)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         # (H,) multiplies each head's output before W_O when set: head importance (its gradient) and ablation
         # (a 0) in inference/heads.py. Not a parameter: None in training, and never in the checkpoint.
         self.head_gate: torch.Tensor | None = None
@@ -225,25 +224,36 @@ class MultiHeadSelfAttention(nn.Module):
         return attention_mask(key_padding_mask, self.look_ahead, L, device)
 
     def split_heads(self, t: torch.Tensor) -> torch.Tensor:
-        B, L, _ = t.shape
-        return t.view(B, L, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, L, d)
+        return split_heads(t, self.n_heads)
 
     def merge_heads(self, t: torch.Tensor) -> torch.Tensor:
-        B, H, L, d = t.shape
-        return t.transpose(1, 2).reshape(B, L, H * d)  # (B, L, H·d)
+        return merge_heads(t)
 
     def reference_keys(self, L: int, causal: bool, device=None) -> torch.Tensor:
-        """(L, L) bool: True where this kind's definition lets query i see key j (before padding); the doctor's
-        reference (monitor/contract.py). Full attention: every key, or those at or before i with the look-ahead."""
+        """(L, L) bool: True where this kind's definition lets query i see key j (before padding). Full attention:
+        every key, or those at or before i with the look-ahead."""
         seen = torch.ones(L, L, dtype=torch.bool, device=device)
         return seen.tril() if causal else seen
 
-    def reference(self, x: torch.Tensor, padding: torch.Tensor, *, scale: float, causal: bool) -> "Reference":
-        """This layer's definition recomputed the plainest way, dense and in float64, from its own weights:
-        x (B, L, D) the layer's input, padding (B, L) bool from the texts' lengths."""
-        q, k, v = reference_projections(self, x)
-        allowed = self.reference_keys(x.shape[1], causal, x.device)[None, None] & ~padding[:, None, None, :]
-        return dense_reference(self, q, k, v, allowed, scale)
+    def reference_keys_values(self, k: torch.Tensor, v: torch.Tensor, padding: torch.Tensor, causal: bool):
+        """(keys, values, allowed) a query of this kind sees by its definition, for the doctor's dense reference
+        (monitor/reference.py): k, v (B, H, L, d) projected from every position, padding (B, L) from the lengths;
+        allowed (B, 1, L, K) bool. Here every position's key and value, where reference_keys lets the query see
+        it and the key is no padding."""
+        allowed = self.reference_keys(k.shape[-2], causal, k.device)[None, None] & ~padding[:, None, None, :]
+        return k, v, allowed
+
+
+def split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, L, H·d) → (B, H, L, d): the heads side by side become a dimension of their own."""
+    B, L, inner = t.shape
+    return t.view(B, L, heads, inner // heads).transpose(1, 2)  # (B, H, L, d)
+
+
+def merge_heads(t: torch.Tensor) -> torch.Tensor:
+    """(B, H, L, d) → (B, L, H·d): the heads' outputs side by side again."""
+    B, H, L, d = t.shape
+    return t.transpose(1, 2).reshape(B, L, H * d)  # (B, L, H·d)
 
 
 def attention_mask(
@@ -275,49 +285,3 @@ def fused_attention(q, k, v, blocked, scale: float, dropout_p: float) -> torch.T
     bias = torch.zeros(blocked.shape, dtype=q.dtype, device=q.device).masked_fill(blocked, torch.finfo(q.dtype).min)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
     return out.masked_fill(blocked.all(dim=-1, keepdim=True), 0.0)
-
-
-class Reference(NamedTuple):
-    """A kind's definition recomputed densely (MultiHeadSelfAttention.reference): every stage, over all L keys
-    (linformer: its k projected keys), for the doctor to compare with what the layer handed out."""
-
-    scores: torch.Tensor  # (B, H, L, K) q·k · scale; -inf where the definition blocks the key
-    weights: torch.Tensor  # (B, H, L, K) softmax rows; 0 where blocked (and in rows with no key at all)
-    allowed: torch.Tensor  # (B, 1, L, K) bool
-    heads: torch.Tensor  # (B, L, H·d) the heads' outputs side by side, before W_O
-    out: torch.Tensor  # (B, L, D)
-    q: torch.Tensor  # (B, H, L, d), and the keys and values the queries see, (B, H, K, d)
-    k: torch.Tensor
-    v: torch.Tensor
-
-
-def reference_projections(layer, x: torch.Tensor):
-    """Q, K, V (B, H, L, d) each, float64, from the layer's W_Q, W_K, W_V (and biases) on x (B, L, D)."""
-    B, L, _ = x.shape
-    return [F.linear(x.double(), w.weight.double(), None if w.bias is None else w.bias.double())
-            .view(B, L, layer.n_heads, layer.d_head).transpose(1, 2) for w in (layer.w_q, layer.w_k, layer.w_v)]
-
-
-def dense_reference(layer, q, k, v, allowed: torch.Tensor, scale: float) -> Reference:
-    """softmax(q kᵀ · scale) v over the allowed keys, by torch's own multi-head attention
-    (F.multi_head_attention_forward with its weights asked for: its explicit path, never the fused kernel, which
-    default training does not call) on the layer's projected q, k, v with identity projections, then the layer's
-    W_O. The formula itself stays written once, in attention(); this reference is torch's, independent of it."""
-    B, H, L, d = q.shape
-    eye = torch.eye(H * d, dtype=q.dtype, device=q.device)
-    query = (q * (scale * math.sqrt(d))).transpose(1, 2).reshape(B, L, H * d).transpose(0, 1)  # (L, B, H·d);
-    # torch scales by 1/√d itself, so the layer's own scale is folded into the queries
-    blocked = ~allowed.expand(B, H, L, k.shape[-2])
-    empty = blocked.all(dim=-1, keepdim=True)  # (B, H, L, 1): a query with no key (torch gives NaN there)
-    keys = query.new_zeros(k.shape[-2], B, H * d)  # stand-ins of the key length; static_k, static_v are the keys
-    heads, weights = F.multi_head_attention_forward(
-        query, keys, keys, H * d, H, None, None, None, None, False, 0.0, eye, torch.zeros(H * d, dtype=q.dtype,
-        device=q.device), training=False, need_weights=True, attn_mask=blocked.reshape(B * H, L, -1),
-        use_separate_proj_weight=True, q_proj_weight=eye, k_proj_weight=eye, v_proj_weight=eye,
-        static_k=k.reshape(B * H, -1, d), static_v=v.reshape(B * H, -1, d), average_attn_weights=False)
-    weights = weights.masked_fill(empty, 0.0)  # (B, H, L, K)
-    heads = heads.transpose(0, 1).reshape(B, L, H, d).masked_fill(empty.transpose(1, 2), 0.0).flatten(2)  # (B, L, H·d)
-    scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~allowed, -math.inf)  # the stage compared first
-    w_o = layer.w_o
-    out = F.linear(heads, w_o.weight.double(), None if w_o.bias is None else w_o.bias.double())
-    return Reference(scores, weights, allowed, heads, out, q, k, v)

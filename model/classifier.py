@@ -13,7 +13,6 @@ from torch import nn
 
 from model.attention import AttentionWeights, MultiHeadSelfAttention, unpack
 from model.config import NetworkConfig
-from model.dropout import Dropout
 from model.kinds import ATTENTION_KINDS
 from model.ngrams import NgramBag
 from model.own_attention import OwnAttention, configured_class
@@ -69,11 +68,11 @@ class Block(nn.Module):
         self.ffn = None
         if config.d_ff > 0:
             self.ffn = nn.Sequential(
-                nn.Linear(config.d_model, config.d_ff), nn.GELU(), Dropout(config.dropout),
+                nn.Linear(config.d_model, config.d_ff), nn.GELU(), nn.Dropout(config.dropout),
                 nn.Linear(config.d_ff, config.d_model),
             )
             self.norm2 = nn.LayerNorm(config.d_model)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, key_padding_mask, need_weights=False):
         """x (N, D): the real tokens of a (B, L) batch whose padding key_padding_mask marks. Everything but
@@ -141,7 +140,7 @@ class AttentionEncoder(nn.Module):
                 self.position_embedding.weight.mul_(config.embedding_std)
         # BERT's LayerNorm on token + position: attention sees unit-scale inputs whatever embedding_std starts at.
         self.embedding_norm = nn.LayerNorm(config.d_model) if config.embedding_norm else None
-        self.embedding_dropout = Dropout(config.embedding_dropout)
+        self.embedding_dropout = nn.Dropout(config.embedding_dropout)
         self.blocks = nn.ModuleList(Block(config, config.heads_in_layer(i)) for i in range(config.n_layers))
 
     @property
@@ -197,7 +196,7 @@ class AttentionClassifier(AttentionEncoder):
     def __init__(self, config: NetworkConfig):
         super().__init__(config)
         self.attention_pool = AttentionPooling(config.d_model) if config.pooling == "attention" else None
-        self.head_dropout = Dropout(config.head_dropout)
+        self.head_dropout = nn.Dropout(config.head_dropout)
         self.head = nn.Linear(config.d_model, config.num_classes)
         self.ngram_bag = None
         if config.ngrams:  # n-gram votes summed into the logits beside the attention-pooled sentence

@@ -8,7 +8,7 @@ the network with `NetworkConfig(**that_dict)`. A new option is a new field here 
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from model.errors import ConfigError
+from model.errors import ConfigError, check_whole_number
 from model.kinds import ATTENTION_KINDS, AUTO_KINDS, DEFAULT_KIND, attention_kind
 from model.user_class import check_attention_args, check_recorded, is_class_spec, name_class
 
@@ -109,15 +109,15 @@ class NetworkConfig:
 
     def __post_init__(self):
         for name in ("vocab_size", "max_length", "d_model", "n_heads", "n_layers"):
-            _at_least(name, getattr(self, name), 1)
-        _at_least("num_classes", self.num_classes, 2)
-        _at_least("d_ff", self.d_ff, 0)
-        _at_least("ngrams", self.ngrams, 0)
-        _at_least("ngram_buckets", self.ngram_buckets, 1)
+            check_whole_number(name, getattr(self, name), 1)
+        check_whole_number("num_classes", self.num_classes, 2)
+        check_whole_number("d_ff", self.d_ff, 0)
+        check_whole_number("ngrams", self.ngrams, 0)
+        check_whole_number("ngram_buckets", self.ngram_buckets, 1)
         if self.ngram_buckets > 2**31:  # the hash stays inside int64 (model/ngrams.py)
             raise ConfigError(f"ngram_buckets must be at most 2^31, got {self.ngram_buckets}")
         if self.d_head is not None:
-            _at_least("d_head", self.d_head, 1)
+            check_whole_number("d_head", self.d_head, 1)
         elif self.n_heads > self.d_model:
             raise ConfigError(
                 f"n_heads {self.n_heads} is larger than d_model {self.d_model}: each head would have size 0 "
@@ -143,7 +143,7 @@ class NetworkConfig:
                                   f"(attention: path/to/file.py:ClassName), not to attention {self.attention}")
         for kind in ATTENTION_KINDS.values():  # every kind's settings, whichever kind is chosen: no typo waits
             for name, low in kind.least.items():
-                _at_least(name, getattr(self, name), low)
+                check_whole_number(name, getattr(self, name), low)
         if self.attention != AUTO:
             attention_kind(self.attention).check(self)  # the kind's own rules (window, projection, causal, ...)
         if self.max_length > MAX_LENGTH:
@@ -213,11 +213,6 @@ class NetworkConfig:
                               "records: a user's class is loaded only when the user names it, never from a "
                               "checkpoint's string")
         return cls(**values)
-
-
-def _at_least(name: str, value, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
 def _one_of(name: str, value, choices) -> None:

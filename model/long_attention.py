@@ -311,12 +311,11 @@ class LinformerSelfAttention(LongAttention):
         virtual = torch.full((L, k.shape[2]), -1, dtype=torch.long, device=q.device)  # (L, k): no token
         return out, weights._replace(key_positions=virtual)
 
-    def reference(self, x: torch.Tensor, padding: torch.Tensor, *, scale: float, causal: bool) -> core.Reference:
-        """The definition, dense in float64: K' = E K and V' = F V over the text's real tokens (padding zeroed
-        before projecting), softmax(Q K'ᵀ · scale) V'; a text of padding only has no key."""
-        q, k, v = core.reference_projections(self, x)
-        L, real = x.shape[1], ~padding[:, None, :, None]
-        keys = self.key_projection[:, :L].double() @ (k * real)  # (B, H, k, d)
-        values = self.value_projection[:, :L].double() @ (v * real)
+    def reference_keys_values(self, k: torch.Tensor, v: torch.Tensor, padding: torch.Tensor, causal: bool):
+        """The definition: K' = E K and V' = F V over the text's real tokens (padding zeroed before projecting), each
+        query seeing all k of them; a text of padding only has no key."""
+        L, real = k.shape[-2], ~padding[:, None, :, None]
+        keys = self.key_projection[:, :L].to(k.dtype) @ (k * real)  # (B, H, k, d)
+        values = self.value_projection[:, :L].to(v.dtype) @ (v * real)
         allowed = (~padding.all(dim=-1))[:, None, None, None].expand(-1, 1, L, keys.shape[2])
-        return core.dense_reference(self, q, keys, values, allowed, scale)
+        return keys, values, allowed

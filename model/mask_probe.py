@@ -92,15 +92,7 @@ def run_seen(user: nn.Module, x: torch.Tensor, mask: torch.Tensor | None, conven
     if not read_softmax:
         out, weights = split_output(call_layer(user, x, mask, convention))
         return out, weights, RETURNED if weights is not None else None
-    before = attributes_now(user)
-    with WeightsSeen(x.shape[0], x.shape[1]) as seen:
-        out, weights = split_output(call_layer(user, x, mask, convention))
-    if weights is not None:
-        return out, weights, RETURNED
-    kept = attribute_weights(user, before, x.shape[0], x.shape[1])
-    if kept is not None:
-        return out, kept, ATTRIBUTE
-    return out, seen.weights, seen.source
+    return weights_of_run(user, x, lambda: split_output(call_layer(user, x, mask, convention)))
 
 
 def key_mask(padding: torch.Tensor, convention: Convention, dtype: torch.dtype) -> torch.Tensor:
@@ -238,9 +230,15 @@ def plain_run(user: nn.Module, x: torch.Tensor, calls: list[str], one_text: bool
     """(out, weights, where they came from) of the class on x with no padding: forward(x) when the mask may be
     left out, else with a mask that keeps every key in the first convention the class accepts. Weights it does not
     return are read as model/weights_seen.py says (None, None when they cannot be seen)."""
+    return weights_of_run(user, x, lambda: mask_free_run(user, x, calls, one_text))
+
+
+def weights_of_run(user: nn.Module, x: torch.Tensor, run):
+    """(out, weights, where they came from) of run() -> (out, weights or None): the weights it returns, else an
+    attribute the class set during the call, else the softmax or fused call model/weights_seen.py saw."""
     before = attributes_now(user)
     with WeightsSeen(x.shape[0], x.shape[1]) as seen:
-        out, weights = mask_free_run(user, x, calls, one_text)
+        out, weights = run()
     if weights is not None:
         return out, weights, RETURNED
     kept = attribute_weights(user, before, x.shape[0], x.shape[1])

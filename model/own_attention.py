@@ -14,7 +14,7 @@ it sees is padding, unless it is causal: padding at the end is then out of every
 The class hands out its weights (returned, kept on an attribute, read from the softmax it computes, or a fused call
 answered by the written formula while weights are asked for: model/weights_seen.py), not the scores it softmaxed:
 AttentionWeights.scores is NaN (the monitor's score figures are then NaN, never a guess). A class whose weights
-cannot be seen hands out none (need_weights gives None: no heatmaps, the output checks still run). The doctor's formula reference is not defined for a user's class here (`reference` is None:
+cannot be seen hands out none (need_weights gives None: no heatmaps, the output checks still run). The doctor's formula reference is not defined for a user's class here (`reference_keys_values` is None:
 monitor/contract.py skips it).
 
 Letters in the shape comments: B batch, L tokens, H heads, D model width, W the class's output width, N real tokens.
@@ -82,7 +82,7 @@ class OwnAttention(nn.Module):
     length_cap = 256  # a class written from the formula costs L², as full attention does
     least: dict[str, int] = {}
     gates_heads = True  # set per layer: whether head_gate can reach each head's contribution
-    reference = None  # the doctor's dense reference is not defined for a user's class (monitor/contract.py)
+    reference_keys_values = None  # the doctor's dense reference is not defined for a user's class (monitor/contract.py)
 
     @classmethod
     def order_blind(cls, config) -> bool:

@@ -1,45 +1,16 @@
-"""How many threads torch computes with, how they wait, and how freed memory is kept: chosen once per process,
-before torch is loaded.
+"""What the package may do to its process's thread pool and C allocator, and only when called: nothing here runs at
+import (a command tunes its process through runtime.py).
 
-torch runs its operations on an OpenMP thread pool (libgomp). Its defaults hurt on a shared machine, and a laptop
-always runs something else (a browser, an editor, the test suite):
-- its size is every core the machine has, not the cores this process may use (a CPU affinity mask, a container's
-  CPU quota), so threads queue for cores they will never get;
-- between two operations its threads spin (about 300,000 pause instructions, several milliseconds) before they
-  sleep. A spinning thread holds its core while the thread it waits for waits for a core: with one busy program
-  beside a 2-core run, training took 4.5× as long, with two 26× (not the 2× that losing a core costs).
-Sleeping at once (OMP_WAIT_POLICY=PASSIVE) fixes that but costs a wake-up at each of the hundreds of operations of a
-step: quiet, 2 passive threads trained no faster than 1. So each process
-- starts with the cores it may run on (`available_cores`);
-- spins briefly before it sleeps (GOMP_SPINCOUNT=SPIN_COUNT, tens of µs: the gap between two operations);
-- and, when its long loops call `adapt()` (every training batch: training/adapt.py; each batch of predict.py and
-  diagnose.py; each request of serve.py), shrinks its pool to the cores other programs left free over the last
-  second (at once), and grows it back when they leave (two looks in a row). With 1 thread nothing waits for a core,
-  so nothing spins in vain. A different thread count can split (and so round) sums differently: to repeat a seeded
-  run bit for bit whatever else runs, set OMP_NUM_THREADS, which is never adapted.
-400 steps of sst2.yaml, seconds quiet / beside 1 / beside 2 busy programs: passive 17.3 / 17.7 / 29.7, this
-14.9-15.2 / 17.0 / 26.7-27.2 (docs/RESULTS.md "Speed"; 12.7 / 15.4 / 23.3 with the faster dropout since).
+- `adapt()`: called from the long loops (every training batch: training/adapt.py; each batch of predict.py and
+  diagnose.py; each request of serve.py). Once a command has started it (runtime.py `configure()` →
+  `start_adapting`), it shrinks torch's pool to the cores other programs left free over the last second (at once),
+  and grows it back when they leave (two looks in a row). With 1 thread nothing waits for a core, so nothing spins
+  in vain. In a process no command configured (a user's own script importing `inference`), it does nothing.
+- `mallopt()`: glibc's allocator settings, for runtime.py's `keep_freed_memory` and the ReturnFreedMemory callback
+  (training/memory.py). (data/cache.py's `return_freed_memory` hands freed memory back after a build: an act, not a
+  setting.)
 
-OpenMP reads its variables once, when torch's library loads, and only from the environment: every face (train.py,
-predict.py, serve.py, diagnose.py, export.py, prune.py, bench/, the tests' conftest.py) imports this module before
-anything that loads torch. The setting goes into os.environ, so the processes a run starts (DataLoader workers,
-which torch then sets to one thread each; a bench's training runs; serve's workers) inherit it; CHOSEN marks the
-thread count as this module's, so that a child chooses (and adapts) again. The user's own OMP_NUM_THREADS,
-OMP_WAIT_POLICY and GOMP_SPINCOUNT are kept as they are, and a thread count the user set is never adapted.
-`log_setting()` logs the one line that says what was chosen and why, once per process.
-
-Freed memory (glibc's malloc, on Linux). torch asks the C library for each tensor's memory and gives it back when
-the tensor dies. glibc serves any block over its mmap threshold (128 KB at first, raised as such blocks are freed)
-with fresh pages from the kernel and returns them at once when freed; free memory at the top of its heap beyond a
-trim threshold goes back too. A step makes and frees the same large tensors again and again; until the threshold has
-risen (in a training run the data load raises it), every step faults its pages in anew (the kernel zeroes each 4 KB
-page): in a fresh process, a third of a plain-PyTorch SST-2 step (27 → 18 ms) and, at SST-2 lengths, a quarter of
-`bench.timing speed`'s throughput (docs/RESULTS.md "Speed"). `keep_freed_memory` raises both thresholds (MMAP_THRESHOLD,
-TRIM_THRESHOLD) through mallopt, so freed blocks are reused from the heap; the process keeps up to TRIM_THRESHOLD
-of free memory for its next step. The user's own MALLOC_*_ variables (glibc's tunables) are kept, and so is a
-C library that is not glibc.
-
-This module imports nothing heavy (model/__init__.py loads the network lazily), so importing it loads no torch.
+The standard library only: importing it loads no torch.
 """
 
 import ctypes
@@ -48,109 +19,13 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SPIN_COUNT = 2000  # GOMP_SPINCOUNT when the environment names no wait: sst2.yaml steps quiet (roofline), 300: 27.1 ms
-# and 700: 27.9, as slow as a passive wait (27.7), 2,000: 21.9; beside busy programs adapt() takes the pool to 1 thread
-CHOSEN = "ATTENTION_THREADS"  # the OMP_NUM_THREADS this module wrote: not the user's, so a child chooses again
 ADAPT_SECONDS = 1.0  # adapt() looks at the machine's load at most this often
 PROC_STAT = Path("/proc/stat")  # Linux: the time every core spent busy since boot, in clock ticks
-CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" in µs, or "max <period>"
-# glibc's allocator (keep_freed_memory): blocks up to MMAP_THRESHOLD come from the heap and are reused when freed;
-# free memory at the heap's top is given back beyond TRIM_THRESHOLD. A plain-PyTorch SST-2 step in a fresh process
-# (a scratch script), ms: unchanged 27, 32 MB / 256 MB 18, 8 MB / 128 MB 19, 32 MB / 64 MB 20, 256 MB / 1 GB 23; a
-# raised trim threshold alone 41 (it fixes glibc's moving mmap threshold at 128 KB).
-MMAP_THRESHOLD = 32 << 20
-TRIM_THRESHOLD = 256 << 20
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
-MALLOC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
-                    "GLIBC_TUNABLES")
-
-
-@dataclass(frozen=True)
-class ThreadSetting:
-    threads: int
-    wait_policy: str  # "PASSIVE", "ACTIVE", or "spin N" (GOMP_SPINCOUNT N, then sleep)
-    source: str  # where the thread count came from, in words
-    torch_first: bool = False  # torch was loaded before this module: its wait policy could no longer change
-    memory: str = ""  # what keep_freed_memory did, in words
-    adapts: bool = False  # adapt() resizes the pool to the cores other programs leave free
-
-    def describe(self) -> str:
-        wait = self.wait_policy if self.wait_policy.startswith("spin") else f"OMP_WAIT_POLICY {self.wait_policy}"
-        if self.torch_first:
-            wait += " (not in force: torch was loaded before model.threads, so its pool waits as it did)"
-        adapting = "; fewer while other programs use the cores (looked at each second)" if self.adapts else ""
-        return (f"torch threads: {self.threads} ({self.source}){adapting}; {wait}"
-                + (f"; {self.memory}" if self.memory else ""))
-
-
-def cgroup_cores(cpu_max: Path = CGROUP_CPU_MAX) -> int | None:
-    """Cores a container's CPU quota allows (rounded up), or None when there is no quota or no cgroup v2 file."""
-    try:
-        quota, period = cpu_max.read_text().split()[:2]
-        return max(1, math.ceil(int(quota) / int(period)))
-    except (OSError, ValueError):  # no file, "max" (no quota), or a layout this does not know
-        return None
-
-
-def available_cores(cpu_max: Path = CGROUP_CPU_MAX) -> tuple[int, str]:
-    """(cores this process may run on, why): its CPU affinity mask, capped by a container's CPU quota."""
-    if hasattr(os, "sched_getaffinity"):
-        cores, why = len(os.sched_getaffinity(0)), "the cores this process may run on"
-    else:  # macOS, Windows: no affinity mask to read
-        cores, why = os.cpu_count() or 1, "the machine's cores"
-    quota = cgroup_cores(cpu_max)
-    if quota is not None and quota < cores:
-        cores, why = quota, f"the container's CPU quota ({cpu_max})"
-    return cores, why
-
-
-def requested_threads(value: str | None) -> int | None:
-    """The thread count an OMP_NUM_THREADS value asks for (OpenMP's list form "4,2": its first level), or None
-    when it asks for none that torch can use."""
-    try:
-        threads = int((value or "").split(",")[0])
-    except ValueError:
-        return None
-    return threads if threads >= 1 else None
-
-
-def choose(environ=os.environ, cpu_max: Path = CGROUP_CPU_MAX, proc_stat: Path = PROC_STAT) -> ThreadSetting:
-    """The setting this environment asks for: the user's OMP_NUM_THREADS, OMP_WAIT_POLICY and GOMP_SPINCOUNT when
-    set, else the available cores (adapted, where the machine's load can be read) and a short spin. Writes the chosen
-    values into `environ`."""
-    given = environ.get("OMP_NUM_THREADS")
-    if given is not None and given == environ.get(CHOSEN):  # a parent process's choice, not the user's
-        given = None
-    threads = requested_threads(given)
-    if threads is not None:
-        source = "OMP_NUM_THREADS"
-    else:
-        threads, source = available_cores(cpu_max)
-        if given is not None:
-            source += f"; OMP_NUM_THREADS {given!r} is not a thread count, so it was replaced"
-        environ["OMP_NUM_THREADS"] = environ[CHOSEN] = str(threads)
-    if environ.get("OMP_WAIT_POLICY", "").strip().upper() in ("ACTIVE", "PASSIVE"):
-        wait_policy = environ["OMP_WAIT_POLICY"].strip().upper()
-    else:
-        environ.pop("OMP_WAIT_POLICY", None)  # a value OpenMP does not know: the spin count below decides
-        environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
-        wait_policy = f"spin {environ['GOMP_SPINCOUNT']}"
-    # Not under a container's CPU quota: /proc/stat counts the whole host, whose other programs do not take this
-    # process's share; nor with a thread count the user set.
-    adapts = source.startswith("the cores this process may run on") and readable(proc_stat)
-    return ThreadSetting(threads, wait_policy, source, adapts=adapts)
-
-
-def readable(path: Path) -> bool:
-    try:
-        return bool(path.read_text())
-    except OSError:
-        return False
 
 
 def is_glibc() -> bool:
@@ -161,8 +36,8 @@ def is_glibc() -> bool:
 
 
 def mallopt(parameter: int, value: int, libc=None) -> bool:
-    """glibc's mallopt(parameter, value) for this process (also training/memory.py's); False where the C library is
-    not glibc (other allocators hand memory back their own way) or refuses the value."""
+    """glibc's mallopt(parameter, value) for this process; False where the C library is not glibc (other allocators
+    hand memory back their own way) or refuses the value."""
     if libc is None:
         if not is_glibc():
             return False
@@ -171,42 +46,6 @@ def mallopt(parameter: int, value: int, libc=None) -> bool:
         return bool(libc.mallopt(parameter, value))
     except AttributeError:  # no mallopt in this C library
         return False
-
-
-def keep_freed_memory(environ=os.environ, libc=None) -> str:
-    """Raise glibc's mmap and trim thresholds for this process (see the module's docstring); says what was done.
-    Nothing when the user set glibc's own variables, or the C library is not glibc (its mallopt is glibc's)."""
-    given = [name for name in MALLOC_VARIABLES if name in environ]
-    if given:
-        return f"freed memory as the user's {', '.join(given)} say"
-    done = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD, libc) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD, libc)
-    return (f"freed memory reused (glibc mmap threshold {MMAP_THRESHOLD >> 20} MB, trim {TRIM_THRESHOLD >> 20} MB)"
-            if done else "")
-
-
-def configure() -> ThreadSetting:
-    """Choose the setting for this process, once; a torch already loaded gets the thread count set directly."""
-    setting = choose()
-    memory = keep_freed_memory()
-    torch_first = "torch" in sys.modules
-    if torch_first:  # too late for the environment to reach its pool's wait
-        import torch
-
-        torch.set_num_threads(setting.threads)
-    return ThreadSetting(setting.threads, setting.wait_policy, setting.source, torch_first, memory, setting.adapts)
-
-
-SETTING = configure()
-_logged = False
-
-
-def log_setting() -> ThreadSetting:
-    """Log the setting's one line (once per process, however often called) and return it."""
-    global _logged
-    if not _logged:
-        _logged = True
-        log.info(SETTING.describe())
-    return SETTING
 
 
 def cpu_ticks(proc_stat: Path = PROC_STAT, cpus: set[int] | None = None) -> tuple[int, int]:
@@ -260,14 +99,22 @@ class Adapter:
         return wanted if wanted < current or (wanted > current and agreed) else None
 
 
-_adapter = Adapter(SETTING.threads) if SETTING.adapts else None
+_adapter: Adapter | None = None  # set by start_adapting(): a command's choice (runtime.py), never an import's
 _pool_checked = False  # whether adapt() has seen that torch's pool is OpenMP's
+
+
+def start_adapting(cores: int) -> None:
+    """From now on adapt() sizes the pool to at most `cores`, fewer while other programs use them. runtime.py's
+    configure() calls it for a command that chose its own thread count; a library user's process never adapts."""
+    global _adapter, _pool_checked
+    _adapter, _pool_checked = Adapter(cores), False
 
 
 def adapt() -> None:
     """Called from a face's long loops (each batch, each request): at most once a second, resize torch's pool to the
-    cores other programs leave free (Adapter). Nothing when the user set the thread count, off Linux, or with a torch
-    whose pool is not OpenMP's (its native pool cannot be resized once it has run)."""
+    cores other programs leave free (Adapter). Nothing unless a command started it (runtime.py: not when the user set
+    the thread count, nor off Linux), or with a torch whose pool is not OpenMP's (its native pool cannot be resized
+    once it has run)."""
     global _adapter, _pool_checked
     if _adapter is None:
         return

@@ -11,8 +11,8 @@ import torch
 from model.mask_probe import mask_calls
 from monitor.layer_family import find_family
 from monitor.layer_probe import MORE_PADDING, Outcome, Probe, Unusable, changed, figure, rounding
+from monitor.thresholds import INVARIANCE
 
-INVARIANCE = 1e-4  # relative change of a real token's output: float32 rounding gives ≤ 1e-6
 STEADY = 1e-6  # relative change between two identical evaluation passes: exactly 0 for a deterministic layer
 ROW_SUM = 1e-4  # |row sum − 1| of a real query's weights: float32 rounding gives ≤ 1e-6
 STABLE_SCORES = 300.0  # the largest |score| the stability check drives the layer to: exp() overflows float32 past
@@ -248,10 +248,11 @@ def stability(probe: Probe) -> Outcome:
     layouts = probe.projections
     factor = 8.0
     if layouts:
-        from monitor.layer_formula import project, split
+        from model.attention import split_heads
+        from monitor.layer_formula import project
 
         seen = probe.base
-        q, k = (split(project(seen.x.double(), p), layouts[0].heads) for p in (layouts[0].q, layouts[0].k))
+        q, k = (split_heads(project(seen.x.double(), p), layouts[0].heads) for p in (layouts[0].q, layouts[0].k))
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
         largest = float(scores.max()) if float(scores.max()) > 0 else float(scores.abs().max())
         factor = math.sqrt(STABLE_SCORES / max(largest, 1e-6))  # the largest score grows with the input's square

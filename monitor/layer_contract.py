@@ -33,14 +33,16 @@ from torch import nn
 from model.attention import MultiHeadSelfAttention
 from model.errors import ConfigError
 from model.mask_probe import NoConvention, runs
-from monitor.contract import MATCH, compare
+from monitor.contract import compare
 from monitor.doctor import Finding, Verdict
-from monitor.layer_behaviour import (INVARIANCE, ROW_SUM, STEADY, eval_steady, look_ahead, mask_name, neighbours,
+from monitor.layer_behaviour import (ROW_SUM, STEADY, eval_steady, look_ahead, mask_name, neighbours,
                                      padding, permutation, shapes, softmax_rows, stability, train_eval)
 from monitor.layer_family import find_family, position_formula
-from monitor.layer_formula import SCALE_FACTOR, compare_layer, score_factor
+from monitor.layer_formula import compare_layer, score_factor
 from monitor.layer_gradients import gradcheck, gradient
 from monitor.layer_probe import Check, Outcome, Probe, Row, Unusable, figure, model_width, rounding
+from monitor.stage_compare import MATCH
+from monitor.thresholds import INVARIANCE, SCALE_FACTOR
 from monitor.units import Check as Unit, Subject, examine, register
 
 
@@ -209,10 +211,10 @@ CHECKS: list[Check] = [
 
 
 def learning(probe: Probe) -> Outcome:
-    """The class in the classifier on the synthetic task against the built-in full layer (training/learning.py)."""
+    """The class in the classifier on the synthetic task against the built-in full layer (monitor/learning.py)."""
     if not isinstance(probe.spec, str):
         return Outcome("NOTE", "not run: give the class as file.py:ClassName (or package.module:ClassName) to train it")
-    from training.learning import EPOCHS, MARGIN, learns
+    from monitor.learning import EPOCHS, MARGIN, learns
 
     found = learns(probe.spec, probe.args)
     figures = {"accuracy": found["accuracy"], "built_in_accuracy": found["built_in"]}

@@ -24,13 +24,14 @@ from dataclasses import dataclass
 
 import torch
 
-from monitor.contract import centred, differ
-from monitor.layer_formula import merge, project, split
+from model.attention import merge_heads, split_heads
+from monitor.layer_formula import project
+from monitor.stage_compare import centred, differ
+from monitor.thresholds import INVARIANCE
 from monitor.layer_probe import Outcome, Probe, figure, rounding
 
 SHIFT = 3  # tokens put in front by the relative-position test
 POSITION_MATCH = 1e-3  # relative difference of row-centred log-weights that counts as the same scores
-INVARIANCE = 1e-4  # relative change of an output: float32 rounding gives ≤ 1e-6
 OUTPUT_FIX = "return W_O applied once to the merged heads' output: out = W_O((weights @ V) merged)"
 
 
@@ -196,7 +197,7 @@ def departure(probe, seen, allowed: torch.Tensor):
     None when the heads do not line up."""
     layout = probe.projections[0]
     read = seen.x.double()
-    q, k = (split(project(read, p), layout.heads) for p in (layout.q, layout.k))
+    q, k = (split_heads(project(read, p), layout.heads) for p in (layout.q, layout.k))
     w = seen.weights.double()
     if w.shape[1] != layout.heads:
         return None
@@ -232,8 +233,8 @@ def position_formula(probe: Probe, family) -> Outcome:
     if seen.weights is None or seen.weights.shape[1] != layout.heads:
         return Outcome("NOTE", f"positions {family.positions}: the output could not be recomputed (no weights of "
                        f"{layout.heads} head(s) seen)")
-    v = split(project(seen.x.double(), layout.v), layout.heads)
-    heads = merge(seen.weights.double() @ v)  # (B, L, H·d)
+    v = split_heads(project(seen.x.double(), layout.v), layout.heads)
+    heads = merge_heads(seen.weights.double() @ v)  # (B, L, H·d)
     expected = project(heads, layout.o) if layout.o is not None else heads
     if seen.raw_out is None or seen.raw_out.shape != expected.shape:
         return Outcome("NOTE", f"positions {family.positions}: the output is not compared (no W_O found by name, or "

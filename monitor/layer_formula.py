@@ -1,5 +1,5 @@
 """The formula on one attention layer, from its own weights: where its projections are, softmax(Q Kᵀ/√d_k) V (W_O)
-recomputed from them in float64 by the independent reference (model/attention.py's dense_reference: torch's own
+recomputed from them in float64 by the independent reference (monitor/reference.py's dense_reference: torch's own
 multi-head attention), stage by stage against what the layer computed, and the spread of its scores against what
 1/√d_k gives. monitor/layer_contract.py runs these as two of its checks ("formula", "scale").
 
@@ -20,13 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import dense_reference
+from model.attention import merge_heads, split_heads
 from model.own_attention import ROLE_NAMES, normal
-from monitor.contract import (MATCH, centred, compare_mask, compare_scores, compare_weights, differ,
-                              factor_of, first_difference, operands, relative)
-
-SCALE_FACTOR = 4.0  # a score spread this many times what 1/√d_k gives, or 1/this, is a scale far off (as
-# monitor/doctor.py's formula-setting: "no scaling" with heads of 16 is 4×, "divided by d_k" ¼×)
+from monitor.reference import dense_reference
+from monitor.stage_compare import (MATCH, centred, compare_mask, compare_scores, compare_weights, differ,
+                                   factor_of, first_difference, operands, relative)
 
 HEAD_ATTRIBUTES = ("n_heads", "num_heads", "heads", "n_head", "nhead", "num_attention_heads", "h", "head_count")
 
@@ -194,27 +192,17 @@ def project(x: torch.Tensor, linear: tuple) -> torch.Tensor:
     return F.linear(x, weight.detach().double(), None if bias is None else bias.detach().double())
 
 
-def split(t: torch.Tensor, heads: int) -> torch.Tensor:
-    B, L, inner = t.shape
-    return t.view(B, L, heads, inner // heads).transpose(1, 2)  # (B, H, L, d)
-
-
-def merge(t: torch.Tensor) -> torch.Tensor:
-    B, H, L, d = t.shape
-    return t.transpose(1, 2).reshape(B, L, H * d)  # (B, L, H·d)
-
-
 def reference(proj: Projections, x: torch.Tensor, allowed: torch.Tensor):
     """The definition on x (B, L, D), float64, over the allowed keys (B, 1, L, L): model/attention.py's Reference,
     or None when the keys' head size differs from the queries'. Values wider than the queries (W_V d_model × d_model
     beside W_Q d_model × d_k, as numpy-style course code writes one head) are weighted by the reference's weights."""
-    q, k, v = (split(project(x, p), proj.heads) for p in (proj.q, proj.k, proj.v))
+    q, k, v = (split_heads(project(x, p), proj.heads) for p in (proj.q, proj.k, proj.v))
     if q.shape != k.shape or q.shape[:-1] != v.shape[:-1]:
         return None
     d = q.shape[-1]
     if v.shape != q.shape:
         ref = reference(replace(proj, v=proj.q, o=None), x, allowed)  # scores and weights; values apart
-        heads = merge(ref.weights @ v)  # (B, L, H·d_v)
+        heads = merge_heads(ref.weights @ v)  # (B, L, H·d_v)
         out = project(heads, proj.o) if proj.o is not None else heads
         return ref._replace(heads=heads, out=out, v=v)
     inner = proj.heads * d
@@ -251,13 +239,13 @@ def variants(proj: Projections, x: torch.Tensor, allowed: torch.Tensor, ref) -> 
     H, d, dv = proj.heads, ref.q.shape[-1], ref.v.shape[-1]
     q, k, v, scale = ref.q, ref.k, ref.v, 1.0 / math.sqrt(d)
     found = {
-        "the scores not scaled (no 1/√d_k)": merge(plain(q, k, v, allowed, 1.0)),
-        "the scores divided by d_k (1/√d_k twice)": merge(plain(q, k, v, allowed, scale**2)),
-        "softmax over the queries (the other axis)": merge(plain(q, k, v, allowed, scale, axis=-2)),
-        "Q Qᵀ (another operand: the queries as keys)": merge(plain(q, q, v, allowed, scale)),
-        "Kᵀ Q (keys and queries swapped)": merge(plain(k, q, v, allowed, scale)),
-        "the padding mask not applied": merge(plain(q, k, v, torch.ones_like(allowed), scale)),
-        "a look-ahead (causal) mask": merge(plain(q, k, v, allowed & torch.ones(L, L, dtype=torch.bool).tril(),
+        "the scores not scaled (no 1/√d_k)": merge_heads(plain(q, k, v, allowed, 1.0)),
+        "the scores divided by d_k (1/√d_k twice)": merge_heads(plain(q, k, v, allowed, scale**2)),
+        "softmax over the queries (the other axis)": merge_heads(plain(q, k, v, allowed, scale, axis=-2)),
+        "Q Qᵀ (another operand: the queries as keys)": merge_heads(plain(q, q, v, allowed, scale)),
+        "Kᵀ Q (keys and queries swapped)": merge_heads(plain(k, q, v, allowed, scale)),
+        "the padding mask not applied": merge_heads(plain(q, k, v, torch.ones_like(allowed), scale)),
+        "a look-ahead (causal) mask": merge_heads(plain(q, k, v, allowed & torch.ones(L, L, dtype=torch.bool).tril(),
                                                   scale)),
         "heads merged wrongly: (B, H, L, d) reshaped to (B, L, H·d) without moving H back":
             ref.heads.view(B, L, H, dv).transpose(1, 2).reshape(B, L, H * dv),
@@ -267,7 +255,7 @@ def variants(proj: Projections, x: torch.Tensor, allowed: torch.Tensor, ref) -> 
         found["heads split wrongly: (B, L, H·d) viewed as (B, H, L, d) without the transpose"] = \
             plain(*wrong_split, allowed, scale).reshape(B, L, H * d)
     if x.shape[-1] == H * d:
-        found["V = X: the values are the input itself (W_V skipped)"] = merge(ref.weights @ split(x, H))
+        found["V = X: the values are the input itself (W_V skipped)"] = merge_heads(ref.weights @ split_heads(x, H))
     return found
 
 
@@ -357,14 +345,14 @@ def score_factor(proj: Projections, seen, padding: torch.Tensor, causal: bool = 
     out = seen.out.double()[~padding]
     best = (math.inf, math.nan)
     for factor in torch.logspace(-5, 5, 201, base=2).tolist():  # 2^-5 … 2^5 in steps of 2^0.05
-        heads = merge(plain(ref.q, ref.k, ref.v, allowed, factor / math.sqrt(ref.q.shape[-1])))
+        heads = merge_heads(plain(ref.q, ref.k, ref.v, allowed, factor / math.sqrt(ref.q.shape[-1])))
         fitted = heads if proj.o is None else project(heads, proj.o)
         best = min(best, (relative(out, fitted[~padding]), factor))
     residual, factor = best
     if residual >= MATCH:
         # beyond the grid's ends: the scores' spread of an output that is one-hot or uniform is told by the ends
         for factor, name in ((256.0, "one-hot"), (1 / 256, "uniform")):
-            heads = merge(plain(ref.q, ref.k, ref.v, allowed, factor / math.sqrt(ref.q.shape[-1])))
+            heads = merge_heads(plain(ref.q, ref.k, ref.v, allowed, factor / math.sqrt(ref.q.shape[-1])))
             fitted = heads if proj.o is None else project(heads, proj.o)
             if relative(out, fitted[~padding]) < MATCH:
                 return factor, f"fitted on the output (rows {name})"

@@ -25,10 +25,13 @@ import yaml
 
 # One intra-op thread in this process and in every process a test starts (they inherit the variable; it must be set
 # before torch is imported): pytest-xdist already keeps both cores busy. A value set by the caller is kept; the
-# passive wait and the log line come from model/threads.py, as in every face.
+# rest of the setting comes from runtime.py, as in every command (this process is the test run's command).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import model.threads  # noqa: E402,F401 (after the thread count, before torch)
+import runtime  # noqa: E402
+
+runtime.configure()  # after the thread count, before torch
+
 import torch  # noqa: E402 (after the thread setting)
 import torch.nn.functional as F  # noqa: E402
 
@@ -255,7 +258,7 @@ def smoke_run(tmp_path_factory) -> SmokeRun:
     fused_calls = []
     fused = F.scaled_dot_product_attention
     with pytest.MonkeyPatch.context() as patch:
-        # The callers are kept: the doctor's reference (model/attention.py dense_reference) calls torch's kernel on
+        # The callers are kept: the doctor's reference (monitor/reference.py dense_reference) calls torch's kernel on
         # purpose, as an implementation independent of the written lines; the model's own calls are counted.
         patch.setattr(F, "scaled_dot_product_attention",
                       lambda *a, **k: fused_calls.append(sys._getframe(1).f_code.co_name) or fused(*a, **k))

@@ -289,7 +289,8 @@ def test_a_huge_window_from_train_py_is_one_line(tmp_path):
 @pytest.mark.parametrize("flags, message", [
     (["--data.max_length", "1000000"], "max_length 1000000 is larger than 65536 tokens"),
     (["--model.network.attention", "banded"], "attention must be one of full, local, linformer, sparse, auto"),
-    (["--model.network.attention", "local", "--model.network.window", "0"], "window must be an integer >= 1, got 0"),
+    (["--model.network.attention", "local", "--model.network.window", "0"],
+     "window must be a whole number >= 1, got 0"),
 ])
 def test_a_bad_network_setting_is_refused_before_the_data_are_read(tmp_path, flags, message):
     with pytest.raises(SystemExit) as stop:

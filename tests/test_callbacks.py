@@ -8,9 +8,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import train
 from conftest import ONE_PROBE, PROBE_TEXT, QUIET, SMOKE, SMOKE_EPOCHS
-from monitor.callback import AttentionMonitor, pick_probes
+from monitor.callback import AttentionMonitor
 from monitor.health import AttentionHealth
 from monitor.heatmap import figure_to_array, redraw
+from monitor.probes import pick_probes
 
 FIGURES = ("entropy", "max_weight", "score_std", "gradient_pass", "pad_weight", "row_sum_error")
 
@@ -58,7 +59,7 @@ def test_probe_images_are_logged_at_each_validation_end_and_not_during_sanity_ch
 
 def test_probe_text_from_the_config_is_drawn_with_the_data_tokenizer(monitored_run):
     cli, _ = monitored_run
-    _, tokens, titles = monitor_of(cli).probes
+    _, tokens, titles = monitor_of(cli).heatmaps.probes
     expected = cli.datamodule.tokenizer.encode(PROBE_TEXT).tokens
     assert titles[1] == (PROBE_TEXT, "from the config")
     assert [t for t in tokens[1] if t != "[PAD]"] == expected
@@ -146,8 +147,8 @@ def test_a_reused_probe_figure_shows_the_new_weights_of_real_tokens_only():
     monitor = AttentionMonitor(max_tokens=5)
     tokens, padding = [f"t{i}" for i in range(8)], torch.arange(8) >= 6  # 6 real tokens, 5 shown
     first, second = torch.rand(2, 3, 8, 8).softmax(-1), torch.rand(2, 3, 8, 8).softmax(-1)
-    figure = monitor.probe_figure(0, first, tokens, "epoch 0", padding)
-    assert monitor.probe_figure(0, second, tokens, "epoch 1", padding) is figure
+    figure = monitor.heatmaps.probe_figure(0, first, tokens, "epoch 0", padding)
+    assert monitor.heatmaps.probe_figure(0, second, tokens, "epoch 1", padding) is figure
     images = [ax.images[0].get_array() for ax in figure.axes if ax.images]
     assert len(images) == 6
     for image, expected in zip(images, second[:, :, :5, :5].flatten(0, 1)):
@@ -159,10 +160,10 @@ def test_a_redrawn_probe_has_the_pixels_of_a_full_drawing():
     """log_probes draws only the weights, frames and titles over the background kept of the first drawing."""
     monitor = AttentionMonitor(max_tokens=6)
     tokens, padding = [f"t{i}" for i in range(8)], torch.arange(8) >= 7
-    monitor.probe_figure(0, torch.rand(2, 3, 8, 8).softmax(-1), tokens, "epoch 0", padding)
-    figure = monitor.probe_figure(0, torch.rand(2, 3, 8, 8).softmax(-1), tokens, "epoch 1, a longer heading",
+    monitor.heatmaps.probe_figure(0, torch.rand(2, 3, 8, 8).softmax(-1), tokens, "epoch 0", padding)
+    figure = monitor.heatmaps.probe_figure(0, torch.rand(2, 3, 8, 8).softmax(-1), tokens, "epoch 1, a longer heading",
                                   padding, None, None, [["averaging", "ok", "ok"], ["ok", "unused", "ok"]])
-    redrawn = redraw(figure, *monitor.still_parts[0])
+    redrawn = redraw(figure, *monitor.heatmaps.still_parts[0])
     assert (redrawn == figure_to_array(figure)).all()
 
 
@@ -173,11 +174,11 @@ def test_a_reused_probe_figure_keeps_its_heading_where_the_layout_put_it():
 
     monitor = AttentionMonitor()
     weights, tokens = torch.rand(2, 4, 24, 24).softmax(-1), [f"t{i}" for i in range(24)]
-    figure = monitor.probe_figure(0, weights, tokens, '"a text"\nvalidation #1, step 0', None)
+    figure = monitor.heatmaps.probe_figure(0, weights, tokens, '"a text"\nvalidation #1, step 0', None)
     figure_to_array(figure)
     heading = [t for t in figure.findobj(Text) if t.get_text() == '"a text"\nvalidation #1, step 0']
     (where,) = {t.get_position() for t in heading}
-    monitor.probe_figure(0, weights, tokens, '"a text"\nvalidation #1; predicted pos (0.94), step 500', None)
+    monitor.heatmaps.probe_figure(0, weights, tokens, '"a text"\nvalidation #1; predicted pos (0.94), step 500', None)
     figure_to_array(figure)
     (moved,) = [t for t in figure.findobj(Text) if t.get_text().endswith("step 500")]
     assert moved.get_position() == where
@@ -188,9 +189,9 @@ def test_a_reused_probe_figure_keeps_its_heading_where_the_layout_put_it():
 def test_a_probe_whose_text_holds_dollar_signs_is_drawn_first_and_on_reuse():
     monitor = AttentionMonitor()
     weights, tokens = torch.rand(1, 2, 4, 4).softmax(-1), ["paid", "$5", "^_^", "$10"]
-    figure = monitor.probe_figure(0, weights, tokens, '"paid $5 ^_^ worth $10"\nvalidation #1, step 0', None)
+    figure = monitor.heatmaps.probe_figure(0, weights, tokens, '"paid $5 ^_^ worth $10"\nvalidation #1, step 0', None)
     figure_to_array(figure)
-    monitor.probe_figure(0, weights, tokens, '"paid $5 ^_^ worth $10"\nvalidation #2, step 9', None, None,
+    monitor.heatmaps.probe_figure(0, weights, tokens, '"paid $5 ^_^ worth $10"\nvalidation #2, step 9', None, None,
                          None, [["$a^_^b$", "ok"]])
     figure_to_array(figure)
     assert figure.get_suptitle().endswith("step 9")

@@ -1,5 +1,7 @@
-"""A config mistake is one line (training/cli.py): where it was given, the key, and the nearest accepted name; long
-flags are taken whole, never by prefix."""
+"""A config mistake is one line (training/cli.py): where it was given, the key, and the nearest accepted name, or
+jsonargparse's own message; long flags are taken whole, never by prefix."""
+
+import sys
 
 import pytest
 
@@ -44,4 +46,16 @@ def test_a_misspelt_callback_argument_names_the_file_and_the_class(tmp_path, cap
 def test_a_bad_value_names_the_key_and_the_value(tmp_path, capsys):
     config = tmp_path / "run.yaml"
     config.write_text("model:\n  lr: fast\n")
-    assert f"{config}: model.lr: Expected a float. Got value: fast" in refused(capsys, "--config", str(config))
+    err = refused(capsys, "--config", str(config))  # then jsonargparse's own words, on one line
+    assert err.startswith(f"error: {config}: ") and '"model.lr"' in err and "fast" in err
+
+
+def test_pretrain_is_parsed_from_its_arguments_with_sys_argv_untouched(monkeypatch, capsys):
+    command_line = ["train.py", "pretrain", "--model.lrr", "0.1"]
+    monkeypatch.setattr(sys, "argv", list(command_line))
+    with pytest.raises(SystemExit) as stop:
+        train.main()
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and sys.argv == command_line
+    assert err.startswith("error: the command line: --model.lrr is not an option of")
+    assert "(did you mean --model.lr?)" in err

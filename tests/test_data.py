@@ -11,7 +11,8 @@ import torch
 from conftest import NEGATIVE, POSITIVE, ROOT, rows, write
 from data.batches import BucketBatchSampler, collate
 from data.datamodule import TextDataModule
-from data.sources import DataError, load_splits, stratified_split
+from data.sources import DataError, load_splits
+from data.splitting import stratified_split
 from data.tokenizer import PAD_ID, load_tokenizer, train_tokenizer
 
 def splits_of(train_file, **kwargs):

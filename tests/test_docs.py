@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-import monitor.doctor
+import monitor.verdict_table
 from conftest import ROOT
 from model.kinds import ATTENTION_KINDS
 from scripts.docs import TABLES, filled, kinds_table, stale
@@ -35,10 +35,10 @@ def test_each_kind_describes_itself_in_the_readme_table():
 def test_each_threshold_the_doctor_docs_quote_is_the_constant():
     text = (ROOT / "docs" / "DOCTOR.md").read_text(encoding="utf-8")
     quoted = re.findall(r"\b([A-Z][A-Z_]{3,}) ([0-9][0-9.e-]*)\b", text)
-    constants = [(name, value) for name, value in quoted if hasattr(monitor.doctor, name)]
+    constants = [(name, value) for name, value in quoted if hasattr(monitor.verdict_table, name)]
     assert len(constants) >= 15  # the tables of "Where the lines are"
     assert [(name, float(value)) for name, value in constants] == [
-        (name, float(getattr(monitor.doctor, name))) for name, _ in constants]
+        (name, float(getattr(monitor.verdict_table, name))) for name, _ in constants]
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda path: path.name)

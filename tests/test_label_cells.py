@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data.sources import DataError, is_missing, load_splits
+from data.label_encoding import is_missing
+from data.sources import DataError, load_splits
 
 TEXTS = ["happy glad", "angry mad", "scared afraid", "angry scared", "glad but afraid", "mad and happy"] * 2
 
@@ -114,7 +115,7 @@ def test_integer_label_lists_take_their_names_from_labels_txt_beside_them(tmp_pa
     (tmp_path / "labels.txt").write_text("\n".join(names) + "\n")
     labels = [[i % 12] + ([10] if i % 3 == 0 else []) for i in range(24)]
     path = parquet(tmp_path / "train.parquet", labels, texts=[f"text {i}" for i in range(24)])
-    with caplog.at_level(logging.INFO, logger="data.sources"):
+    with caplog.at_level(logging.INFO, logger="data.reading"):
         splits = splits_of(path)
     assert splits.label_names == names  # not '0', '1', '10', '11', '2', ... sorted as strings
     assert f"the 12 lines of {tmp_path / 'labels.txt'}" in caplog.text

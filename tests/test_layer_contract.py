@@ -1,6 +1,6 @@
 """The attention contract on one layer (monitor/layer_contract.py): a correct class of each style a user writes gets
 no FAIL, and one mistake planted per check makes that check FAIL. The classes below are written the way tutorials
-write them, not to fit the checks: the single-head class of the course (read from ../shared/examples), multi-head
+write them, not to fit the checks: the single-head class in the course's form (docs/examples), multi-head
 with W_O and a padding mask, one fused qkv Linear, nn.MultiheadAttention wrapped."""
 
 import math
@@ -19,7 +19,7 @@ from model.kinds import ATTENTION_KINDS
 from monitor import assert_attention_contract
 from monitor.layer_contract import CHECKS, layer_contract, table
 
-SEED_CLASS = Path(__file__).resolve().parents[1].parent / "shared" / "examples" / "seed_self_attention.py"
+SEED_CLASS = Path(__file__).resolve().parents[1] / "docs" / "examples" / "course_attention.py"
 TINY = NetworkConfig(window=2, global_tokens=1, projection_length=4, max_length=16)
 KIND_SETTINGS = {name: kind.settings(TINY) for name, kind in ATTENTION_KINDS.items()}  # each kind's own arguments
 
@@ -355,7 +355,7 @@ def test_the_page_shows_five_commands():
     published = "bench/catalogue/user_attention/published/"
     assert [argv[1] for argv, _ in page_commands()] == [
         f"{published}mingpt.py:CausalSelfAttention", f"{published}mha_implementations.py:MHAPyTorchScaledDotProduct",
-        "../shared/examples/seed_self_attention.py:SelfAttention", "docs/examples/my_attention.py:MyAttention",
+        "docs/examples/course_attention.py:SelfAttention", "docs/examples/my_attention.py:MyAttention",
         "docs/examples/my_attention_mistake.py:MyAttention"]
 
 
@@ -370,15 +370,15 @@ def test_every_output_on_the_page_is_what_its_command_prints(argv, printed, caps
 @pytest.mark.parametrize("accuracy,verdict", [(0.95, "PASS"), (0.55, "FAIL")])
 def test_learn_compares_with_the_built_in_layer_and_names_the_contracts_findings(accuracy, verdict, tmp_path,
                                                                                  monkeypatch):
-    import training.learning
+    import monitor.learning
 
     trained = []
 
-    def synthetic_accuracy(attention, attention_args=None, epochs=training.learning.EPOCHS, seed=0, **network):
+    def synthetic_accuracy(attention, attention_args=None, epochs=monitor.learning.EPOCHS, seed=0, **network):
         trained.append((attention, network))
         return (accuracy, {"n_heads": 1, "d_head": 16}) if attention != "full" else (0.96, {})
 
-    monkeypatch.setattr(training.learning, "synthetic_accuracy", synthetic_accuracy)
+    monkeypatch.setattr(monitor.learning, "synthetic_accuracy", synthetic_accuracy)
     broken = tmp_path / "broken.py"
     broken.write_text(BROKEN_FILE)
     rows = layer_contract(f"{broken}:Attention", d_model=64, n_heads=1, learn=True)

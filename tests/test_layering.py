@@ -1,8 +1,9 @@
-"""Arrows one way between packages: the network (model/) imports nothing of ours but itself and no Lightning, and
-the data (data/) nothing of the network; the monitor's figures and heatmaps (monitor.health, monitor.heatmap,
+"""Arrows one way between packages: the network (model/) imports nothing of ours but itself and no Lightning, and the
+data (data/) nothing of the network; the monitor's figures and heatmaps (monitor.health, monitor.heatmap,
 monitor.views) and checkpoint reading load no Lightning and no data module; inference reads checkpoints without
-training/; reading a checkpoint loads nothing of the network; no module imports one that imports it back. The imports
-run in fresh processes, the network's first: what is loaded is read after each group."""
+training/; every import points down model → data → training → monitor → inference → faces; reading a checkpoint
+loads nothing of the network; no module imports one that imports it back. The imports run in fresh processes, the
+network's first: what is loaded is read after each group."""
 
 import ast
 import json
@@ -125,6 +126,29 @@ def test_nothing_of_the_product_imports_the_doctors_proof():
     reaching = {module for module, targets in graph.items() if any(t.startswith("bench.catalogue") for t in targets)
                 and not module.startswith(("bench.catalogue", "bench."))}
     assert reaching == set()
+
+
+LAYERS = ("model", "data", "training", "monitor", "inference")  # each imports only the ones before it
+
+
+def layer(module: str) -> int:
+    """The module's place in LAYERS; the faces (train.py, ..., runtime.py) come after them, the benches last."""
+    top = module.split(".")[0]
+    return LAYERS.index(top) if top in LAYERS else len(LAYERS) + (top == "bench")
+
+
+def back_arrows(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{module} -> {target}" for module, targets in graph.items() for target in targets
+                  if layer(target) > layer(module))
+
+
+def test_every_import_points_down_model_data_training_monitor_inference_faces():
+    """Anywhere in a file, inside functions too: monitor and training do not import each other both ways."""
+    graph = our_imports()
+    assert "monitor.learning" in graph["monitor.layer_contract"]  # the graph sees an import inside a function
+    assert back_arrows({"training.x": {"monitor.y"}, "monitor.y": {"training.x"}, "train": {"bench.z"}}) == [
+        "train -> bench.z", "training.x -> monitor.y"]  # and the check sees an arrow up
+    assert back_arrows(graph) == []
 
 
 def test_no_import_circles():

@@ -1,5 +1,5 @@
-"""A user's own attention class, unchanged, as a kind (model/own_attention.py, model/mask_probe.py): the course's
-class read from ../shared/examples (never copied), each mask convention users write found by probing, bad specs in
+"""A user's own attention class, unchanged, as a kind (model/own_attention.py, model/mask_probe.py): a class in the
+course's form (docs/examples/course_attention.py), each mask convention users write found by probing, bad specs in
 one line, a changed class file refused, a checkpoint rebuilt through predict's API, and a short training run."""
 
 import copy
@@ -16,9 +16,8 @@ from conftest import ROOT, SHORT, fit, padding_mask, save_checkpoint, tiny_class
 from model.config import ConfigError, NetworkConfig
 from model.own_attention import ALLOW_CHANGED, OwnAttention, build_user_layer, load_attention_class, named_network
 
-SEED_FILE = ROOT.parent / "shared" / "examples" / "seed_self_attention.py"
+SEED_FILE = ROOT / "docs" / "examples" / "course_attention.py"
 SEED = f"{SEED_FILE}:SelfAttention"
-pytestmark = pytest.mark.skipif(not SEED_FILE.is_file(), reason=f"{SEED_FILE} (the course's class) not found")
 
 
 def padded_equals_alone(layer: OwnAttention, lengths=(6, 4, 1), d_model=16) -> float:
@@ -477,7 +476,7 @@ def test_the_log_lines_in_docs_are_what_training_prints(monkeypatch, caplog):
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(model.own_attention, "_said", set())
-    config = NetworkConfig(attention="../shared/examples/seed_self_attention.py:SelfAttention", d_model=32, n_heads=2,
+    config = NetworkConfig(attention="docs/examples/course_attention.py:SelfAttention", d_model=32, n_heads=2,
                            n_layers=2)
     with caplog.at_level("INFO", logger="model.own_attention"):
         from model.classifier import AttentionClassifier

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import train
 from conftest import ONE_PROBE, QUIET, ROOT
+from data import TextDataModule
 from data.pretraining import PretrainDataModule
 from data.sources import DataError
 from data.tokenizer import FIRST_WORD_ID, MASK_ID, stored_form
@@ -187,7 +188,7 @@ def test_pretraining_text_is_train_plus_unlabeled_never_validation_or_test(tmp_p
 def test_a_carved_validation_split_is_left_out_of_pretraining(tmp_path):
     files = labelled_files(tmp_path)
     data = PretrainDataModule(train_file=str(files["train"]), val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
-    fit_data = train.TextDataModule(train_file=str(files["train"]), val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
+    fit_data = TextDataModule(train_file=str(files["train"]), val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
     splits = fit_data.read_splits()
     texts, _ = data.pretraining_texts()
     assert sorted(texts) == sorted(splits.texts["train"]) and not set(texts) & set(splits.texts["validation"])
@@ -225,7 +226,7 @@ def test_unlabeled_files_of_every_format_are_read(tmp_path, suffix):
         frame.to_parquet(path)
     else:
         write_lines(path, list(frame.text))
-    from data.sources import read_unlabeled
+    from data.reading import read_unlabeled
 
     assert read_unlabeled(path) == ["one text here", "another text"]
 
@@ -493,6 +494,6 @@ def test_the_encoding_log_of_pretraining_names_no_labels_and_a_classifiers_does(
     (pretraining,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("encoded")]
     caplog.clear()
     with caplog.at_level("INFO", logger="data"):
-        train.TextDataModule(train_file=str(files["train"]), tokenizer="word", cache_dir=str(tmp_path / "c")).state
+        TextDataModule(train_file=str(files["train"]), tokenizer="word", cache_dir=str(tmp_path / "c")).state
     (classifier,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("encoded")]
     assert "labels" not in pretraining and "labels [" in classifier

@@ -19,7 +19,8 @@ import training.ngram_teacher
 from data.columns import TextColumn
 from data.datamodule import TextDataModule
 from data.encoded import EncodedSplit
-from data.sources import DataError, load_splits, read_table
+from data.reading import read_table
+from data.sources import DataError, load_splits
 from data.tokenizer import train_tokenizer
 from training.ngram_teacher import out_of_fold_probabilities
 
@@ -303,14 +304,16 @@ def test_freed_memory_is_returned_every_n_batches_and_before_a_larger_batch_of_e
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_large_blocks_are_mapped_on_their_own_after_map_large_blocks():
-    """model/threads.py keeps a freed 16 MiB block in the heap (speed), which serves the next 6 MiB; once the heap's
-    free pages are handed back (return_freed_memory, as ReturnFreedMemory does), a 6 MiB block the heap cannot serve
-    is mapped on its own after map_large_blocks(1 MiB) (mallinfo2's mapped bytes hold it), so freeing it hands it
-    straight back. In a fresh process."""
+    """A command's process (runtime.py) keeps a freed 16 MiB block in the heap (speed), which serves the next 6 MiB;
+    once the heap's free pages are handed back (return_freed_memory, as ReturnFreedMemory does), a 6 MiB block the
+    heap cannot serve is mapped on its own after map_large_blocks(1 MiB) (mallinfo2's mapped bytes hold it), so
+    freeing it hands it straight back. In a fresh process."""
     script = """
 import ctypes, sys
+import runtime
 from data.cache import return_freed_memory
 from training.memory import map_large_blocks
+runtime.configure()
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
 libc = ctypes.CDLL("libc.so.6")
@@ -319,7 +322,7 @@ if not hasattr(libc, "mallinfo2"):
 libc.mallinfo2.restype = Info
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
-libc.free(libc.malloc(16 << 20))  # kept in the heap for reuse (model/threads.py)
+libc.free(libc.malloc(16 << 20))  # kept in the heap for reuse (runtime.py)
 def mapped(size):  # the block is kept, so the heap's top has no room for the next one
     before = libc.mallinfo2().hblkhd
     libc.malloc(size)

@@ -81,7 +81,7 @@ def test_resume_from_last_continues_the_step_count(tmp_path, caplog):
         (["--data.dataset", "sst3"], "error: unknown dataset 'sst3'"),
         (["--data.val_fraction", "0"], "error: val_fraction must be between 0 and 1"),
         (["--model.network.causal", "true", "--model.network.pooling", "first"], "causal: true with pooling: first"),
-        (["--model.network.n_heads", "0"], "n_heads must be an integer >= 1, got 0"),
+        (["--model.network.n_heads", "0"], "n_heads must be a whole number >= 1, got 0"),
     ],
 )
 def test_bad_input_gives_one_line_error_and_nonzero_exit(tmp_path, args, message):

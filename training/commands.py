@@ -36,8 +36,8 @@ BEST_NAME = "best-epoch{epoch}-step{step}-acc{val/acc:.4f}"
 
 def check_network(config) -> None:
     """The network's own rules (model/config.py), checked before the data are read: tokenizing IMDB must not end in
-    "window must be an integer >= 1". Sizes the data will choose stand in so that no rule refuses wrongly: max_length
-    as the most it may be, vocab_size as the least (the network is checked again once both are known)."""
+    "window must be a whole number >= 1". Sizes the data will choose stand in so that no rule refuses wrongly:
+    max_length as the most it may be, vocab_size as the least (the network is checked again once both are known)."""
     network, data = config["model"]["network"], config["data"]
     settings = {**vars(network), "num_classes": 2, "vocab_size": data.get("vocab_size") or 1,
                 "max_length": data.get("max_length") or max(max_length_caps(network.attention))}
@@ -94,8 +94,20 @@ class CLI(LightningCLI):
         # On unless a config lists its own callbacks (the shipped ones list the monitor too, the IMDB ones both).
         parser.set_defaults({"trainer.callbacks": DEFAULT_CALLBACKS})
 
+    def init_parser(self, **kwargs):
+        """Each parser of this command line (the main one, then one per subcommand) knows the others, so an error the
+        main one reports can name the options of the subcommand given (training/cli.py)."""
+        parser = super().init_parser(**kwargs)
+        if not hasattr(self, "parsers"):
+            self.parsers = []
+        self.parsers.append(parser)
+        parser.family = self.parsers
+        return parser
+
     def parse_arguments(self, parser, args):
-        super().parse_arguments(parser, args)
+        # train.py always hands the arguments over (never rewriting sys.argv), so LightningCLI's warning about args
+        # given beside a command line does not apply: its parse, without that warning.
+        self.config = parser.parse_args(args)
         self.named_class = named_on_command(self.config)
         # LightningCLI then reads the checkpoint's hyperparameters into the config (so `validate --ckpt_path X`
         # rebuilds X's network); make sure first that the file is a safe, readable checkpoint of this project.
@@ -253,7 +265,7 @@ class PretrainCLI(CLI):
         parser.set_defaults({"trainer.callbacks": DEFAULT_CALLBACKS})
 
     def parse_arguments(self, parser, args):
-        LightningCLI.parse_arguments(self, parser, args)
+        self.config = parser.parse_args(args)  # as CLI's (train.py hands the arguments over)
         self.named_class = named_on_command(self.config)
         ckpt_path = (self.config["fit"] if "fit" in self.config else self.config).get("ckpt_path")
         if ckpt_path and ckpt_path not in SPECIAL_NAMES:

@@ -9,7 +9,7 @@ longer than the ones before does not fit in the holes they left, the heap grows,
 resident until the heap is trimmed. On whole IMDB reviews the heap's free space reached 7 GB and resident memory
 3.3 GB by the fifth epoch.
 So this callback, on glibc:
-- gives freed memory at the heap's top back at once again (glibc's own trim threshold, where model/threads.py keeps
+- gives freed memory at the heap's top back at once again (glibc's own trim threshold, where runtime.py keeps
   up to 256 MB of it for the next step's reuse: speed over resident memory);
 - maps every block of `mmap_threshold` bytes or more on its own (mallopt M_MMAP_THRESHOLD): freed, it goes straight
   back to the system, whatever size the next batch needs;

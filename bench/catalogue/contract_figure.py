@@ -20,6 +20,7 @@ from model.classifier import AttentionClassifier
 from model.config import NetworkConfig
 from bench.catalogue.bugs import BUGS, Plant
 from monitor.contract import captured, compare, dense_handout
+from monitor.reference import reference
 
 
 def stages(bug_name: str | None):
@@ -40,7 +41,7 @@ def stages(bug_name: str | None):
         network(ids, padding, need_weights=True)
         record, layer = records[0], network.blocks[0].attention
         result = compare(layer, record, padding, config)
-        ref = layer.reference(unpack(record["x"], ~record["padding"]), padding, scale=layer.scale, causal=False)
+        ref = reference(layer, unpack(record["x"], ~record["padding"]), padding, scale=layer.scale, causal=False)
         weights, scores, _ = dense_handout(record["attention"], padding.shape[1])
     rows = ~padding
     pairs = ref.allowed.expand_as(weights) & rows[:, None, :, None]

@@ -2,7 +2,7 @@
 attention sees it) trained a few epochs with a given attention, against the built-in full layer trained alike.
 `diagnose.py --attention FILE.py:Class --learn` reads it as the contract's last check.
 
-    from training.learning import learns
+    from monitor.learning import learns
     learns("my_attention.py:MyAttention")  # its accuracy, the same-shape built-in layer's, whether it learns
 """
 
