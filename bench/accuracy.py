@@ -16,6 +16,10 @@ last epoch's validation accuracy. `ensemble` averages the probabilities of the s
 (inference/ensemble.py, as `predict.py --ckpt a --ckpt b ...`). Peers are fitted on the training split only.
 Training time is config.yaml → the last validation epoch of each run (the fit itself, without data loading).
 
+Attention earns its place (--ablation): each configuration is also trained with attention's choice taken away, every
+query weighing all tokens of its text the same (`--model.network.scale 1e-6`: the scores vanish, softmax is uniform,
+attention becomes mean pooling of the values), on the same seeds; its row sits beside the full model's.
+
 Needs the `bench` extra for the peers: pip install -e ".[bench]".
 """
 
@@ -39,12 +43,16 @@ from bench.common import ROOT, fit_ngram_teacher, is_cjk
 from data.sources import DATA_ROOT_ENV, load_splits, local_copy_dir
 
 DEFAULT_CONFIG = "configs/default.yaml"
+# Attention replaced by mean pooling: scores multiplied by 1e-6 are ~0 for any query and key, so softmax weighs every
+# real token of the text the same (the padding mask still applies).
+UNIFORM_ATTENTION = ["--model.network.scale", "1e-6"]
+ABLATED = "-uniform"
 TUNED = {"sst2": "configs/sst2.yaml", "chnsenticorp_htl": "configs/chnsenticorp_htl.yaml", "imdb": "configs/imdb.yaml"}
 log = logging.getLogger("bench.accuracy")
 
 
 def config_files(dataset: str, which: str) -> list[str]:
-    return [DEFAULT_CONFIG] if which == "default" else [TUNED[dataset]]
+    return [DEFAULT_CONFIG] if which.removesuffix(ABLATED) == "default" else [TUNED[dataset]]
 
 
 def splits_for(config: str, dataset: str | None = None):
@@ -136,7 +144,8 @@ def train_run(dataset: str, which: str, seed: int, out: Path, extra: list[str], 
     configs = [arg for config in config_files(dataset, which) for arg in ("--config", str(ROOT / config))]
     command = [sys.executable, str(ROOT / "train.py"), "fit", *configs, "--data.dataset", dataset,
                "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save_dir),
-               "--trainer.enable_progress_bar", "false", *extra]
+               "--trainer.enable_progress_bar", "false", *(UNIFORM_ATTENTION if which.endswith(ABLATED) else []),
+               *extra]
     log.info("running %s", " ".join(command))
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, check=False)
@@ -201,6 +210,8 @@ def main():
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "accuracy", help="where runs are written (%(default)s)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="training runs at once; with 2 on a 2-core machine each gets one thread (%(default)s)")
+    parser.add_argument("--ablation", action="store_true",
+                        help="also each configuration with attention replaced by mean pooling (uniform weights)")
     parser.add_argument("--reuse", action="store_true", help="score runs already in --out instead of training them")
     parser.add_argument("--peers-only", action="store_true", help="only the peers: TF-IDF + LR, NB-LR, fastText")
     parser.add_argument("--model-only", action="store_true", help="only this model")
@@ -227,8 +238,8 @@ def main():
                     log.warning("%s on %s: %s", peer, name, e)
         if args.peers_only:
             continue
-        for which in args.configs:
-            if which == "tuned" and not (ROOT / TUNED[name]).is_file():
+        for which in [w + suffix for w in args.configs for suffix in ("", ABLATED)[: 1 + args.ablation]]:
+            if which.startswith("tuned") and not (ROOT / TUNED[name]).is_file():
                 continue
             if args.reuse:
                 runs = [newest_run(run_dir(args.out, name, which, seed)) for seed in args.seeds]
@@ -254,7 +265,7 @@ def print_table(results: dict) -> None:
     names = {"tfidf_logreg": "TF-IDF + logistic regression", "nb_logreg": "NB-LR", "fasttext": "fastText"}
     for dataset, row in results.items():
         where = f"{dataset} ({row['split']}, {row['texts']})"
-        for which in ("default", "tuned"):
+        for which in ("default", "default" + ABLATED, "tuned", "tuned" + ABLATED):
             if which not in row:
                 continue
             runs = row[which]["runs"]
@@ -263,7 +274,9 @@ def print_table(results: dict) -> None:
             last = statistics.median(r["last_val"] for r in runs)
             minutes = statistics.median(r["minutes"] for r in runs)
             epochs = ", ".join(f"{r['best_epoch'] + 1}/{r['epochs']}" for r in runs)
-            label = "generic default" if which == "default" else "tuned config"
+            label = "generic default" if which.startswith("default") else "tuned config"
+            if which.endswith(ABLATED):
+                label += ", attention replaced by mean pooling"
             print(f"| {where} | this model, {label}, median of {len(runs)} ({seeds}) | **{100 * row[which]['accuracy']:.2f}** "
                   f"| {100 * best:.2f} / {100 * last:.2f} | {minutes:.1f} | best/trained {epochs} |")
             if row[which]["ensemble"] is not None:

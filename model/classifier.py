@@ -14,6 +14,7 @@ from torch import nn
 from model.attention import AttentionWeights, MultiHeadSelfAttention, unpack
 from model.config import NetworkConfig
 from model.kinds import ATTENTION_KINDS
+from model.ngrams import NgramBag
 from model.own_attention import OwnAttention, configured_class
 
 
@@ -197,6 +198,10 @@ class AttentionClassifier(AttentionEncoder):
         self.attention_pool = AttentionPooling(config.d_model) if config.pooling == "attention" else None
         self.head_dropout = nn.Dropout(config.head_dropout)
         self.head = nn.Linear(config.d_model, config.num_classes)
+        self.ngram_bag = None
+        if config.ngrams:  # n-gram votes summed into the logits beside the attention-pooled sentence
+            self.ngram_bag = NgramBag(order=config.ngrams, vocab_size=config.vocab_size, buckets=config.ngram_buckets,
+                                      num_classes=config.num_classes)
 
     def forward(
         self, token_ids: torch.Tensor, key_padding_mask: torch.Tensor | None = None, need_weights: bool = False
@@ -206,7 +211,10 @@ class AttentionClassifier(AttentionEncoder):
         # (B, L, D), zeros at padding, which pooling ignores; with nothing padded the N = B·L rows are the grid
         x = x.view(*real.shape, -1) if key_padding_mask is None else unpack(x, real)
         sentence = self.head_dropout(self.pool(x, ~real))  # (B, D)
-        return ClassifierOutput(self.head(sentence), tuple(attention) if need_weights else None)
+        logits = self.head(sentence)  # (B, C)
+        if self.ngram_bag is not None:
+            logits = logits + self.ngram_bag(token_ids, ~real)
+        return ClassifierOutput(logits, tuple(attention) if need_weights else None)
 
     def pool(self, x: torch.Tensor, key_padding_mask: torch.Tensor) -> torch.Tensor:
         """(B, L, D) → (B, D), looking at real tokens only."""

@@ -69,6 +69,10 @@ class NetworkConfig:
             computed in); at most max_length (a block costs w × 3w scores whatever the text's length).
         projection_length: linformer: k, the rows keys and values are projected to (at most max_length).
         global_tokens: sparse: the first this many tokens are global (at most max_length; 0 is plain local).
+        ngrams: beside the attention path, a bag of the text's distinct n-grams of 1..ngrams tokens whose learned
+            votes join the head's logits (model/ngrams.py: NBSVM's linear model on binary n-gram features, the
+            n-grams hashed from the token ids inside the network); 0 (default) leaves the branch out.
+        ngram_buckets: rows the n-grams of 2 or more tokens are hashed into (unigrams have a row each).
         layer_heads: heads kept in each layer after pruning (prune.py), one count per layer, each
             1..n_heads; null (default) is n_heads in every layer. Each head keeps its size, head_size.
     """
@@ -97,6 +101,8 @@ class NetworkConfig:
     window: int = 64
     projection_length: int = 128
     global_tokens: int = 1
+    ngrams: int = 0
+    ngram_buckets: int = 2**20
     layer_heads: list[int] | None = None
     attention_args: dict | None = None
     attention_source: dict | None = None
@@ -106,6 +112,10 @@ class NetworkConfig:
             check_whole_number(name, getattr(self, name), 1)
         check_whole_number("num_classes", self.num_classes, 2)
         check_whole_number("d_ff", self.d_ff, 0)
+        check_whole_number("ngrams", self.ngrams, 0)
+        check_whole_number("ngram_buckets", self.ngram_buckets, 1)
+        if self.ngram_buckets > 2**31:  # the hash stays inside int64 (model/ngrams.py)
+            raise ConfigError(f"ngram_buckets must be at most 2^31, got {self.ngram_buckets}")
         if self.d_head is not None:
             check_whole_number("d_head", self.d_head, 1)
         elif self.n_heads > self.d_model:
@@ -172,7 +182,8 @@ class NetworkConfig:
         layer = 4 * self.d_model * inner + 2 * self.d_model * self.d_ff
         extra = 0 if self.attention == AUTO else attention_kind(self.attention).extra_parameters(self)
         embeddings = (self.vocab_size + self.max_length + self.num_classes) * self.d_model  # tokens, positions, head
-        return embeddings + self.n_layers * (layer + extra)
+        ngrams = (self.vocab_size + self.ngram_buckets) * self.num_classes if self.ngrams else 0
+        return embeddings + ngrams + self.n_layers * (layer + extra)
 
     def resolved(self) -> "NetworkConfig":
         """This config with attention "auto" made concrete: full up to FULL_ATTENTION_MAX_LENGTH tokens, local

@@ -40,6 +40,7 @@ class ClassifierModule(L.LightningModule):
         distillation: float = 0.0,
         init_from: str | None = None,
         word_vectors: int = 0,
+        ngram_start: float = 0.0,
         multi_label: bool = False,
         class_weights: str | list[float] | None = "auto",
         calibration: bool = True,
@@ -63,6 +64,8 @@ class ClassifierModule(L.LightningModule):
             word_vectors: epochs of skip-gram word vectors (training/word_vectors.py) trained on the training texts
                 before a fresh fit, as the token embedding's start (scaled to network.embedding_std). 0 = off; not with
                 init_from. Off in every shipped config (docs/RESULTS.md "Word vectors of the training texts").
+            ngram_start: with network.ngrams, the n-gram branch starts from this times the naive-Bayes log-count
+                ratios of the training texts (training/ngram_start.py; NBSVM's weights) on a fresh fit. 0 = zeros.
             multi_label: several labels a text: a sigmoid per label and binary cross-entropy, a text's answer the
                 labels whose probability reaches their threshold; train.py sets it from the data (docs/LABELS.md).
             class_weights: weights of the classes in the training loss: "balanced" (each class weighs the same:

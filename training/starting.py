@@ -4,7 +4,9 @@
                   (training/encoder.py), before Lightning restores a --ckpt_path (which then overwrites them)
     on_fit_start  the class weights of the loss from the training labels (training/class_weights.py); then
                   model.word_vectors: skip-gram vectors of the training texts as the token embedding
-                  (training/word_vectors.py), only on a fresh fit: a resumed run keeps its checkpoint's weights
+                  (training/word_vectors.py), and model.ngram_start: the n-gram branch from naive-Bayes weights of the
+                  training texts (training/ngram_start.py), only on a fresh fit: a resumed run keeps its checkpoint's
+                  weights
 """
 
 import lightning as L
@@ -13,6 +15,7 @@ from model.config import ConfigError
 from training.average import networks
 from training.class_weights import choose_loss_weights
 from training.encoder import load_encoder
+from training.ngram_start import start_from_naive_bayes
 from training.word_vectors import start_from_word_vectors
 
 
@@ -35,3 +38,6 @@ class StartOfFit(L.Callback):
                                                      pl_module.label_names, pl_module.device)
         if hparams.word_vectors and trainer.ckpt_path is None:  # trainer.ckpt_path is set by now
             start_from_word_vectors(networks(pl_module), data.split("train"), pl_module.network, hparams.word_vectors)
+        if hparams.get("ngram_start") and pl_module.network.ngrams and trainer.ckpt_path is None:
+            start_from_naive_bayes(networks(pl_module), data.split("train"), hparams.ngram_start,
+                                   hparams.multi_label)
