@@ -38,15 +38,20 @@ class AttentionWeights(NamedTuple):
     global_rows: "AttentionWeights | None" = None  # sparse: its g global queries over all L keys, (B, H, g, L)
 
 
-def attention(q, k, v, blocked=None, *, scale: float, dropout: nn.Module | None = None, need_weights: bool = False):
+def attention(q, k, v, blocked=None, *, scale: float, dropout: nn.Module | None = None, need_weights: bool = False,
+              bias: torch.Tensor | None = None):
     """The formula, written once: softmax(q kᵀ · scale) v, with blocked keys at exactly 0.
 
     q (…, L, d) queries; k, v (…, K, d) the keys and values they see; blocked broadcasts to (…, L, K), True where a
     query may not look at a key (None: none blocked). The leading dimensions (…) are (B, H) for full attention, or
-    (B, H, blocks) when a long kind scores block by block. Returns (out (…, L, d), AttentionWeights or None).
+    (B, H, blocks) when a long kind scores block by block. bias: a finite float added to the scores (a user's class
+    calling F.scaled_dot_product_attention with a float attn_mask, model/weights_seen.py); no built-in kind gives
+    one. Returns (out (…, L, d), AttentionWeights or None).
     """
     # The scale multiplies the fresh product in place: no second (…, L, K) tensor, and autograd keeps neither.
     scores = (q @ k.transpose(-2, -1)).mul_(scale)  # (…, L, K)
+    if bias is not None:
+        scores = scores + bias
     if blocked is not None:
         # Blocked keys get half the most negative finite number added rather than -inf: exp() of the sum is
         # exactly 0 next to any allowed key, and a row with no allowed key at all stays finite (uniform; zeroed

@@ -49,15 +49,13 @@ def sdpa_by_formula(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
         blocked = ~attn_mask if blocked is None else blocked | ~attn_mask
     elif attn_mask is not None:
         bias = attn_mask
-    if bias is None:
-        out, seen = attention(query, key, value, blocked, scale=scale, need_weights=True)
-        return out, seen.weights
-    # An additive float mask (a position bias, 0 / -inf): the same lines with the bias added before softmax.
-    scores = query @ key.transpose(-2, -1) * scale + bias  # (…, L, S)
-    if blocked is not None:
-        scores = scores.masked_fill(blocked, -math.inf)
-    weights = scores.softmax(dim=-1).nan_to_num(0.0)  # a row with no key: 0, as torch's kernel gives
-    return weights @ value, weights
+    if bias is not None:  # an additive float mask (a position bias, 0 / -inf): its -inf places are blocked keys
+        never = torch.isneginf(bias)
+        if bool(never.any()):
+            blocked = never if blocked is None else blocked | never
+            bias = bias.masked_fill(never, 0.0)
+    out, seen = attention(query, key, value, blocked, scale=scale, need_weights=True, bias=bias)
+    return out, seen.weights
 
 
 class WeightsSeen(TorchFunctionMode):

@@ -302,3 +302,22 @@ def test_a_one_edit_mistake_in_a_published_class_is_a_fail(entry):
         pytest.skip(f"{entry['file']} imports {', '.join(missing(entry))}, not installed")
     failed = [row.check for row in layer_contract(spec(entry), d_model=32, n_heads=4) if row.verdict == "FAIL"]
     assert bool(failed) != (entry["file"].split("/")[-1] in MISSED), (entry["mistake"], failed)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_fused_call_with_a_float_mask_is_answered_as_torch_answers_it(causal):
+    """A float attn_mask (a position bias with -inf where a key may not be seen) goes through attention()'s bias."""
+    from model.weights_seen import sdpa_by_formula
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=g) for _ in range(3))
+    bias = torch.randn(5, 5, generator=g)
+    bias[:, 3] = -math.inf  # key 3 never seen
+    out, weights = sdpa_by_formula(q, k, v, attn_mask=bias, is_causal=False)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    if causal:
+        bias = bias.masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), -math.inf)
+        out, weights = sdpa_by_formula(q, k, v, attn_mask=bias)
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    assert torch.allclose(out, expected, atol=1e-6)
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 3, 5)) and bool((weights[..., 3] == 0).all())
