@@ -356,3 +356,23 @@ def test_a_naive_bayes_start_of_a_fitted_bag_is_a_config_error():
 
     with pytest.raises(ConfigError, match="give one"):
         ClassifierModule(network=NetworkConfig(ngrams=2, ngram_fitted=True), ngram_start=0.2)
+
+
+def test_the_bags_fit_is_cached_by_the_texts_it_was_fitted_on(tmp_path, monkeypatch):
+    import training.ngram_fit as ngram_fit
+
+    texts, labels = random_texts(40, 40, seed=6)
+    first, second = fitted_network(), fitted_network()
+    logits = ngram_fit.fit_ngram_bag([first], split_of(texts, labels), False, 0, False, True, cache_dir=tmp_path)
+
+    def refit(*args):
+        raise AssertionError("fitted again")
+
+    monkeypatch.setattr(ngram_fit, "regressions", refit)
+    again = ngram_fit.fit_ngram_bag([second], split_of(texts, labels), False, 0, False, True, cache_dir=tmp_path)
+    torch.testing.assert_close(again, logits)
+    for name, buffer in first.ngram_bag.named_buffers():
+        torch.testing.assert_close(getattr(second.ngram_bag, name), buffer)
+    labels[0] = 1 - labels[0]  # another label: another entry
+    with pytest.raises(AssertionError, match="fitted again"):
+        ngram_fit.fit_ngram_bag([second], split_of(texts, labels), False, 0, False, True, cache_dir=tmp_path)

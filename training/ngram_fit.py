@@ -14,6 +14,7 @@ learns to correct it there. Validation, test and prediction read the bag fitted 
 checkpoint holds it (buffers, not parameters: the optimizer never moves them).
 """
 
+import hashlib
 import logging
 import time
 
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 FOLDS = 5
 C = 4.0  # the n-gram teacher's (training/ngram_teacher.py fit_ngram_teacher)
 BATCH = 512  # texts turned into n-gram rows at a time
+FIT_VERSION = 1  # part of the cache key: bump it when the fit's answers for the same texts change
 UNSEEN_CLASS = 10.0  # a class a fold's regression never saw: this far under the text's lowest logit
 
 
@@ -116,38 +118,69 @@ def folds_of(labels: np.ndarray, multi_label: bool, seed: int):
                 .split(np.zeros(n), labels))
 
 
-def fit_ngram_bag(networks, split, multi_label: bool, seed: int, balanced: bool, fit_whole: bool) -> torch.Tensor:
+def fit_ngram_bag(networks, split, multi_label: bool, seed: int, balanced: bool, fit_whole: bool,
+                  cache_dir=None) -> torch.Tensor:
     """The out-of-fold logits (N, C) float32 of the training split (an EncodedSplit) and, with fit_whole (a fresh
-    fit), each network's bag set to the regression fitted on every training text. Returns the logits."""
-    start = time.perf_counter()
+    fit), each network's bag set to the regression fitted on every training text. Returns the logits. With a
+    cache_dir, the fit is an entry of its own there (data/cache.py), keyed by the split's token ids and labels and
+    the settings: a second run on the same data reads it."""
     bag = networks[0].ngram_bag
+    settings = {"order": bag.order, "vocab_size": bag.vocab_size, "buckets": bag.buckets, "seed": seed,
+                "balanced": balanced, "multi_label": multi_label, "folds": FOLDS, "C": C, "version": FIT_VERSION}
+    build = lambda: regressions(split, bag, multi_label, seed, balanced)  # noqa: E731
+    if cache_dir is None:
+        fitted = build()
+    else:
+        from data.cache import entry_path, load_or_build
+
+        key = settings | {"texts": content_hash(split)}
+        fitted = load_or_build(entry_path(cache_dir, "ngram-bag", key), build, "n-gram bag")
+    if fit_whole:
+        with torch.no_grad():
+            for network in networks:
+                network.ngram_bag.table.zero_()
+                network.ngram_bag.idf.zero_()
+                network.ngram_bag.table[fitted["seen"]] = fitted["table"]
+                network.ngram_bag.idf[fitted["seen"]] = fitted["idf"]
+                network.ngram_bag.bias.copy_(fitted["bias"])
+    return fitted["out_of_fold"]
+
+
+def content_hash(split) -> str:
+    """sha256 of a split's token ids, text boundaries and labels."""
+    digest = hashlib.sha256()
+    for tensor in (split.ids, split.offsets, split.labels):
+        digest.update(np.ascontiguousarray(tensor.numpy()).tobytes())
+    return digest.hexdigest()
+
+
+def regressions(split, bag: NgramBag, multi_label: bool, seed: int, balanced: bool) -> dict:
+    """{"out_of_fold" (N, C), "seen" (S,) the rows some training text has, and the regression fitted on every text:
+    "table" (S, C), "idf" (S,), "bias" (C,)}, float32 tensors (seen int64)."""
+    start = time.perf_counter()
     num_classes = bag.bias.shape[0]
     binary = binary_rows(split, bag)
     df = np.bincount(binary.indices, minlength=bag.rows)
-    idf = np.where(df > 0, np.log((1 + len(split)) / (1 + df)) + 1, 0.0)
-    x = tfidf(binary, idf)
-    labels = split.labels.numpy()
-    y = labels.astype(np.int64)
+    # Fitted on the rows some training text has (SST-2: 83k of 1.06M): the others' weights are 0 all the same.
+    seen = np.flatnonzero(df > 0)
+    idf = np.log((1 + len(split)) / (1 + df[seen])) + 1
+    x = tfidf(binary[:, seen], idf)
+    y = split.labels.numpy().astype(np.int64)
     out_of_fold = np.zeros((len(split), num_classes), dtype=np.float32)
     folds = folds_of(y, multi_label, seed)
-    with progress_bar(len(folds) + fit_whole, "n-gram bag") as progress:
+    with progress_bar(len(folds) + 1, "n-gram bag", unit="fit") as progress:
         for fitted, scored in folds:
             out_of_fold[scored] = fit(x[fitted], y[fitted], x[scored], num_classes, multi_label, balanced)
             progress.update(1)
-        if fit_whole:
-            table, bias = fit_table(x, y, bag.rows, num_classes, multi_label, balanced)
-            with torch.no_grad():
-                for network in networks:
-                    network.ngram_bag.table.copy_(torch.from_numpy(table))
-                    network.ngram_bag.idf.copy_(torch.from_numpy(idf))
-                    network.ngram_bag.bias.copy_(torch.from_numpy(bias))
-            progress.update(1)
-    target = y if not multi_label else None
-    agreement = "" if target is None else \
-        f"; out of fold it agrees with {100 * float((out_of_fold.argmax(1) == target).mean()):.1f}% of their labels"
+        table, bias = fit_table(x, y, len(seen), num_classes, multi_label, balanced)
+        progress.update(1)
+    agreement = "" if multi_label else \
+        f"; out of fold it agrees with {100 * float((out_of_fold.argmax(1) == y).mean()):.1f}% of their labels"
     log.info("n-gram bag: logistic regression on %d rows seen of %d, %d folds over %d training texts (%.0f s)%s",
-             int((df > 0).sum()), bag.rows, len(folds), len(split), time.perf_counter() - start, agreement)
-    return torch.from_numpy(out_of_fold)
+             len(seen), bag.rows, len(folds), len(split), time.perf_counter() - start, agreement)
+    as_float = lambda a: torch.from_numpy(np.asarray(a, dtype=np.float32))  # noqa: E731
+    return {"out_of_fold": as_float(out_of_fold), "seen": torch.from_numpy(seen.astype(np.int64)),
+            "table": as_float(table), "idf": as_float(idf), "bias": as_float(bias)}
 
 
 def fit(x_fitted, y_fitted, x_scored, num_classes: int, multi_label: bool, balanced: bool) -> np.ndarray:
