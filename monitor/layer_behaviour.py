@@ -8,9 +8,10 @@ from types import SimpleNamespace
 
 import torch
 
-from model.mask_probe import mask_calls
+from model.mask_probe import inputs_taken, mask_calls
 from monitor.layer_family import find_family
 from monitor.layer_probe import MORE_PADDING, Outcome, Probe, Unusable, changed, figure, rounding
+from monitor.layer_rebuilt import heads_along_tokens, with_dropout
 from monitor.thresholds import INVARIANCE
 
 STEADY = 1e-6  # relative change between two identical evaluation passes: exactly 0 for a deterministic layer
@@ -43,6 +44,9 @@ def shapes(probe: Probe) -> Outcome:
             bad.append(f"the weights are {tuple(raw.shape)}, not (B, L, L) or (B, H, L, L) with B={B}, L={L}")
     if not torch.isfinite(seen.out).all():
         bad.append("the output holds NaN or inf")
+    refused = heads_along_tokens(probe)
+    if refused:
+        bad.append(refused)
     return Outcome("FAIL" if bad else "PASS", "; ".join(bad or parts))
 
 
@@ -107,10 +111,31 @@ def neighbours(probe: Probe) -> Outcome:
 
 
 def eval_steady(probe: Probe) -> Outcome:
+    """Two evaluation passes give one output; where the class's constructor takes a dropout rate, the class built
+    again with DROPOUT_RATE (its weights copied) must give, in evaluation, two equal outputs and the output of the
+    class as probed (built with dropout 0, the product's default): dropout that runs in evaluation is caught only
+    where it has something to drop."""
     again = probe.call(probe.x, probe.padding).out
     moved = changed(again[probe.real()], probe.base.out[probe.real()])
-    return Outcome("FAIL" if not moved < STEADY else "PASS",
-                   f"two evaluation passes differ by {rounding(moved)}", {"output_moved": moved})
+    figures, evidence = {"output_moved": moved}, f"two evaluation passes differ by {rounding(moved)}"
+    if not moved < STEADY:
+        return Outcome("FAIL", evidence, figures)
+    found = with_dropout(probe)
+    if found is None:
+        return Outcome("PASS", evidence, figures)
+    built, first, second = found
+    steady, same = changed(second, first), changed(first, probe.base.out[probe.real()])
+    figures.update(dropout_passes_moved=steady, dropout_output_moved=same)
+    evidence += f"; built with {built}: two evaluation passes differ by {rounding(steady)}"
+    if not steady < STEADY:
+        return Outcome("FAIL", f"{evidence}: its dropout runs in evaluation (a rate passed whatever the mode)",
+                       figures, fix="pass the rate only in training: dropout_p=self.dropout if self.training else "
+                       "0.0, F.dropout(..., training=self.training), or an nn.Dropout module")
+    evidence += f", and differ from the class built with dropout 0 by {rounding(same)}"
+    if not same < INVARIANCE:
+        return Outcome("FAIL", f"{evidence}: its evaluation output depends on the dropout rate", figures,
+                       fix="let dropout act only in training: no rescaling by the rate in evaluation")
+    return Outcome("PASS", evidence, figures)
 
 
 def permutation(probe: Probe) -> Outcome:
@@ -269,7 +294,9 @@ def stability(probe: Probe) -> Outcome:
 
 def mask_name(probe: Probe) -> Outcome:
     """The convention the class's mask argument works in, against the one its name promises in PyTorch and Hugging
-    Face: key_padding_mask True = padding, attention_mask 1 = keep."""
+    Face (key_padding_mask True = padding, attention_mask 1 = keep), or, for a plain `mask`, the one of the family
+    whose signature the class has: forward(query, key, value, mask) is the Annotated Transformer's and
+    attention-is-all-you-need-pytorch's, whose callers build mask = (tokens != pad), 1 = keep."""
     convention = getattr(probe.layer, "_convention", None)
     if probe.builtin or convention is None or convention.call in ("none", "positional"):
         return Outcome("PASS", "no mask argument whose name promises a convention")
@@ -281,4 +308,18 @@ def mask_name(probe: Probe) -> Outcome:
         return Outcome("FAIL", f"your class inverts PyTorch's convention for this argument: {name} works as "
                        f"{convention.kind}, while {name} means {promised}: every caller that follows the name gets "
                        "the padding attended and the tokens hidden")
+    if name == "mask" and inputs_taken(probe.user) == 3:
+        if pads:
+            return Outcome("FAIL", "your class inverts the convention of its family for this argument: forward(query, "
+                           "key, value, mask) works with mask as bool True = padding, while the classes that write "
+                           "this signature (the Annotated Transformer, attention-is-all-you-need-pytorch) read mask "
+                           "as 1 = a token to attend to (their callers pass (tokens != pad)): such a caller gets the "
+                           "padding attended and the tokens hidden", fix=FAMILY_MASK_FIX)
+        return Outcome("PASS", f"mask works as {convention.kind}, as forward(query, key, value, mask)'s family "
+                       "reads it (1 = a token to attend to)" if keeps else
+                       f"mask works as {convention.kind}, a convention of its own (not True = padding)")
     return Outcome("PASS", f"{name} works as {convention.kind}, as its name promises")
+
+
+FAMILY_MASK_FIX = ("read mask as 1 = keep: scores.masked_fill(mask == 0, -1e9), without inverting it first; or, if "
+                   "True is meant to mark padding, name the argument key_padding_mask")

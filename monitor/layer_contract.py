@@ -2,21 +2,26 @@
 prints and `assert_attention_contract(MyAttention(64, 4))` raises with. Each check is one unit (monitor/layer_probe.py
 `Check`), listed once in CHECKS and run by `layer_contract` on a seeded probe batch:
 
-    shapes        the output is (B, L, D) (the user's own (B, L, ·)), weights (B, L, L) or (B, H, L, L), all finite
+    shapes        the output is (B, L, D) (the user's own (B, L, ·)), weights (B, L, L) or (B, H, L, L), all finite;
+                  built with the network's head count it does not return H·L rows (heads stacked along the tokens)
     softmax-rows  the weights of a real query are non-negative and sum to 1 over the keys
     padding       padded keys get exactly 0, and a text's output does not move with more padding
     neighbours    a text's output does not move with the other texts of its batch
-    eval-steady   two passes in evaluation give the same output (dropout left on in eval FAILs here)
+    eval-steady   two passes in evaluation give the same output, also with the class built with dropout 0.5 where
+                  its constructor takes a rate (dropout left on in eval FAILs here)
     train-eval    training mode with the dropout modules off computes what evaluation computes
     permutation   permuting the tokens permutes the output (position-free families; causal: the last token's output
                   ignores the order of the tokens before it; a NOTE where the family has positions)
     look-ahead    every real query sees its own token; causal: no earlier output moves when later tokens change
     formula       softmax(Q Kᵀ/√d_k) V (W_O) recomputed from the layer's own weights on what its projections read,
                   stage by stage (monitor/layer_formula.py), with the family's look-ahead mask; for a family with
-                  position terms, the output from the weights it used, the first stage that differs named with how
-    scale         the spread of a freshly built layer's scores against what 1/√d_k gives
+                  position terms, the output from the weights it used, the first stage that differs named with how;
+                  post-norm: the output past W_O is its norm of x + W_O's output (the residual the family has)
+    scale         the spread of a freshly built layer's scores against what 1/√d_k gives (scores that are an exact
+                  multiple of Q Kᵀ/√d_k judged more finely)
     stability     the input scaled until the largest score is about 120: the output stays finite (an unguarded exp())
-    mask-name     a mask argument named key_padding_mask / attention_mask works in the convention its name promises
+    mask-name     a mask argument named key_padding_mask / attention_mask works in the convention its name promises;
+                  a plain `mask` of forward(query, key, value, mask) in its family's (1 = keep)
     gradcheck     float64 torch.autograd.gradcheck of the output on a tiny input
     gradient      every parameter gets gradient from a loss on the output
 
@@ -37,10 +42,11 @@ from monitor.contract import compare
 from monitor.doctor import Finding, Verdict
 from monitor.layer_behaviour import (ROW_SUM, STEADY, eval_steady, look_ahead, mask_name, neighbours,
                                      padding, permutation, shapes, softmax_rows, stability, train_eval)
-from monitor.layer_family import find_family, position_formula
+from monitor.layer_family import find_family, position_formula, post_norm_residual
 from monitor.layer_formula import compare_layer, score_factor
 from monitor.layer_gradients import gradcheck, gradient
 from monitor.layer_probe import Check, Outcome, Probe, Row, Unusable, figure, model_width, rounding
+from monitor.layer_rebuilt import DROPOUT_RATE
 from monitor.stage_compare import MATCH
 from monitor.thresholds import INVARIANCE, SCALE_FACTOR
 from monitor.units import Check as Unit, Subject, examine, register
@@ -86,7 +92,18 @@ def formula(probe: Probe) -> Outcome:
         if at_o.stage is None:
             probe.cache["at_o"] = True  # the scale check reads W_O's output too
             changed_by = ", ".join(result.projections.others) or "its code"
-            result, after = at_o, f"; the class changes W_O's output after it ({changed_by}): not part of the formula"
+            after = f"; the class changes W_O's output after it ({changed_by}): not part of the formula"
+            residual, norm = post_norm_residual(probe, o_out, seen.out) if family.norm == "post-norm" else ("", "")
+            if residual == "missing":
+                probe.cache["matched"] = result.projections
+                return Outcome("FAIL", f"output differs from its post-norm family's {norm}(x + W_O out): it is "
+                               f"{norm}(W_O out), the residual left out (the stages up to W_O match the formula "
+                               f"recomputed from {result.projections.describe()})", {"difference": result.difference},
+                               fix="add the input back before the norm: out = norm(x + dropout(W_O(heads))) (the "
+                               "post-norm sublayer's residual, q += residual)")
+            if residual == "residual":
+                after = f"; after W_O it returns {norm}(x + W_O out), its post-norm family's output"
+            result = at_o
     probe.cache["matched"] = result.projections
     found = f"{result.projections.describe()}, {result.projections.heads} head(s)"
     figures = {"difference": result.largest if result.stage is None else result.difference}
@@ -125,6 +142,7 @@ def builtin_formula(probe: Probe) -> Outcome:
 
 
 def scale(probe: Probe) -> Outcome:
+    exact = False
     if probe.builtin:
         factor, how = probe.layer.scale * math.sqrt(probe.layer.d_head), "the layer's scale setting"
     else:
@@ -137,21 +155,30 @@ def scale(probe: Probe) -> Outcome:
         seen = probe.base
         out = seen.o_out if probe.cache.get("at_o") else seen.raw_out
         seen = SimpleNamespace(x=seen.x, out=out, weights=seen.raw_weights, heads=seen.heads)
-        factor, how = score_factor(probe.cache["matched"], seen, probe.padding, probe.causal)
+        factor, how, exact = score_factor(probe.cache["matched"], seen, probe.padding, probe.causal)
         if math.isnan(factor):
             return Outcome("NOTE", "the scale could not be read: the layer's scores are not a multiple of the "
                            "formula's (see formula)")
     # ≥ 4 or ≤ 1/4 as the doctor's formula-setting, up to rounding ("divided by d_k", heads of 16: 0.2500001)
     far = factor * (1 + MATCH) >= SCALE_FACTOR or factor <= (1 + MATCH) / SCALE_FACTOR
-    return Outcome("FAIL" if far else "PASS", f"the scores spread {figure(factor)} × what 1/√d_k gives ({how})",
-                   {"scale_factor": factor})
+    # Scores that are exactly c × Q Kᵀ/√d_k are a scale mistake well inside 4× (√d_model for √d_k with 4 heads: ½×):
+    # the correct classes measured give c = 1 to 1e-7, the scale mistakes of the held-out sets ½× or 2× and beyond.
+    off = exact and not 1 / EXACT_SCALE < factor < EXACT_SCALE
+    evidence = f"the scores spread {figure(factor)} × what 1/√d_k gives ({how})"
+    if off and not far:
+        evidence += f": exactly {figure(factor)} × Q Kᵀ/√d_k, a scale other than 1/√d_k, d_k the size of one head"
+    return Outcome("FAIL" if far or off else "PASS", evidence, {"scale_factor": factor})
+
+
+EXACT_SCALE = 1.1  # scores exactly this many times Q Kᵀ/√d_k, or 1/this, are a scale mistake (see scale)
 
 
 CHECKS: list[Check] = [
     Check("shapes", shapes, "the output and weights of the probe batch",
           "the output is not (B, L, D) (the user's own not (B, L, ·)), the weights not (B, L, L) or (B, H, L, L), "
-          "or the layer raised or gave NaN", "the heads merged wrongly, a transpose left in, a forward signature "
-          "the product cannot call", "return out (B, L, ·) and weights (B, L, L) or (B, H, L, L); forward(x) or "
+          "the layer raised or gave NaN, or, built with the network's H heads, it returns H·L rows for L tokens",
+          "the heads merged wrongly (concatenated along the tokens), a transpose left in, a forward signature the "
+          "product cannot call", "return out (B, L, ·) and weights (B, L, L) or (B, H, L, L); forward(x) or "
           "forward(x, mask)"),
     Check("softmax-rows", softmax_rows, "the weights of each real query",
           f"a weight < 0, or a row sum off 1 by ≥ {ROW_SUM:g}", "softmax over the wrong axis (the queries), weights "
@@ -164,7 +191,9 @@ CHECKS: list[Check] = [
           f"a text's output moves by ≥ {INVARIANCE:g} (relative)",
           "something mixes the texts of a batch (a mean or softmax over the batch axis, a mask of the wrong text)",
           "keep every operation within one text: the batch axis is never reduced"),
-    Check("eval-steady", eval_steady, "two evaluation passes", f"they differ by ≥ {STEADY:g} (relative)",
+    Check("eval-steady", eval_steady, "two evaluation passes, of the class as built and built with dropout "
+          f"{DROPOUT_RATE:g} where its constructor takes a rate", f"they differ by ≥ {STEADY:g} (relative), or the "
+          f"class built with dropout differs from the one built without by ≥ {INVARIANCE:g}",
           "dropout applied whatever the mode (F.dropout(..., training=True), torch.bernoulli), or other randomness",
           "use nn.Dropout (or F.dropout(..., training=self.training))"),
     Check("train-eval", train_eval, "the output in training mode with every dropout module off",
@@ -185,10 +214,12 @@ CHECKS: list[Check] = [
           "diagonal=1) as the blocked set (masked_fill ... -inf), or its negation as SDPA's attn_mask (True = keep)"),
     Check("formula", formula, "the layer's own W_Q, W_K, W_V (W_O) and its stages",
           "a stage (mask, scores up to a row's constant, weights, output before W_O, output) differs from "
-          "softmax(Q Kᵀ/√d_k) V (W_O) recomputed from the layer's weights in float64 by ≥ 1e-3",
+          "softmax(Q Kᵀ/√d_k) V (W_O) recomputed from the layer's weights in float64 by ≥ 1e-3; post-norm: the "
+          "output is its norm of W_O's output alone, without the residual",
           "the code departs from the formula at the named stage", "read the line that makes the named stage"),
     Check("scale", scale, "the spread of the scores of the freshly built layer",
-          f"≥ {SCALE_FACTOR:g}× or ≤ 1/{SCALE_FACTOR:g} of what 1/√d_k gives",
+          f"≥ {SCALE_FACTOR:g}× or ≤ 1/{SCALE_FACTOR:g} of what 1/√d_k gives, or the scores exactly c × Q Kᵀ/√d_k "
+          f"with c ≥ {EXACT_SCALE:g} or ≤ 1/{EXACT_SCALE:g}",
           "no scaling (saturated softmax) or a scale far too small such as 1/d_k (over-uniform attention)",
           "divide the scores by math.sqrt(d_k), d_k the size of one head"),
     Check("stability", stability, "the output with the input scaled until the largest score is about 120",
@@ -196,8 +227,10 @@ CHECKS: list[Check] = [
           "the row maximum: exp() overflows float32 past 88.7", "use scores.softmax(dim=-1), or subtract "
           "scores.amax(dim=-1, keepdim=True) before exp()"),
     Check("mask-name", mask_name, "the convention the mask argument works in against its name",
-          "key_padding_mask / src_key_padding_mask works as True = keep, or attention_mask as bool True = padding",
-          "the mask read the other way round from the convention its name has in PyTorch and Hugging Face",
+          "key_padding_mask / src_key_padding_mask works as True = keep, attention_mask as bool True = padding, or "
+          "the mask of forward(query, key, value, mask) as bool True = padding",
+          "the mask read the other way round from the convention its name has in PyTorch and Hugging Face, or its "
+          "signature's family (the Annotated Transformer: 1 = keep)",
           "key_padding_mask: True marks padding (masked_fill(key_padding_mask, -inf)); attention_mask: 1 marks a "
           "token (masked_fill(attention_mask == 0, -inf))"),
     Check("gradcheck", gradcheck, "the output's gradient in float64 against finite differences",

@@ -26,8 +26,8 @@ import torch
 
 from model.attention import merge_heads, split_heads
 from monitor.layer_formula import project
-from monitor.stage_compare import centred, differ
-from monitor.thresholds import INVARIANCE
+from monitor.stage_compare import centred, differ, relative
+from monitor.thresholds import FORMULA_TOLERANCE, INVARIANCE
 from monitor.layer_probe import Outcome, Probe, figure, rounding
 
 SHIFT = 3  # tokens put in front by the relative-position test
@@ -117,6 +117,29 @@ def norm_inside(probe) -> str:
     if last is not None and last in order and max(ran) > order.index(last):
         return "post-norm"
     return "inside"
+
+
+def post_norm_residual(probe, o_out: torch.Tensor | None, out: torch.Tensor | None) -> tuple[str, str]:
+    """Post-norm's contract past W_O: the output is the class's norm of its input plus W_O's output, LayerNorm(x +
+    attention), as the Transformer's post-norm sublayer writes it. ("residual", the norm's name) when it is;
+    ("missing", name) when it is the norm of W_O's output alone (the residual left out); ("", "") when neither (the
+    formula then ends at W_O, as for any class that adds more after it)."""
+    x, real = probe.x, probe.real()
+    if o_out is None or out is None or o_out.shape != x.shape or out.shape != x.shape:
+        return "", ""
+    for name, norm in probe.user.named_modules():
+        if "norm" not in type(norm).__name__.lower() or norm is probe.user:
+            continue
+        try:
+            with torch.no_grad():
+                kept, left = norm(x + o_out), norm(o_out)
+        except Exception:  # a norm of another width (the heads', the queries'): not the one after W_O
+            continue
+        if relative(out.double()[real], kept.double()[real]) < FORMULA_TOLERANCE:
+            return "residual", name
+        if relative(out.double()[real], left.double()[real]) < FORMULA_TOLERANCE:
+            return "missing", name
+    return "", ""
 
 
 def positions(probe) -> str:
