@@ -12,7 +12,7 @@ best_checkpoint).
 from data.checkpoint import CheckpointError, open_checkpoint
 from inference.classifier import Prediction, TextClassifier
 from inference.limits import PREDICT_BATCH
-from model.user_class import is_class_spec
+from model.own_attention import is_class_spec
 
 
 class Ensemble:

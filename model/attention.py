@@ -43,9 +43,9 @@ def attention(q, k, v, blocked=None, *, scale: float, dropout: nn.Module | None 
     """The formula, written once: softmax(q kᵀ · scale) v, with blocked keys at exactly 0.
 
     q (…, L, d) queries; k, v (…, K, d) the keys and values they see; blocked broadcasts to (…, L, K), True where a
-    query may not look at a key (None: none blocked). The leading dimensions (…) are (B, H) for full attention, or
-    (B, H, blocks) when a long kind scores block by block. bias: a finite float added to the scores (a user's class
-    calling F.scaled_dot_product_attention with a float attn_mask, model/weights_seen.py); no built-in kind gives
+    query may not look at a key (None: none blocked). The leading dimensions (…) are (B, H) for full attention, or (B,
+    H, blocks) when a long kind scores block by block. bias: a finite float added to the scores (a user's class calling
+    F.scaled_dot_product_attention with a float attn_mask, model/own_attention/weights_seen.py); no built-in kind gives
     one. Returns (out (…, L, d), AttentionWeights or None).
     """
     # The scale multiplies the fresh product in place: no second (…, L, K) tensor, and autograd keeps neither.
@@ -83,8 +83,8 @@ SLICE_BYTES = 4 << 20
 
 
 class Kind:
-    """What every attention kind answers about a config (model/kinds.py; the user's class too, model/own_attention.py),
-    with the answers of a kind that takes any setting and adds no weights."""
+    """What every attention kind answers about a config (model/kinds.py; the user's class too,
+    model/own_attention/layer.py), with the answers of a kind that takes any setting and adds no weights."""
 
     @classmethod
     def check(cls, config) -> None:
@@ -114,7 +114,7 @@ class MultiHeadSelfAttention(Kind, nn.Module):
     keys_are_tokens = True  # each key is a token of the text, so masks reach it (linformer's projections: False)
     length_cap = 256  # the longest texts data.max_length reads when left unset: full attention costs L²
     least: dict[str, int] = {}  # the least value of each NetworkConfig setting the kind reads (settings())
-    gates_heads = True  # head_gate reaches each head (a user's class may not allow it: model/own_attention.py)
+    gates_heads = True  # head_gate reaches each head (a user's class may not allow it: model/own_attention/layer.py)
 
     @classmethod
     def order_blind(cls, config) -> bool:

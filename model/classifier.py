@@ -25,7 +25,7 @@ class ClassifierOutput(NamedTuple):
 
 def attention_layer(config: NetworkConfig, n_heads: int | None = None) -> MultiHeadSelfAttention | OwnAttention:
     """The attention kind the config names (model/kinds.py), with n_heads heads (default config.n_heads; fewer in a
-    pruned layer) of config.head_size each; a user's class (model/own_attention.py) inside its adapter."""
+    pruned layer) of config.head_size each; a user's class (model/own_attention/layer.py) inside its adapter."""
     if config.attention_source is not None:
         return OwnAttention(configured_class(config), d_model=config.d_model, n_heads=n_heads or config.n_heads,
                             d_head=config.head_size, attention_args=config.attention_args, name=config.attention)

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from model.errors import ConfigError, check_whole_number
 from model.kinds import ATTENTION_KINDS, AUTO_KINDS, DEFAULT_KIND, attention_kind
-from model.user_class import check_attention_args, check_recorded, is_class_spec, name_class
+from model.own_attention import check_attention_args, check_recorded, is_class_spec, name_class
 
 POOLINGS = ("mean", "max", "first", "attention")
 POSITIONS = ("learned", "sinusoidal", "none")
@@ -64,7 +64,7 @@ class NetworkConfig:
             (d_model, n_heads and the head size fill the arguments named like them).
         attention_source: a user's class: recorded by the product, leave unset: {"spec", "path", "sha256"} of the
             class's file. A checkpoint's record is data: the network is built only with the class the user names
-            on the command that loads it, its file's hash equal to the recorded one (model/user_class.py).
+            on the command that loads it, its file's hash equal to the recorded one (model/own_attention/naming.py).
         window: local and sparse: how many tokens on each side a token sees (also the block size they are
             computed in); at most max_length (a block costs w × 3w scores whatever the text's length).
         projection_length: linformer: k, the rows keys and values are projected to (at most max_length).

@@ -11,8 +11,7 @@ ask a kind's name. A new kind is a MultiHeadSelfAttention subclass and one line 
 
 from model.attention import MultiHeadSelfAttention
 from model.long_attention import LinformerSelfAttention, LocalSelfAttention, SparseSelfAttention
-from model.own_attention import OwnAttention
-from model.user_class import is_class_spec
+from model.own_attention import OwnAttention, is_class_spec
 
 ATTENTION_KINDS: dict[str, type[MultiHeadSelfAttention]] = {
     "full": MultiHeadSelfAttention,
@@ -28,7 +27,7 @@ AUTO_KINDS = ("full", "local")  # what attention "auto" stands for on short and 
 
 def attention_kind(name: str) -> type:
     """The class whose rules apply to an `attention` setting: a registered kind by name, or OwnAttention for a
-    user's class ("path/to/file.py:ClassName", model/own_attention.py). KeyError for anything else."""
+    user's class ("path/to/file.py:ClassName", model/own_attention/layer.py). KeyError for anything else."""
     if name in ATTENTION_KINDS:
         return ATTENTION_KINDS[name]
     if is_class_spec(name):

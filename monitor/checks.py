@@ -122,7 +122,7 @@ def position_sensitivity(model, batches: list[dict]) -> float:
 
 def weight_similarity(attention) -> list[list[float]]:
     """(H, H) mean over W_Q, W_K, W_V of the cosine between two heads' slices (d × D each); NaN where a user's
-    class has none of them by name (model/own_attention.py)."""
+    class has none of them by name (model/own_attention/layer.py)."""
     H = attention.n_heads
     slices = [F.normalize(linear.weight.detach().float().reshape(H, -1), dim=-1)
               for linear in (attention.w_q, attention.w_k, attention.w_v)

@@ -174,7 +174,7 @@ def dense_handout(attention, L: int):
 
 def compare(layer, record: dict, padding: torch.Tensor, config) -> dict:
     """The layer's stages against its kind's reference on the same input; the first that differs, how much, how."""
-    if layer.reference_keys_values is None:  # a user's class (model/own_attention.py): no definition of its kind
+    if layer.reference_keys_values is None:  # a user's class (model/own_attention/layer.py): no definition of its kind
         return {"stage": None, "difference": math.nan, "how": "", "largest": math.nan,
                 "skipped": f"{type(layer.user).__name__}: {layer.convention}"}
     B, L = padding.shape

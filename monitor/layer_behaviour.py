@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import torch
 
-from model.mask_probe import mask_calls
+from model.own_attention import mask_calls
 from monitor.layer_family import find_family
 from monitor.layer_probe import MORE_PADDING, Outcome, Probe, Unusable, changed, figure, rounding
 from monitor.thresholds import INVARIANCE

@@ -32,7 +32,7 @@ from torch import nn
 
 from model.attention import MultiHeadSelfAttention
 from model.errors import ConfigError
-from model.mask_probe import NoConvention, runs
+from model.own_attention import NoConvention, runs
 from monitor.contract import compare
 from monitor.doctor import Finding, Verdict
 from monitor.layer_behaviour import (ROW_SUM, STEADY, eval_steady, look_ahead, mask_name, neighbours,
@@ -240,7 +240,7 @@ LEARN = Check("learn", learning, "the class trained in the classifier (configs/s
 
 def long_input_row(layer: nn.Module, d_model: int, length: int) -> Row:
     """The long-input check: the layer on a text of the run's max_length tokens (the other checks read 7)."""
-    from model.user_class import long_input_problem
+    from model.own_attention import long_input_problem
 
     problem = long_input_problem(layer, d_model, length)
     return Row("long-input", "FAIL" if problem else "PASS", problem or f"a text of {length} tokens: finite output",
@@ -255,7 +255,7 @@ LONG_INPUT = Check("long-input", None, "the output of a text of max_length token
 
 def build(layer_or_class, *, d_model: int, n_heads: int, d_head: int | None, args: dict | None) -> nn.Module:
     """The layer to probe: a built-in kind or the adapter as it is; a built-in kind's class built; a user's class
-    or "file.py:Class" built as the classifier builds it (model/own_attention.py), or a user's module instance,
+    or "file.py:Class" built as the classifier builds it (model/own_attention/layer.py), or a user's module instance,
     in the adapter. A class that cannot be loaded or built is a ConfigError line (bad input); one whose forward
     the adapter cannot call is Unusable (the shapes check FAILs with why)."""
     from model.own_attention import OwnAttention, build_user_layer, load_attention_class

@@ -3,7 +3,7 @@ identity line (monitor/layer_contract.py): each family has its own contract, and
 than assume the position-free, unmasked formula.
 
     mask        none / padding (its convention) / causal / causal + padding: causal when no output moves as the
-                later tokens change (model/mask_probe.py), padding when the adapter found a convention
+                later tokens change (model/own_attention/mask_probe.py), padding when the adapter found a convention
     positions   none: the output follows a permutation of the tokens (causal: the last token's output ignores the
                 order of the tokens before it); else, from the weights it hands out or that are seen,
                     bias      log w − Q Kᵀ/√d_k (row-centred) is the same on other content: an additive bias that

@@ -3,9 +3,9 @@ reads, rule, likely cause, what to try, and how it runs), the `Row` it answers w
 layer, the user's module inside it, and a seeded batch a classifier really gives (unit-variance token vectors, texts
 of different lengths padded to the longest, every text with a real token).
 
-The layer is called as the classifier calls every attention layer (model/attention.py MultiHeadSelfAttention):
-forward(x (B, L, D), key_padding_mask (B, L) bool True = padding, need_weights) → (out (B, L, D), AttentionWeights
-or None); a user's own class goes through model/own_attention.py's adapter, whose `.user` is the user's module.
+The layer is called as the classifier calls every attention layer (model/attention.py MultiHeadSelfAttention): forward(x
+(B, L, D), key_padding_mask (B, L) bool True = padding, need_weights) → (out (B, L, D), AttentionWeights or None); a
+user's own class goes through model/own_attention/layer.py's adapter, whose `.user` is the user's module.
 """
 
 import math
@@ -183,8 +183,8 @@ class Probe:
 
 
 def first(values: list):
-    """What one call of a module gave: the first, or (a class run one text at a time, model/mask_probe.py) each
-    text's (L, ·) stacked into (B, L, ·); None when it was not called."""
+    """What one call of a module gave: the first, or (a class run one text at a time, model/own_attention/mask_probe.py)
+    each text's (L, ·) stacked into (B, L, ·); None when it was not called."""
     if not values:
         return None
     if len(values) > 1 and all(torch.is_tensor(v) and v.ndim == 2 and v.shape == values[0].shape for v in values):

@@ -18,7 +18,7 @@ from data.labels import monitored_metric
 from data.pretraining import check_known
 from model.config import ConfigError, NetworkConfig, max_length_caps
 from model.kinds import kinds_help
-from model.user_class import is_class_spec, named_network
+from model.own_attention import is_class_spec, named_network
 from training.checkpoints import SPECIAL_NAMES, check_fits, check_pretraining_fits, check_restorable, resolve
 from training.encoder import check_pretrained
 from training.length import training_epochs
@@ -57,7 +57,7 @@ def named_on_command(config) -> str | None:
 def name_checkpoint_class(config, named: str | None) -> None:
     """A --ckpt_path's network of a user's class gets the class the command named (`named`), its file's hash
     checked against the checkpoint's record; none named: one line saying which class and the flag. A checkpoint's
-    own spec is never imported (model/user_class.py)."""
+    own spec is never imported (model/own_attention/naming.py)."""
     network = config["model"]["network"]
     if network.attention_source is None:
         return

@@ -12,7 +12,7 @@ from data.checkpoint import calibrated, stored_calibration
 from data.tokenizer import UNK_ID
 from model.classifier import AttentionClassifier
 from model.config import ConfigError, NetworkConfig
-from model.user_class import long_input_problem
+from model.own_attention import long_input_problem
 from training import calibration as calib
 from training.adapt import AdaptThreads
 from training.average import WeightAverage

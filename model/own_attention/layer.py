@@ -1,21 +1,17 @@
-"""A user's own attention class, unchanged, as an attention kind: `--model.network.attention path/to/file.py:Class`.
+"""OwnAttention: a user's class, unchanged, inside the adapter that gives it the interface of the built-in layers
+(model/attention.py's Kind): the kind model/kinds.py answers for "path/to/file.py:Class".
 
-    load_attention_class(spec)   "file.py:Class", "package.module:Class" or "package.module.Class" → the class
-    build_user_layer(cls, ...)   the class built from the network's sizes, its constructor read by parameter names
-                                 (both from model/user_class.py, which also records and checks the class's file)
-    OwnAttention(cls_or_spec)    the adapter a Block holds: the interface of model/attention.py's layers around it
-
-What the adapter finds out is found by running the class (model/mask_probe.py), never guessed from names: how its
-forward takes a mask (positional or keyword, which convention, which shape), what it returns (out or (out, weights),
-weights (B, L, L) or (B, H, L, L)), its output width (another than d_model gets an output projection the product
-adds, `w_o`) and whether it is causal. A class that takes no mask is run on texts of one length at a time, so no key
-it sees is padding, unless it is causal: padding at the end is then out of every real token's view already.
+What the adapter finds out is found by running the class (mask_probe.py), never guessed from names: how its forward
+takes a mask (positional or keyword, which convention, which shape), what it returns (out or (out, weights), weights
+(B, L, L) or (B, H, L, L)), its output width (another than d_model gets an output projection the product adds, `w_o`)
+and whether it is causal. A class that takes no mask is run on texts of one length at a time, so no key it sees is
+padding, unless it is causal: padding at the end is then out of every real token's view already.
 
 The class hands out its weights (returned, kept on an attribute, read from the softmax it computes, or a fused call
-answered by the written formula while weights are asked for: model/weights_seen.py), not the scores it softmaxed:
+answered by the written formula while weights are asked for: weights_seen.py), not the scores it softmaxed:
 AttentionWeights.scores is NaN (the monitor's score figures are then NaN, never a guess). A class whose weights
-cannot be seen hands out none (need_weights gives None: no heatmaps, the output checks still run). The doctor's formula reference is not defined for a user's class here (`reference_keys_values` is None:
-monitor/contract.py skips it).
+cannot be seen hands out none (need_weights gives None: no heatmaps, the output checks still run). The doctor's
+formula reference is not defined for a user's class (`reference_keys_values` is None: monitor/contract.py skips it).
 
 Letters in the shape comments: B batch, L tokens, H heads, D model width, W the class's output width, N real tokens.
 """
@@ -28,12 +24,9 @@ from torch import nn
 
 from model.attention import AttentionWeights, Kind, unpack
 from model.errors import ConfigError
-from model.mask_probe import Convention, find_convention, key_mask, run_layer, runs
-from model.user_class import (  # noqa: F401 (the names callers import from here)
-    ALLOW_CHANGED, check_attention_args, check_output_dtype, configured_class, display_name, is_class_spec,
-    load_attention_class, long_input_problem, name_class, named_class, named_network,
-)
-from model.user_constructor import build_user_layer, constructor_arguments  # noqa: F401
+from model.own_attention.constructor import build_user_layer, constructor_arguments
+from model.own_attention.mask_probe import Convention, find_convention, key_mask, run_layer, runs
+from model.own_attention.naming import check_output_dtype, display_name, load_attention_class, named_class
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +68,7 @@ class OwnAttention(Kind, nn.Module):
     """A user's attention class inside the classifier's Block, with the interface of the built-in layers:
     forward(x (B, L, D), key_padding_mask (B, L) True = padding, need_weights) → (out (B, L, D), AttentionWeights
     or None), forward_packed, n_heads, head_gate, look_ahead. `.user` is the user's module, unchanged;
-    `.convention` says how it takes its mask (found by probing, model/mask_probe.py)."""
+    `.convention` says how it takes its mask (found by probing, mask_probe.py)."""
 
     summary = "a user's own class, path/to/file.py:ClassName (docs/OWN_ATTENTION.md)"
     keys_are_tokens = True  # it is handed (B, L, D) token vectors; its weights are token × token
@@ -115,7 +108,7 @@ class OwnAttention(Kind, nn.Module):
         self._convention: Convention = found.convention
         self.n_heads = found.heads  # the heads its weights show: (B, L, L) is one head
         self.width = found.width  # its output width W
-        # A class that returns only its output: its weights are read as model/weights_seen.py says, when asked for.
+        # A class that returns only its output: its weights are read as weights_seen.py says, when asked for.
         self.reads_softmax = not found.returns_weights
         self.weights_from: str | None = found.weights_from  # None: its weights cannot be seen
         self.d_model, self.d_head = d_model, d_head or d_model // n_heads

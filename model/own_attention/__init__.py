@@ -1,0 +1,28 @@
+"""A user's own attention class, unchanged, as an attention kind: `--model.network.attention path/to/file.py:Class`.
+
+Its one home: the rest of the project imports what it needs of a user's class from here, and asks the class what it
+asks every kind (model/attention.py's Kind, looked up in model/kinds.py).
+
+    naming.py        the class by name: "path/to/file.py:ClassName", "package.module:ClassName" or
+                     "package.module.ClassName" found, imported, hashed and trusted (name_class); a checkpoint's record
+                     of it is data, never imported (named_network, configured_class)
+    constructor.py   the class built from the network's sizes, its constructor read by parameter names
+    mask_probe.py    how its forward takes a mask, what it returns, whether it is causal: found by running it
+    weights_seen.py  its weights, seen while it runs (returned, an attribute, a softmax, a fused call)
+    layer.py         OwnAttention, the adapter a Block holds: the kind's interface around the class
+"""
+
+from model.own_attention.constructor import build_user_layer
+from model.own_attention.layer import ROLE_NAMES, OwnAttention, looks_ahead, normal
+from model.own_attention.mask_probe import NoConvention, mask_calls, runs
+from model.own_attention.naming import (
+    ALLOW_CHANGED, check_attention_args, check_recorded, configured_class, is_class_spec, load_attention_class,
+    long_input_problem, name_class, named_network,
+)
+
+__all__ = [
+    "ALLOW_CHANGED", "NoConvention", "OwnAttention", "ROLE_NAMES", "build_user_layer", "check_attention_args",
+    "check_recorded", "configured_class", "is_class_spec", "load_attention_class", "long_input_problem", "looks_ahead",
+    "mask_calls",
+    "name_class", "named_network", "normal", "runs",
+]
