@@ -4,7 +4,6 @@ The family (monitor/layer_family.py) decides what applies: the permutation check
 (its causal counterpart where it is causal), the look-ahead check's later tokens where it is causal."""
 
 import math
-from types import SimpleNamespace
 
 import torch
 
@@ -62,7 +61,7 @@ def padding(probe: Probe) -> Outcome:
         calls = mask_calls(probe.user, type(probe.user).__name__)
         if calls:  # its forward takes a mask, yet the adapter found no convention under which padding is ignored
             taken = "the second argument" if calls == ["positional"] else f"{calls[0]}="
-            leaky = getattr(probe.layer, "weights_not_used", None)
+            leaky = probe.layer.weights_not_used
             if leaky is not None:
                 return Outcome("FAIL", f"the weights handed out are not the weights used: with the mask as "
                                f"{leaky.kind}, shape {leaky.shape}, the output ignores padding, but the weights it "
@@ -89,8 +88,7 @@ def padding(probe: Probe) -> Outcome:
         figures["pad_weight"] = on_padding
         parts.insert(0, f"largest weight on a padded key {figure(on_padding)}")
     verdict = "FAIL" if figures.get("pad_weight", 0) > 0 or not moved < INVARIANCE else "PASS"
-    if probe.causal and getattr(probe.layer, "_convention", None) is not None and \
-            probe.layer._convention.call == "none":
+    if probe.causal and not probe.layer.takes_mask:
         parts.append("causal, so it needs no mask: padding at the end is after every real token")
     return Outcome(verdict, "; ".join(parts), figures)
 
@@ -114,7 +112,7 @@ def eval_steady(probe: Probe) -> Outcome:
 
 
 def permutation(probe: Probe) -> Outcome:
-    if probe.builtin and not type(probe.layer).order_blind(SimpleNamespace(causal=probe.layer.causal)):
+    if probe.layer.keys_by_position:
         return Outcome("NOTE", "this kind's keys depend on where the tokens are (a window or a look-ahead): order "
                        "matters by its definition")
     family = find_family(probe)
@@ -270,8 +268,8 @@ def stability(probe: Probe) -> Outcome:
 def mask_name(probe: Probe) -> Outcome:
     """The convention the class's mask argument works in, against the one its name promises in PyTorch and Hugging
     Face: key_padding_mask True = padding, attention_mask 1 = keep."""
-    convention = getattr(probe.layer, "_convention", None)
-    if probe.builtin or convention is None or convention.call in ("none", "positional"):
+    convention = probe.layer.mask_convention
+    if convention is None or convention.call in ("none", "positional"):
         return Outcome("PASS", "no mask argument whose name promises a convention")
     keeps = convention.kind.startswith(("bool True = keep", "1/0 keep"))
     pads = convention.kind == "bool True = padding"

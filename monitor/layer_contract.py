@@ -30,7 +30,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from model.attention import MultiHeadSelfAttention
+from model.kind import Kind
 from model.errors import ConfigError
 from model.own_attention import NoConvention, runs
 from monitor.contract import compare
@@ -59,8 +59,8 @@ STAGE_FIXES = {
 
 
 def formula(probe: Probe) -> Outcome:
-    if probe.builtin:
-        return builtin_formula(probe)
+    if probe.layer.reference_keys_values is not None:  # a kind with a definition (model/kind.py)
+        return defined_formula(probe)
     layouts = probe.projections
     if not layouts:
         return Outcome("NOTE", "the formula could not be checked: no W_Q, W_K, W_V found by name (W_Q, w_q, q_proj, "
@@ -102,8 +102,8 @@ def formula(probe: Probe) -> Outcome:
                    fix=STAGE_FIXES.get(result.stage))
 
 
-def builtin_formula(probe: Probe) -> Outcome:
-    """A built-in kind against its own definition (its `reference`), by the doctor's comparison."""
+def defined_formula(probe: Probe) -> Outcome:
+    """A kind against its own definition (its reference_keys_values), by the doctor's comparison."""
     layer, real = probe.layer, probe.real()
     record = {}
     hook = layer.w_o.register_forward_pre_hook(lambda module, args: record.update(heads=args[0]))
@@ -125,7 +125,7 @@ def builtin_formula(probe: Probe) -> Outcome:
 
 
 def scale(probe: Probe) -> Outcome:
-    if probe.builtin:
+    if probe.layer.scale is not None:  # set by the kind's definition (model/kind.py)
         factor, how = probe.layer.scale * math.sqrt(probe.layer.d_head), "the layer's scale setting"
     else:
         if not probe.projections:
@@ -238,11 +238,9 @@ LEARN = Check("learn", learning, "the class trained in the classifier (configs/s
               "by more than a margin after the same epochs (not-learning)", "", "")
 
 
-def long_input_row(layer: nn.Module, d_model: int, length: int) -> Row:
+def long_input_row(layer: nn.Module, length: int) -> Row:
     """The long-input check: the layer on a text of the run's max_length tokens (the other checks read 7)."""
-    from model.own_attention import long_input_problem
-
-    problem = long_input_problem(layer, d_model, length)
+    problem = layer.problem_at_length(length)
     return Row("long-input", "FAIL" if problem else "PASS", problem or f"a text of {length} tokens: finite output",
                {}, LONG_INPUT.reads, LONG_INPUT.rule, LONG_INPUT.cause, LONG_INPUT.fix)
 
@@ -254,16 +252,16 @@ LONG_INPUT = Check("long-input", None, "the output of a text of max_length token
 
 
 def build(layer_or_class, *, d_model: int, n_heads: int, d_head: int | None, args: dict | None) -> nn.Module:
-    """The layer to probe: a built-in kind or the adapter as it is; a built-in kind's class built; a user's class
-    or "file.py:Class" built as the classifier builds it (model/own_attention/layer.py), or a user's module instance,
-    in the adapter. A class that cannot be loaded or built is a ConfigError line (bad input); one whose forward
-    the adapter cannot call is Unusable (the shapes check FAILs with why)."""
+    """The layer to probe: a layer of a kind (model/kind.py) as it is; a kind's class built; a user's class or
+    "file.py:Class" built as the classifier builds it (model/own_attention/), or a user's module instance, in the
+    adapter. A class that cannot be loaded or built is a ConfigError line (bad input); one whose forward the adapter
+    cannot call is Unusable (the shapes check FAILs with why)."""
     from model.own_attention import OwnAttention, build_user_layer, load_attention_class
 
-    if isinstance(layer_or_class, type) and issubclass(layer_or_class, MultiHeadSelfAttention):
-        return layer_or_class(d_model=d_model, n_heads=n_heads, d_head=d_head, **(args or {}))
-    if isinstance(layer_or_class, (MultiHeadSelfAttention, OwnAttention)):
+    if isinstance(layer_or_class, Kind):
         return layer_or_class
+    if isinstance(layer_or_class, type) and issubclass(layer_or_class, Kind):
+        return layer_or_class(d_model=d_model, n_heads=n_heads, d_head=d_head, **(args or {}))
     if isinstance(layer_or_class, nn.Module):
         user, d_model = layer_or_class, model_width(layer_or_class)
     else:
@@ -309,8 +307,8 @@ def layer_contract(layer_or_class, *, d_model: int = 64, n_heads: int = 4, d_hea
     probe = Probe(layer, mapping=mapping, seed=seed, spec=layer_or_class, args=args)
     figures, _ = examine(Subject(layer=probe))  # the doctor's one runner: every registered check that reads a layer
     rows = probe.cache["rows"] = Rows(measured["row"] for measured in figures.values() if "row" in measured)
-    if probe.user is not layer:  # a user's class in the adapter: built-in kinds read what their settings define
-        rows.append(long_input_row(layer, probe.d_model, max_length))
+    if layer.reference_keys_values is None:  # no definition: what it does at max_length is found by running it
+        rows.append(long_input_row(layer, max_length))
     try:
         rows.identity = find_family(probe).line()
     except Unusable:

@@ -74,19 +74,17 @@ def find_family(probe) -> Family:
 
 
 def padding_convention(probe) -> str:
-    if probe.builtin:
+    convention = probe.layer.mask_convention
+    if convention is None:  # the classifier's own (model/kind.py)
         return "bool True = padding, the built-in layer's"
-    convention = getattr(probe.layer, "_convention", None)
-    if convention is None or convention.call == "none":
+    if convention.call == "none":
         return ""
     call = "forward(x, mask)" if convention.call == "positional" else f"{convention.call}="
     return f"{call}, {convention.kind}, {convention.shape}"
 
 
 def weights_source(probe) -> str:
-    if probe.builtin:
-        return "returned"
-    return getattr(probe.layer, "weights_from", None) or "none seen (no heatmaps; the output checks still run)"
+    return probe.layer.weights_from or "none seen (no heatmaps; the output checks still run)"
 
 
 def norm_inside(probe) -> str:
@@ -121,8 +119,8 @@ def norm_inside(probe) -> str:
 
 def positions(probe) -> str:
     """none / bias / relative / absolute / unknown, as the module docstring says."""
-    if probe.builtin:
-        return "none"
+    if probe.layer.positions_inside is not None:  # a kind whose definition says (model/kind.py)
+        return probe.layer.positions_inside
     x = probe.x
     try:
         if order_free(probe, x):

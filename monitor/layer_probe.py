@@ -15,7 +15,7 @@ from typing import Callable, NamedTuple
 import torch
 from torch import nn
 
-from model.attention import AttentionWeights, MultiHeadSelfAttention
+from model.attention import AttentionWeights
 from monitor.layer_formula import find_projections
 
 LENGTHS = (7, 5, 2)  # the probe batch's texts, padded to the longest: each has a real token, two have padding
@@ -93,13 +93,11 @@ class Probe:
     cache: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        self.user = getattr(self.layer, "user", self.layer)
-        self.builtin = isinstance(self.layer, MultiHeadSelfAttention)
+        self.user = self.layer.inner  # the module whose code computes the attention (model/kind.py)
         self.d_model = model_width(self.layer)
-        convention = getattr(self.layer, "_convention", None)  # the adapter's, found by probing
         # A causal class needs no mask: padding at the end of a text is after every real token.
-        self.causal = bool(self.layer.causal if self.builtin else getattr(self.layer, "look_ahead", False))
-        self.takes_mask = convention is None or convention.call != "none" or self.causal
+        self.causal = bool(self.layer.causal)
+        self.takes_mask = self.layer.takes_mask or self.causal
         generator = torch.Generator().manual_seed(self.seed)
         lengths = torch.tensor(LENGTHS if self.takes_mask else (max(LENGTHS),) * len(LENGTHS))
         L = int(lengths.max())

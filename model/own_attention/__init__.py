@@ -1,7 +1,7 @@
 """A user's own attention class, unchanged, as an attention kind: `--model.network.attention path/to/file.py:Class`.
 
 Its one home: the rest of the project imports what it needs of a user's class from here, and asks the class what it
-asks every kind (model/attention.py's Kind, looked up in model/kinds.py).
+asks every kind (model/kind.py's interface; model/kinds.py finds the kind for a setting).
 
     naming.py        the class by name: "path/to/file.py:ClassName", "package.module:ClassName" or
                      "package.module.ClassName" found, imported, hashed and trusted (name_class); a checkpoint's record
@@ -13,16 +13,9 @@ asks every kind (model/attention.py's Kind, looked up in model/kinds.py).
 """
 
 from model.own_attention.constructor import build_user_layer
-from model.own_attention.layer import ROLE_NAMES, OwnAttention, looks_ahead, normal
+from model.own_attention.layer import ROLE_NAMES, OwnAttention, normal
 from model.own_attention.mask_probe import NoConvention, mask_calls, runs
-from model.own_attention.naming import (
-    ALLOW_CHANGED, check_attention_args, check_recorded, configured_class, is_class_spec, load_attention_class,
-    long_input_problem, name_class, named_network,
-)
+from model.own_attention.naming import ALLOW_CHANGED, load_attention_class, named_network
 
-__all__ = [
-    "ALLOW_CHANGED", "NoConvention", "OwnAttention", "ROLE_NAMES", "build_user_layer", "check_attention_args",
-    "check_recorded", "configured_class", "is_class_spec", "load_attention_class", "long_input_problem", "looks_ahead",
-    "mask_calls",
-    "name_class", "named_network", "normal", "runs",
-]
+__all__ = ["ALLOW_CHANGED", "NoConvention", "OwnAttention", "ROLE_NAMES", "build_user_layer", "load_attention_class",
+           "mask_calls", "named_network", "normal", "runs"]

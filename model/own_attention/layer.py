@@ -22,13 +22,17 @@ import math
 import torch
 from torch import nn
 
-from model.attention import AttentionWeights, Kind, unpack
+from model.attention import AttentionWeights, unpack
 from model.errors import ConfigError
+from model.kind import Kind
 from model.own_attention.constructor import build_user_layer, constructor_arguments
 from model.own_attention.mask_probe import Convention, find_convention, key_mask, run_layer, runs
-from model.own_attention.naming import check_output_dtype, display_name, load_attention_class, named_class
+from model.own_attention.naming import (
+    check_attention_args, check_output_dtype, check_recorded, configured_class, display_name, is_class_spec,
+    load_attention_class, long_input_problem, name_class, named_class,
+)
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__package__)  # the home's one logger, "model.own_attention"
 
 # The attribute names tutorials give a layer's projections, lower case without "_" (normal()): the adapter finds
 # the class's W_Q, W_K, W_V and W_O by them, and so does the doctor's formula check (monitor/layer_formula.py).
@@ -65,17 +69,39 @@ def say_once(level: int, message: str) -> None:
 
 
 class OwnAttention(Kind, nn.Module):
-    """A user's attention class inside the classifier's Block, with the interface of the built-in layers:
-    forward(x (B, L, D), key_padding_mask (B, L) True = padding, need_weights) → (out (B, L, D), AttentionWeights
-    or None), forward_packed, n_heads, head_gate, look_ahead. `.user` is the user's module, unchanged;
-    `.convention` says how it takes its mask (found by probing, mask_probe.py)."""
+    """A user's attention class inside the classifier's Block, with the interface of the built-in layers
+    (model/kind.py): forward(x (B, L, D), key_padding_mask (B, L) True = padding, need_weights) → (out (B, L, D),
+    AttentionWeights or None), forward_packed, n_heads, head_gate, look_ahead, and the doctor's questions. `.user` is
+    the user's module, unchanged; `.convention` says how it takes its mask (found by probing, mask_probe.py)."""
 
     summary = "a user's own class, path/to/file.py:ClassName (docs/OWN_ATTENTION.md)"
-    keys_are_tokens = True  # it is handed (B, L, D) token vectors; its weights are token × token
-    length_cap = 256  # a class written from the formula costs L², as full attention does
-    least: dict[str, int] = {}
+    names_code = True  # imported only when the user names it (naming.py); a checkpoint records its file's hash
+    heads_cut = False  # its weights' layout per head is its own: its heads are measured, never cut (prune.py)
     gates_heads = True  # set per layer: whether head_gate can reach each head's contribution
-    reference_keys_values = None  # the doctor's dense reference is not defined for a user's class (monitor/contract.py)
+    positions_inside = None  # found by probing (monitor/layer_family.py): none, a bias, a rotation, ...
+    keys_by_position = False  # which keys a query sees is found by probing (its family), not defined beforehand
+
+    @classmethod
+    def names(cls, setting) -> bool:
+        """Whether an `attention` setting names a user's class: "path/to/file.py:ClassName",
+        "package.module:ClassName" or "package.module.ClassName" (a kind's name has no . or :)."""
+        return is_class_spec(setting)
+
+    @classmethod
+    def source(cls, config) -> dict:
+        """The user names the class in the config: found, hashed, recorded and trusted (naming.py's name_class); a
+        checkpoint's record is data, checked for shape (building needs the class named)."""
+        check_attention_args(config.attention_args)
+        if config.attention_source is None:
+            return name_class(config.attention)
+        check_recorded(config.attention, config.attention_source)
+        return config.attention_source
+
+    @classmethod
+    def build(cls, config, n_heads: int | None = None) -> "OwnAttention":
+        """The class the user named for this config (configured_class: never one a checkpoint names) in the adapter."""
+        return cls(configured_class(config), d_model=config.d_model, n_heads=n_heads or config.n_heads,
+                   d_head=config.head_size, attention_args=config.attention_args, name=config.attention)
 
     @classmethod
     def order_blind(cls, config) -> bool:
@@ -105,7 +131,7 @@ class OwnAttention(Kind, nn.Module):
         found = find_convention(self.user, d_model, name)
         self.convention: str = found.convention.describe()
         self.weights_not_used: Convention | None = found.weights_not_used  # the doctor names it (padding check)
-        self._convention: Convention = found.convention
+        self.mask_convention: Convention = found.convention
         self.n_heads = found.heads  # the heads its weights show: (B, L, L) is one head
         self.width = found.width  # its output width W
         # A class that returns only its output: its weights are read as weights_seen.py says, when asked for.
@@ -113,7 +139,7 @@ class OwnAttention(Kind, nn.Module):
         self.weights_from: str | None = found.weights_from  # None: its weights cannot be seen
         self.d_model, self.d_head = d_model, d_head or d_model // n_heads
         # A user's class blocks what it blocks; the product adds no look-ahead mask, and says when it found one.
-        self.look_ahead = found.causal
+        self.causal = self.look_ahead = found.causal
         self.head_gate: torch.Tensor | None = None  # (H,): head importance and ablation (inference/heads.py)
         # An output width other than d_model gets the product's own W_O, so the residual can add it.
         self.w_o = nn.Linear(self.width, d_model, bias=False) if self.width != d_model else None
@@ -183,9 +209,21 @@ class OwnAttention(Kind, nn.Module):
             self.train(was_training)
 
     @property
+    def takes_mask(self) -> bool:
+        return self.mask_convention.call != "none"
+
+    @property
     def runs_by_length(self) -> bool:
         """Whether the class takes no mask, so that a padded batch is run text length by text length."""
-        return self._convention.call == "none" and not self.look_ahead
+        return not self.takes_mask and not self.look_ahead
+
+    @property
+    def inner(self) -> nn.Module:
+        return self.user
+
+    def problem_at_length(self, length: int) -> str | None:
+        """The class run on a text of `length` tokens (the doctor's probes read 7): an error it raises, or NaN."""
+        return long_input_problem(self, self.d_model, length)
 
     def projection(self, role: str) -> nn.Linear | None:
         """The class's own nn.Linear for "w_q", "w_k" or "w_v" by its usual names (ROLE_NAMES), or None."""
@@ -206,10 +244,10 @@ class OwnAttention(Kind, nn.Module):
         if self.runs_by_length and key_padding_mask is not None and key_padding_mask.any():
             out, weights = self._by_length(x, key_padding_mask, need_weights)
         else:
-            mask = None if self._convention.call == "none" else key_mask(
+            mask = None if self.mask_convention.call == "none" else key_mask(
                 key_padding_mask if key_padding_mask is not None else x.new_zeros(B, L, dtype=torch.bool),
-                self._convention, x.dtype)
-            out, weights = run_layer(self.user, x, mask, self._convention, self.reads_softmax and need_weights)
+                self.mask_convention, x.dtype)
+            out, weights = run_layer(self.user, x, mask, self.mask_convention, self.reads_softmax and need_weights)
         if not self._gate_inside:
             out = self._gated(out)  # (B, L, W), each head's slice times its gate
         if self.w_o is not None:
@@ -229,7 +267,7 @@ class OwnAttention(Kind, nn.Module):
         out, weights = None, None
         for length in lengths.unique().tolist():
             rows = (lengths == length).nonzero(as_tuple=True)[0]
-            part, part_weights = run_layer(self.user, x[rows, :length], None, self._convention,
+            part, part_weights = run_layer(self.user, x[rows, :length], None, self.mask_convention,
                                            self.reads_softmax and need_weights)
             if out is None:  # the class's dtype (bfloat16 under autocast)
                 out = part.new_zeros(B, L, self.width)
@@ -249,9 +287,3 @@ class OwnAttention(Kind, nn.Module):
         out, weights = self.forward(unpack(x, real), key_padding_mask, need_weights)
         return out[real.nonzero(as_tuple=True)], weights  # (N, D)
 
-
-def looks_ahead(network: nn.Module) -> bool:
-    """Whether a user's class in the network was found causal by probing: its look-ahead mask is its family, asked
-    for by the class (its config's causal is refused: the class decides). A built-in kind's look-ahead is the
-    config's `causal`, and one the config does not ask for is a bug the monitor reports, so it is not read here."""
-    return any(isinstance(module, OwnAttention) and module.look_ahead for module in network.modules())
