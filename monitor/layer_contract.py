@@ -37,7 +37,7 @@ from model.own_attention import NoConvention, runs
 from monitor.contract import compare
 from monitor.layer_behaviour import (ROW_SUM, STEADY, eval_steady, look_ahead, mask_name, neighbours,
                                      padding, permutation, shapes, softmax_rows, stability, train_eval)
-from monitor.layer_family import find_family, position_formula
+from monitor.layer_family import by_family, find_family
 from monitor.layer_formula import compare_layer, score_factor
 from monitor.layer_gradients import gradcheck, gradient
 from monitor.layer_probe import (Outcome, Probe, Row, Unusable, answer, figure, judged, layer_check, model_width,
@@ -70,9 +70,6 @@ def formula(probe: Probe) -> Outcome:
     seen = probe.base
     if seen.raw_out is None:
         return Outcome("NOTE", "the formula could not be checked: the user's module returned no tensor")
-    family = find_family(probe)
-    if family.position_terms:
-        return position_formula(probe, family)
     seen = SimpleNamespace(x=seen.x, out=seen.raw_out, weights=seen.raw_weights, heads=seen.heads)
     padding = probe.padding
     results = [compare_layer(layout, seen, padding, probe.causal) for layout in layouts]
@@ -131,8 +128,6 @@ def scale(probe: Probe) -> Outcome:
     else:
         if not probe.projections:
             return Outcome("NOTE", "the scale could not be judged: the projections were not found (see formula)")
-        if find_family(probe).position_terms:
-            return Outcome("NOTE", "not judged: the scores hold this family's position terms (see formula)")
         if "matched" not in probe.cache:
             formula(probe)
         seen = probe.base
@@ -148,76 +143,82 @@ def scale(probe: Probe) -> Outcome:
                    {"scale_factor": factor})
 
 
+def family_check(name: str, judge, reads: str, rule: str, cause: str, fix: str) -> Check:
+    """A layer check (layer_check) judged by the layer's family where the family's contract names it, else by
+    `judge`, which assumes the position-free, unmasked formula (monitor/layer_family.py FAMILIES)."""
+    return layer_check(name, by_family(name, judge), reads, rule, cause, fix)
+
+
 CHECKS: list[Check] = [  # each registered with the doctor below (monitor/units.py)
-    layer_check(
+    family_check(
         "shapes", shapes, "the output and weights of the probe batch",
         "the output is not (B, L, D) (the user's own not (B, L, ·)), the weights not (B, L, L) or (B, H, L, L), "
         "or the layer raised or gave NaN", "the heads merged wrongly, a transpose left in, a forward signature "
         "the product cannot call", "return out (B, L, ·) and weights (B, L, L) or (B, H, L, L); forward(x) or "
         "forward(x, mask)"),
-    layer_check(
+    family_check(
         "softmax-rows", softmax_rows, "the weights of each real query",
         f"a weight < 0, or a row sum off 1 by ≥ {ROW_SUM:g}", "softmax over the wrong axis (the queries), weights "
         "rescaled after softmax, or no softmax", "weights = scores.softmax(dim=-1)"),
-    layer_check(
+    family_check(
         "padding", padding, "the weights on padded keys; the output with more padding",
         f"a real query gives a padded key any weight, or its output moves by ≥ {INVARIANCE:g} (relative) with "
         "more padding", "the mask not applied, inverted (True = keep read as True = pad), or broadcast along the "
         "queries", "fill the padded keys' scores with -inf before softmax, mask shape (B, 1, 1, L)"),
-    layer_check(
+    family_check(
         "neighbours", neighbours, "each text alone against the batch",
         f"a text's output moves by ≥ {INVARIANCE:g} (relative)",
         "something mixes the texts of a batch (a mean or softmax over the batch axis, a mask of the wrong text)",
         "keep every operation within one text: the batch axis is never reduced"),
-    layer_check(
+    family_check(
         "eval-steady", eval_steady, "two evaluation passes", f"they differ by ≥ {STEADY:g} (relative)",
         "dropout applied whatever the mode (F.dropout(..., training=True), torch.bernoulli), or other randomness",
         "use nn.Dropout (or F.dropout(..., training=self.training))"),
-    layer_check(
+    family_check(
         "train-eval", train_eval, "the output in training mode with every dropout module off",
         f"it differs from evaluation by ≥ {INVARIANCE:g} (relative)", "code that runs only in training or only in "
         "evaluation besides dropout (a mask applied `if self.training`, F.dropout(..., training=True))",
         "let dropout modules be the only difference between the modes"),
-    layer_check(
+    family_check(
         "permutation", permutation, "the output of permuted tokens (causal: of the last token, the tokens before "
         "it permuted)", f"it differs from the permuted output by ≥ {INVARIANCE:g} (relative), in a family without "
         "position terms", "positions inside attention that are neither a content-free bias nor relative, tokens "
         "mixed by position (heads split or merged wrongly), a mask that depends on position",
         "leave positions to the classifier's embedding, or make them a bias on the scores; split heads with "
         "view(B, L, H, d).transpose(1, 2)"),
-    layer_check(
+    family_check(
         "look-ahead", look_ahead, "each real query's weight on its own token; causal: earlier outputs with later "
         "tokens changed", f"a real query gives its own token no weight, an output is NaN, or (causal) an earlier "
         f"output moves by ≥ {INVARIANCE:g} when later tokens change", "a look-ahead mask that blocks the diagonal "
         "(torch.triu(ones, diagonal=0)) or the wrong triangle (True = keep given to a kernel that reads True = "
         "blocked, or the reverse)", "block the later keys only: torch.triu(torch.ones(L, L, dtype=torch.bool), "
         "diagonal=1) as the blocked set (masked_fill ... -inf), or its negation as SDPA's attn_mask (True = keep)"),
-    layer_check(
+    family_check(
         "formula", formula, "the layer's own W_Q, W_K, W_V (W_O) and its stages",
         "a stage (mask, scores up to a row's constant, weights, output before W_O, output) differs from "
         "softmax(Q Kᵀ/√d_k) V (W_O) recomputed from the layer's weights in float64 by ≥ 1e-3",
         "the code departs from the formula at the named stage", "read the line that makes the named stage"),
-    layer_check(
+    family_check(
         "scale", scale, "the spread of the scores of the freshly built layer",
         f"≥ {SCALE_FACTOR:g}× or ≤ 1/{SCALE_FACTOR:g} of what 1/√d_k gives",
         "no scaling (saturated softmax) or a scale far too small such as 1/d_k (over-uniform attention)",
         "divide the scores by math.sqrt(d_k), d_k the size of one head"),
-    layer_check(
+    family_check(
         "stability", stability, "the output with the input scaled until the largest score is about 120",
         "the output or weights hold NaN or inf", "a softmax written as exp(s) / exp(s).sum() without subtracting "
         "the row maximum: exp() overflows float32 past 88.7", "use scores.softmax(dim=-1), or subtract "
         "scores.amax(dim=-1, keepdim=True) before exp()"),
-    layer_check(
+    family_check(
         "mask-name", mask_name, "the convention the mask argument works in against its name",
         "key_padding_mask / src_key_padding_mask works as True = keep, or attention_mask as bool True = padding",
         "the mask read the other way round from the convention its name has in PyTorch and Hugging Face",
         "key_padding_mask: True marks padding (masked_fill(key_padding_mask, -inf)); attention_mask: 1 marks a "
         "token (masked_fill(attention_mask == 0, -inf))"),
-    layer_check(
+    family_check(
         "gradcheck", gradcheck, "the output's gradient in float64 against finite differences",
         "torch.autograd.gradcheck fails", "a hand-written backward (autograd.Function) that is wrong, or an "
         "in-place change autograd cannot follow", "let autograd differentiate the forward"),
-    layer_check(
+    family_check(
         "gradient", gradient, "every parameter's gradient from a loss on the output",
         "a parameter gets no (or exactly zero) gradient, is frozen, or modules sit in a plain list",
         "a stray .detach(), a projection never used, requires_grad off, modules in a Python list",
