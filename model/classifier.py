@@ -192,18 +192,23 @@ class AttentionClassifier(AttentionEncoder):
         self.ngram_bag = None
         if config.ngrams:  # n-gram votes summed into the logits beside the attention-pooled sentence
             self.ngram_bag = NgramBag(order=config.ngrams, vocab_size=config.vocab_size, buckets=config.ngram_buckets,
-                                      num_classes=config.num_classes)
+                                      num_classes=config.num_classes, fitted=config.ngram_fitted)
 
     def forward(
-        self, token_ids: torch.Tensor, key_padding_mask: torch.Tensor | None = None, need_weights: bool = False
+        self, token_ids: torch.Tensor, key_padding_mask: torch.Tensor | None = None, need_weights: bool = False,
+        ngram_logits: torch.Tensor | None = None,
     ) -> ClassifierOutput:
-        """token_ids (B, L) int; key_padding_mask (B, L) bool, True marks padding (None: no padding)."""
+        """token_ids (B, L) int; key_padding_mask (B, L) bool, True marks padding (None: no padding).
+        ngram_logits (B, C): the fitted n-gram bag's logits given in its place (training: each text's out-of-fold
+        logits, training/ngram_fit.py)."""
         x, real, attention = self.encode(token_ids, key_padding_mask, need_weights)
         # (B, L, D), zeros at padding, which pooling ignores; with nothing padded the N = B·L rows are the grid
         x = x.view(*real.shape, -1) if key_padding_mask is None else unpack(x, real)
         sentence = self.head_dropout(self.pool(x, ~real))  # (B, D)
         logits = self.head(sentence)  # (B, C)
-        if self.ngram_bag is not None:
+        if ngram_logits is not None:
+            logits = logits + ngram_logits
+        elif self.ngram_bag is not None:
             logits = logits + self.ngram_bag(token_ids, ~real)
         return ClassifierOutput(logits, tuple(attention) if need_weights else None)
 

@@ -73,6 +73,10 @@ class NetworkConfig:
             votes join the head's logits (model/ngrams.py: NBSVM's linear model on binary n-gram features, the
             n-grams hashed from the token ids inside the network); 0 (default) leaves the branch out.
         ngram_buckets: rows the n-grams of 2 or more tokens are hashed into (unigrams have a row each).
+        ngram_fitted: the bag is a logistic regression on the text's TF-IDF-weighted n-grams (unit length, as the
+            TF-IDF + LR peer weighs them), fitted on the training texts before the first step and not trained after
+            (training/ngram_fit.py); the attention path learns what it gets wrong, from its out-of-fold logits
+            (stacking). False (default): learned votes on binary n-grams.
         layer_heads: heads kept in each layer after pruning (prune.py), one count per layer, each
             1..n_heads; null (default) is n_heads in every layer. Each head keeps its size, head_size.
     """
@@ -103,6 +107,7 @@ class NetworkConfig:
     global_tokens: int = 1
     ngrams: int = 0
     ngram_buckets: int = 2**20
+    ngram_fitted: bool = False
     layer_heads: list[int] | None = None
     attention_args: dict | None = None
     attention_source: dict | None = None
@@ -116,6 +121,8 @@ class NetworkConfig:
         check_whole_number("ngram_buckets", self.ngram_buckets, 1)
         if self.ngram_buckets > 2**31:  # the hash stays inside int64 (model/ngrams.py)
             raise ConfigError(f"ngram_buckets must be at most 2^31, got {self.ngram_buckets}")
+        if self.ngram_fitted and not self.ngrams:
+            raise ConfigError("ngram_fitted needs an n-gram bag: set ngrams (2 = words and word pairs)")
         if self.d_head is not None:
             check_whole_number("d_head", self.d_head, 1)
         elif self.n_heads > self.d_model:

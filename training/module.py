@@ -66,6 +66,7 @@ class ClassifierModule(L.LightningModule):
                 init_from. Off in every shipped config (docs/RESULTS.md "Word vectors of the training texts").
             ngram_start: with network.ngrams, the n-gram branch starts from this times the naive-Bayes log-count
                 ratios of the training texts (training/ngram_start.py; NBSVM's weights) on a fresh fit. 0 = zeros.
+                Not with network.ngram_fitted (a bag fitted as a regression, training/ngram_fit.py).
             multi_label: several labels a text: a sigmoid per label and binary cross-entropy, a text's answer the
                 labels whose probability reaches their threshold; train.py sets it from the data (docs/LABELS.md).
             class_weights: weights of the classes in the training loss: "balanced" (each class weighs the same:
@@ -83,6 +84,9 @@ class ClassifierModule(L.LightningModule):
         if isinstance(network, dict):  # load_from_checkpoint hands back the plain dict the checkpoint stores
             network = NetworkConfig.from_dict(network)
         network = network.resolved()  # attention "auto" → full or local by max_length; the checkpoint holds that
+        if ngram_start and network.ngram_fitted:
+            raise ConfigError("model.ngram_start starts learned n-gram votes, and network.ngram_fitted fits them "
+                              "instead: give one")
         self.label_names = list(label_names or [str(c) for c in range(network.num_classes)])
         if len(self.label_names) != network.num_classes:
             raise ValueError(f"{len(self.label_names)} label names for num_classes {network.num_classes}")
@@ -131,7 +135,9 @@ class ClassifierModule(L.LightningModule):
         if self.hparams.token_dropout > 0:
             dropped = torch.rand(input_ids.shape, device=input_ids.device) < self.hparams.token_dropout
             input_ids = input_ids.masked_fill(dropped & ~batch["padding_mask"], UNK_ID)
-        logits = self.online_model(input_ids, batch["padding_mask"]).logits
+        # The fitted n-gram bag's part: each training text's out-of-fold logits (training/ngram_fit.py), so the
+        # attention path learns what a bag that never saw the text gets wrong.
+        logits = self.online_model(input_ids, batch["padding_mask"], ngram_logits=batch.get("ngram_logits")).logits
         loss = self.loss(logits, batch["labels"], weight=self.loss_weights,
                          label_smoothing=self.hparams.label_smoothing).mean()
         if self.hparams.distillation > 0:
