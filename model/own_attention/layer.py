@@ -1,5 +1,5 @@
 """OwnAttention: a user's class, unchanged, inside the adapter that gives it the interface of the built-in layers
-(model/attention.py's Kind): the kind model/kinds.py answers for "path/to/file.py:Class".
+(model/kind.py's Kind): the kind model/kinds.py finds for "path/to/file.py:Class".
 
 What the adapter finds out is found by running the class (mask_probe.py), never guessed from names: how its forward
 takes a mask (positional or keyword, which convention, which shape), what it returns (out or (out, weights), weights
