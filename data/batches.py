@@ -3,7 +3,7 @@
 A batch is a dict: input_ids (B, L) long, padding_mask (B, L) bool with True at padding (from the texts' lengths,
 data.tokenizer.pad), labels (B,) long (several labels a text: (B, C) float, 1 where a label applies); with a
 teacher's soft targets attached to the training split (training/teacher.py), training batches also hold
-teacher_probs (B, C).
+teacher_probs (B, C); with a fitted n-gram bag (training/ngram_fit.py), ngram_logits (B, C).
 """
 
 import random
@@ -23,14 +23,14 @@ def balanced_draws(labels: torch.Tensor, num_classes: int) -> list[float]:
 
 
 def collate(items) -> dict[str, torch.Tensor]:
-    """(ids, label[, teacher_probs]) items → a batch padded to its longest text; padding_mask from the lengths
+    """(ids, label[, {name: row attached}]) items → a batch padded to its longest text; padding_mask from the lengths
     (data.tokenizer.pad), as prediction builds it. A batch already made (EncodedSplit.__getitems__) passes as it is."""
     if isinstance(items, dict):
         return items
     input_ids, padding_mask = pad([item[0] for item in items])
     batch = {"input_ids": input_ids, "padding_mask": padding_mask, "labels": torch.stack([item[1] for item in items])}
-    if len(items[0]) == 3:  # the training split with data.teacher
-        batch["teacher_probs"] = torch.stack([item[2] for item in items])
+    if len(items[0]) == 3:  # the training split with rows attached (a teacher's, the n-gram bag's)
+        batch |= {name: torch.stack([item[2][name] for item in items]) for name in items[0][2]}
     return batch
 
 

@@ -286,10 +286,11 @@ class TextDataModule(L.LightningDataModule):
             log.info("the checkpoint's tokenizer differs from the one trained on these data: "
                      "encoding them with the checkpoint's")
             tokenizer = load_tokenizer(state["tokenizer"], max_length=self.max_length)
-            teacher_probs = self._state["splits"]["train"].teacher_probs  # same texts, same order
+            attached = self._state["splits"]["train"].attached()  # same texts, same order
             self._state = {**self._state, "tokenizer": tokenizer.to_str(),
                            "splits": encode_splits(tokenizer, self.read_splits(), self.max_length)}
-            self._state["splits"]["train"].teacher_probs = teacher_probs
+            for name, rows in attached.items():
+                setattr(self._state["splits"]["train"], name, rows)
             self._tokenizer = tokenizer
 
 

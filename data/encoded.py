@@ -26,12 +26,14 @@ ENCODE_CHUNK = 10_000  # texts tokenized at a time
 
 
 class EncodedSplit(Dataset):
-    """Token ids of one split, stored flat: text i is ids[offsets[i]:offsets[i + 1]]. teacher_probs: soft targets a
-    training step attached (training/teacher.py), carried in each item."""
+    """Token ids of one split, stored flat: text i is ids[offsets[i]:offsets[i + 1]]. Rows a training step attached,
+    carried in each item and batch under their names: teacher_probs, a teacher's soft targets (training/teacher.py);
+    ngram_logits, the fitted n-gram bag's out-of-fold logits (training/ngram_fit.py)."""
 
     def __init__(self, ids: torch.Tensor, offsets: torch.Tensor, labels: torch.Tensor,
                  teacher_probs: torch.Tensor | None = None):
         self.ids, self.offsets, self.labels, self.teacher_probs = ids, offsets, labels, teacher_probs
+        self.ngram_logits: torch.Tensor | None = None
         self.lengths = (offsets[1:] - offsets[:-1]).tolist()
 
     @classmethod
@@ -60,9 +62,15 @@ class EncodedSplit(Dataset):
     def __len__(self):
         return len(self.labels)
 
+    def attached(self) -> dict[str, torch.Tensor]:
+        """The rows attached to this split by name (one row a text), those set."""
+        return {name: rows for name, rows in (("teacher_probs", self.teacher_probs),
+                                              ("ngram_logits", self.ngram_logits)) if rows is not None}
+
     def __getitem__(self, i):
-        ids = self.ids[self.offsets[i] : self.offsets[i + 1]]
-        return (ids, self.labels[i]) if self.teacher_probs is None else (ids, self.labels[i], self.teacher_probs[i])
+        ids, attached = self.ids[self.offsets[i] : self.offsets[i + 1]], self.attached()
+        return (ids, self.labels[i], {name: rows[i] for name, rows in attached.items()}) if attached else \
+            (ids, self.labels[i])
 
     def __getitems__(self, rows: list[int]) -> dict[str, torch.Tensor]:
         """A whole batch (torch's DataLoader fetches a batch's rows with this when a dataset has it): what
@@ -74,9 +82,7 @@ class EncodedSplit(Dataset):
         places = (starts[:, None] + torch.arange(mask.shape[1])).masked_fill_(mask, 0)  # (B, L) into the flat ids
         batch = {"input_ids": self.ids[places].long().masked_fill_(mask, PAD_ID), "padding_mask": mask,
                  "labels": self.labels[rows]}
-        if self.teacher_probs is not None:
-            batch["teacher_probs"] = self.teacher_probs[rows]
-        return batch
+        return batch | {name: attached[rows] for name, attached in self.attached().items()}
 
 
 def encode_splits(tokenizer, splits: Splits, max_length: int) -> dict[str, EncodedSplit]:

@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import AttentionWeights, MultiHeadSelfAttention, unpack
+from model.attention import AttentionWeights, unpack
 from model.config import NetworkConfig
-from model.kinds import ATTENTION_KINDS
+from model.kind import Kind
+from model.kinds import attention_kind
 from model.ngrams import NgramBag
-from model.own_attention import OwnAttention, configured_class
 
 
 class ClassifierOutput(NamedTuple):
@@ -23,19 +23,10 @@ class ClassifierOutput(NamedTuple):
     attention: tuple[AttentionWeights, ...] | None  # one per layer, when asked for
 
 
-def attention_layer(config: NetworkConfig, n_heads: int | None = None) -> MultiHeadSelfAttention | OwnAttention:
-    """The attention kind the config names (model/kinds.py), with n_heads heads (default config.n_heads; fewer in a
-    pruned layer) of config.head_size each; a user's class (model/own_attention.py) inside its adapter."""
-    if config.attention_source is not None:
-        return OwnAttention(configured_class(config), d_model=config.d_model, n_heads=n_heads or config.n_heads,
-                            d_head=config.head_size, attention_args=config.attention_args, name=config.attention)
-    kind = ATTENTION_KINDS[config.attention]
-    return kind(
-        d_model=config.d_model, n_heads=n_heads or config.n_heads, d_head=config.head_size,
-        dropout=config.attention_dropout,
-        bias=config.bias, scale=config.scale, causal=config.causal, kernel=config.attention_kernel,
-        **kind.settings(config),
-    )
+def attention_layer(config: NetworkConfig, n_heads: int | None = None) -> Kind:
+    """A layer of the attention kind the config names (model/kinds.py; a user's class in its adapter), with n_heads
+    heads (default config.n_heads; fewer in a pruned layer) of config.head_size each."""
+    return attention_kind(config.attention).build(config, n_heads)
 
 
 class BlockReference(NamedTuple):
@@ -201,18 +192,23 @@ class AttentionClassifier(AttentionEncoder):
         self.ngram_bag = None
         if config.ngrams:  # n-gram votes summed into the logits beside the attention-pooled sentence
             self.ngram_bag = NgramBag(order=config.ngrams, vocab_size=config.vocab_size, buckets=config.ngram_buckets,
-                                      num_classes=config.num_classes)
+                                      num_classes=config.num_classes, fitted=config.ngram_fitted)
 
     def forward(
-        self, token_ids: torch.Tensor, key_padding_mask: torch.Tensor | None = None, need_weights: bool = False
+        self, token_ids: torch.Tensor, key_padding_mask: torch.Tensor | None = None, need_weights: bool = False,
+        ngram_logits: torch.Tensor | None = None,
     ) -> ClassifierOutput:
-        """token_ids (B, L) int; key_padding_mask (B, L) bool, True marks padding (None: no padding)."""
+        """token_ids (B, L) int; key_padding_mask (B, L) bool, True marks padding (None: no padding).
+        ngram_logits (B, C): the fitted n-gram bag's logits given in its place (training: each text's out-of-fold
+        logits, training/ngram_fit.py)."""
         x, real, attention = self.encode(token_ids, key_padding_mask, need_weights)
         # (B, L, D), zeros at padding, which pooling ignores; with nothing padded the N = B·L rows are the grid
         x = x.view(*real.shape, -1) if key_padding_mask is None else unpack(x, real)
         sentence = self.head_dropout(self.pool(x, ~real))  # (B, D)
         logits = self.head(sentence)  # (B, C)
-        if self.ngram_bag is not None:
+        if ngram_logits is not None:
+            logits = logits + ngram_logits
+        elif self.ngram_bag is not None:
             logits = logits + self.ngram_bag(token_ids, ~real)
         return ClassifierOutput(logits, tuple(attention) if need_weights else None)
 

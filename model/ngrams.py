@@ -3,6 +3,7 @@ class to the logits (a linear model on binary n-gram features, NBSVM's; Wang & M
 
     ids, present = ngram_ids(token_ids, key_padding_mask, order=2, vocab_size=V, buckets=K)   # (B, M) each
     logits = NgramBag(order=2, vocab_size=V, buckets=K, num_classes=C)(token_ids, key_padding_mask)  # (B, C)
+    logits = NgramBag(..., fitted=True)(token_ids, key_padding_mask)  # w·x + b, x the text's TF-IDF n-grams
 
 The n-grams are found from the token ids inside the network (no vocabulary of n-grams is kept, fastText's hashing
 trick): a unigram is its token id (rows 0..V-1), a longer n-gram is hashed into one of K rows after them. A text
@@ -10,6 +11,11 @@ counts each of its n-grams once (binary features: a word said three times is not
 n-grams reaching into padding count for nothing, so a text gets the same votes whatever its padding. The table is a
 plain tensor in the checkpoint; its start can be naive-Bayes log-count ratios of the training texts
 (training/ngram_start.py, nb_log_count_ratios below), as NBSVM weighs its features.
+
+Fitted (network.ngram_fitted): the bag is the TF-IDF + LR recipe on these n-grams, a logistic regression fitted on
+the training texts before the first step (training/ngram_fit.py) and never trained after: its table, idf and bias
+are buffers, not parameters. A text's features are x_r = idf_r / ||idf over its distinct rows|| (binary tf,
+unit length), its logits W x + b.
 Letters: B batch, L tokens, M n-gram places (L for each order), C classes.
 """
 
@@ -51,18 +57,32 @@ def ngram_ids(token_ids: torch.Tensor, key_padding_mask: torch.Tensor, order: in
 class NgramBag(nn.Module):
     """Logits from a text's distinct n-grams: the sum of their rows of a (vocab_size + buckets, C) table."""
 
-    def __init__(self, *, order: int, vocab_size: int, buckets: int, num_classes: int):
+    def __init__(self, *, order: int, vocab_size: int, buckets: int, num_classes: int, fitted: bool = False):
         super().__init__()
-        self.order, self.vocab_size, self.buckets = order, vocab_size, buckets
+        self.order, self.vocab_size, self.buckets, self.fitted = order, vocab_size, buckets, fitted
+        rows = vocab_size + buckets
+        if fitted:  # zeros until fitted: the branch says nothing
+            self.register_buffer("table", torch.zeros(rows, num_classes))
+            self.register_buffer("idf", torch.zeros(rows))
+            self.register_buffer("bias", torch.zeros(num_classes))
+            return
         # Zero start: the branch says nothing until trained (or started from naive Bayes, nb_start).
-        self.ngram_embedding = nn.Embedding(vocab_size + buckets, num_classes)
+        self.ngram_embedding = nn.Embedding(rows, num_classes)
         nn.init.zeros_(self.ngram_embedding.weight)
 
     def ids(self, token_ids: torch.Tensor, key_padding_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return ngram_ids(token_ids, key_padding_mask, self.order, self.vocab_size, self.buckets)
 
+    @property
+    def rows(self) -> int:
+        return self.vocab_size + self.buckets
+
     def forward(self, token_ids: torch.Tensor, key_padding_mask: torch.Tensor) -> torch.Tensor:
         rows, present = self.ids(token_ids, key_padding_mask)  # (B, M) each
+        if self.fitted:
+            x = self.idf[rows] * present  # (B, M)
+            x = x / x.norm(dim=1, keepdim=True).clamp(min=1e-12)  # unit length, as TfidfVectorizer's rows
+            return (self.table[rows] * x.unsqueeze(-1)).sum(dim=1) + self.bias  # (B, C)
         votes = self.ngram_embedding(rows) * present.unsqueeze(-1)  # (B, M, C)
         return votes.sum(dim=1)  # (B, C)
 

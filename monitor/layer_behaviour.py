@@ -1,15 +1,13 @@
-"""The layer contract's behavioural checks (monitor/layer_contract.py lists them): what a working layer of its
-family does, read from its output and weights on the probe batch (monitor/layer_probe.py), never from its code.
-The family (monitor/layer_family.py) decides what applies: the permutation check where the layer is position-free
-(its causal counterpart where it is causal), the look-ahead check's later tokens where it is causal."""
+"""The layer contract's behavioural checks (monitor/layer_contract.py lists them): what a working layer does, read
+from its output and weights on the probe batch (monitor/layer_probe.py), never from its code. Each judges the
+position-free, unmasked family; a family whose contract differs (causal, positions inside: monitor/layer_family.py)
+judges those checks its own way."""
 
 import math
-from types import SimpleNamespace
 
 import torch
 
-from model.mask_probe import inputs_taken, mask_calls
-from monitor.layer_family import find_family
+from model.own_attention import inputs_taken, mask_calls
 from monitor.layer_probe import MORE_PADDING, Outcome, Probe, Unusable, changed, figure, rounding
 from monitor.layer_rebuilt import heads_along_tokens, with_dropout
 from monitor.thresholds import INVARIANCE
@@ -66,7 +64,7 @@ def padding(probe: Probe) -> Outcome:
         calls = mask_calls(probe.user, type(probe.user).__name__)
         if calls:  # its forward takes a mask, yet the adapter found no convention under which padding is ignored
             taken = "the second argument" if calls == ["positional"] else f"{calls[0]}="
-            leaky = getattr(probe.layer, "weights_not_used", None)
+            leaky = probe.layer.weights_not_used
             if leaky is not None:
                 return Outcome("FAIL", f"the weights handed out are not the weights used: with the mask as "
                                f"{leaky.kind}, shape {leaky.shape}, the output ignores padding, but the weights it "
@@ -93,8 +91,7 @@ def padding(probe: Probe) -> Outcome:
         figures["pad_weight"] = on_padding
         parts.insert(0, f"largest weight on a padded key {figure(on_padding)}")
     verdict = "FAIL" if figures.get("pad_weight", 0) > 0 or not moved < INVARIANCE else "PASS"
-    if probe.causal and getattr(probe.layer, "_convention", None) is not None and \
-            probe.layer._convention.call == "none":
+    if probe.causal and not probe.layer.takes_mask:
         parts.append("causal, so it needs no mask: padding at the end is after every real token")
     return Outcome(verdict, "; ".join(parts), figures)
 
@@ -139,20 +136,10 @@ def eval_steady(probe: Probe) -> Outcome:
 
 
 def permutation(probe: Probe) -> Outcome:
-    if probe.builtin and not type(probe.layer).order_blind(SimpleNamespace(causal=probe.layer.causal)):
-        return Outcome("NOTE", "this kind's keys depend on where the tokens are (a window or a look-ahead): order "
-                       "matters by its definition")
-    family = find_family(probe)
-    if family.position_terms:
-        return Outcome("NOTE", f"not applied: order matters by this family's positions ({family.positions}); the "
-                       "permutation check is for position-free layers")
+    """Permuting the tokens permutes the output (a position-free family; the causal family's counterpart and the
+    families with positions: monitor/layer_family.py)."""
     B, L, _ = probe.x.shape
     plain = probe.call(probe.x).out
-    if probe.causal:  # the causal counterpart: the last token sees the tokens before it as a set
-        order = torch.cat([torch.randperm(L - 1, generator=probe.generator), torch.tensor([L - 1])])
-        moved = changed(probe.call(probe.x[:, order]).out[:, -1], plain[:, -1])
-        return Outcome("FAIL" if not moved < INVARIANCE else "PASS", f"causal: the last token's output moves by "
-                       f"{rounding(moved)} when the tokens before it are permuted", {"output_moved": moved})
     order = torch.randperm(L, generator=probe.generator)
     while bool((order == torch.arange(L)).all()):
         order = torch.randperm(L, generator=probe.generator)
@@ -163,8 +150,17 @@ def permutation(probe: Probe) -> Outcome:
 
 
 def look_ahead(probe: Probe) -> Outcome:
-    """Every real query sees itself (a mask that blocks the diagonal, or a first row with no key, is a FAIL); a
-    causal layer's earlier outputs do not move when later tokens change."""
+    """Every real query sees itself (sees_itself), and a layer that is not causal blocks no triangle of later keys
+    (the causal family's counterpart: monitor/layer_family.py)."""
+    parts, figures, bad, calm = sees_itself(probe)
+    parts.insert(0, "not causal (later tokens reach earlier outputs)")
+    bad += [found for found in (triangle_off(calm, probe.padding), unapplied_mask(probe)) if found]
+    return Outcome("FAIL" if bad else "PASS", "; ".join(bad or parts), figures)
+
+
+def sees_itself(probe: Probe):
+    """Every real query sees itself: a mask that blocks the diagonal, or a first row with no key (NaN), is a finding.
+    Returns (parts of the evidence, figures, findings, the weights of the input scaled down, or None)."""
     seen, real = probe.base, probe.real()
     parts, figures, bad = [], {}, []
     if not torch.isfinite(seen.out[real]).all():
@@ -179,18 +175,7 @@ def look_ahead(probe: Probe) -> Outcome:
         parts.append(f"lowest weight of a real query on its own token {figure(lowest)}")
         if not lowest > 0:
             bad.append(f"a real query gives its own token weight {figure(lowest)}: the mask blocks the diagonal")
-    if probe.causal:
-        x = probe.x.clone()
-        x[:, -2:] = torch.randn(x[:, -2:].shape, generator=probe.generator)
-        moved = changed(probe.call(x).out[:, :-2], probe.call(probe.x).out[:, :-2])
-        figures["earlier_moved"] = moved
-        parts.insert(0, f"causal: earlier outputs move by {rounding(moved)} when the last 2 tokens change")
-        if not moved < INVARIANCE:
-            bad.append(f"an earlier output moves by {figure(moved)} when later tokens change")
-    else:
-        parts.insert(0, "not causal (later tokens reach earlier outputs)")
-        bad += [found for found in (triangle_off(calm, probe.padding), unapplied_mask(probe)) if found]
-    return Outcome("FAIL" if bad else "PASS", "; ".join(bad or parts), figures)
+    return parts, figures, bad, calm
 
 
 def triangle_off(weights: torch.Tensor | None, padding: torch.Tensor) -> str:
@@ -297,8 +282,8 @@ def mask_name(probe: Probe) -> Outcome:
     Face (key_padding_mask True = padding, attention_mask 1 = keep), or, for a plain `mask`, the one of the family
     whose signature the class has: forward(query, key, value, mask) is the Annotated Transformer's and
     attention-is-all-you-need-pytorch's, whose callers build mask = (tokens != pad), 1 = keep."""
-    convention = getattr(probe.layer, "_convention", None)
-    if probe.builtin or convention is None or convention.call in ("none", "positional"):
+    convention = probe.layer.mask_convention
+    if convention is None or convention.call in ("none", "positional"):
         return Outcome("PASS", "no mask argument whose name promises a convention")
     keeps = convention.kind.startswith(("bool True = keep", "1/0 keep"))
     pads = convention.kind == "bool True = padding"

@@ -1,5 +1,5 @@
 """What the product's own build of a user's class hides, seen by building the class again with other constructor
-arguments (model/user_constructor.py records the ones it was built with) and running it beside the probed one:
+arguments (model/own_attention/constructor.py records the ones it was built with) and running it beside the probed one:
 
     with_dropout        the class built with every dropout rate its constructor takes at DROPOUT_RATE: the product
                         builds it with 0, under which dropout that runs in evaluation drops nothing (eval-steady)
@@ -13,8 +13,7 @@ from types import SimpleNamespace
 
 import torch
 
-from model.mask_probe import mask_calls, mask_free_run
-from model.user_constructor import SIZE_NAMES, built_once, built_with, dropout_arguments
+from model.own_attention import SIZE_NAMES, built_once, built_with, dropout_arguments, mask_calls, mask_free_run
 from monitor.layer_probe import Probe
 
 DROPOUT_RATE = 0.5  # the rate the eval-steady check builds a class with, where its constructor takes one
@@ -25,7 +24,7 @@ def with_dropout(probe: Probe):
     again with every dropout rate its constructor takes at DROPOUT_RATE, the probed module's weights loaded, its
     own forward run (no weights asked: a fused kernel runs as it is). None for a built-in kind, a module the product
     did not build, a constructor that takes no rate or fails with this one."""
-    if probe.builtin or probe.user is probe.layer:
+    if probe.user is probe.layer:  # a kind of the product: nothing built from a user's class
         return None
     record = built_with(probe.user)
     arguments = record and dropout_arguments(type(probe.user), record[0], DROPOUT_RATE)
@@ -62,7 +61,7 @@ def heads_along_tokens(probe: Probe) -> str:
     """A class the adapter took with another head count than the network's because, built with the network's H
     heads, it returns H·L rows for L tokens: the heads' outputs stacked along the tokens (torch.cat(..., dim=1)),
     which one head hides. "" otherwise (a class that raises with H heads, or returns another shape, is left alone)."""
-    record = None if probe.builtin or probe.user is probe.layer else built_with(probe.user)
+    record = None if probe.user is probe.layer else built_with(probe.user)
     if record is None or record[0] == record[1]:
         return ""
     kept, asked = record

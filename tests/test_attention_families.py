@@ -1,7 +1,8 @@
-"""Attention as published code writes it (monitor/layer_family.py, model/weights_seen.py, model/mask_probe.py,
-model/user_class.py): classes copied unchanged from public repositories (bench/catalogue/user_attention/published/)
-are taken as they are and judged against their own family, printed as an identity line; fused kernels are seen
-through while weights are needed and left alone otherwise; a published mistake is caught."""
+"""Attention as published code writes it (monitor/layer_family.py, model/own_attention/weights_seen.py,
+model/own_attention/mask_probe.py, model/own_attention/naming.py): classes copied unchanged from public repositories
+(bench/catalogue/user_attention/published/) are taken as they are and judged against their own family, printed as an
+identity line; fused kernels are seen through while weights are needed and left alone otherwise; a published mistake is
+caught."""
 
 import importlib.util
 import math
@@ -15,7 +16,7 @@ from bench.catalogue.user_attention.published.catalogue import PUBLISHED
 from bench.catalogue.user_attention.published_buggy.catalogue import BUGGY
 from conftest import ROOT
 from model.own_attention import OwnAttention, load_attention_class
-from model.weights_seen import FUSED, WeightsSeen
+from model.own_attention.weights_seen import FUSED, WeightsSeen
 from monitor.layer_contract import layer_contract, table
 
 FOLDER = ROOT / "bench" / "catalogue" / "user_attention"
@@ -431,7 +432,7 @@ def test_scores_an_exact_multiple_of_the_formulas_fail_scale_well_inside_four_ti
 @pytest.mark.parametrize("causal", [False, True])
 def test_a_fused_call_with_a_float_mask_is_answered_as_torch_answers_it(causal):
     """A float attn_mask (a position bias with -inf where a key may not be seen) goes through attention()'s bias."""
-    from model.weights_seen import sdpa_by_formula
+    from model.own_attention.weights_seen import sdpa_by_formula
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 5, 4, generator=g) for _ in range(3))

@@ -130,14 +130,20 @@ def test_a_checkpoint_with_the_branch_loads_with_weights_only(tmp_path):
 
 
 @pytest.mark.slow  # torch.export and ONNX conversion
-def test_the_onnx_export_computes_the_same_ngram_votes(tmp_path):
+@pytest.mark.parametrize("fitted", [False, True])
+def test_the_onnx_export_computes_the_same_ngram_votes(tmp_path, fitted):
     import numpy as np
 
     import export
     from test_export import TEXTS, TOLERANCE, run_onnx
 
-    classifier = tiny_classifier(n_layers=1, ngrams=3, ngram_buckets=97)
-    torch.nn.init.normal_(classifier.model.ngram_bag.ngram_embedding.weight)  # the votes dominate the logits
+    classifier = tiny_classifier(n_layers=1, ngrams=3, ngram_buckets=97, ngram_fitted=fitted)
+    bag = classifier.model.ngram_bag
+    if fitted:  # a regression's table, idf and bias
+        with torch.no_grad():
+            bag.table.normal_(std=3.0), bag.idf.uniform_(0.5, 3.0), bag.bias.normal_()
+    else:
+        torch.nn.init.normal_(bag.ngram_embedding.weight)  # the votes dominate the logits
     ckpt = save_checkpoint(classifier, tmp_path / "ngrams.ckpt")
     assert export.main(["--ckpt", str(ckpt), "--out", str(tmp_path / "out")]) == 0
     for texts in (TEXTS, TEXTS[:1], ["w1 w1 w1 w2 w1 w2"]):  # another batch size, length and repeats
@@ -174,3 +180,179 @@ def test_a_fit_starts_the_branch_from_naive_bayes_and_predict_reads_its_checkpoi
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [p["label"] for p in printed] == ["pos", "neg"]  # the naive-Bayes votes alone: nothing else learned
     assert all(p["attention"] for p in printed)
+
+
+def split_of(texts, labels) -> EncodedSplit:
+    offsets = torch.tensor([0, *torch.tensor([len(t) for t in texts]).cumsum(0).tolist()])
+    return EncodedSplit(torch.tensor([t for text in texts for t in text]), offsets, torch.as_tensor(labels))
+
+
+def random_texts(n, vocab, seed):
+    """Texts whose label is whether token 3 or the pair (4, 5) occurs: a regression on n-grams can learn it."""
+    g = torch.Generator().manual_seed(seed)
+    texts = [torch.randint(6, vocab, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist()
+             for _ in range(n)]
+    labels = []
+    for i, text in enumerate(texts):
+        if i % 3 == 0:
+            text[0] = 3
+        elif i % 3 == 1 and len(text) > 2:
+            text[1:3] = [4, 5]
+        labels.append(int(3 in text or any(text[j:j + 2] == [4, 5] for j in range(len(text) - 1))))
+    return texts, labels
+
+
+def fitted_network(vocab=40, buckets=64, classes=2):
+    return AttentionClassifier(NetworkConfig(vocab_size=vocab, max_length=16, d_model=8, n_heads=2, ngrams=2,
+                                             ngram_buckets=buckets, ngram_fitted=True, num_classes=classes)).eval()
+
+
+def tfidf_reference(texts, vocab, buckets, fitted_on):
+    """x of each text written the plainest way: idf_r = ln((1 + N) / (1 + df_r)) + 1 over `fitted_on`, binary tf,
+    unit length."""
+    import numpy as np
+
+    df = {}
+    for text in fitted_on:
+        for row in distinct_rows(text, 2, vocab, buckets):
+            df[row] = df.get(row, 0) + 1
+    x = np.zeros((len(texts), vocab + buckets))
+    for i, text in enumerate(texts):
+        for row in distinct_rows(text, 2, vocab, buckets):
+            x[i, row] = math.log((1 + len(fitted_on)) / (1 + df[row])) + 1 if row in df else 0.0
+        x[i] /= max(np.linalg.norm(x[i]), 1e-12)
+    return x
+
+
+def test_the_fitted_bag_is_the_tfidf_regression_fitted_on_the_training_texts():
+    """The bag's logits on new texts are sklearn's LogisticRegression (C = 4) fitted on the TF-IDF of the training
+    texts' n-gram rows, each written here without the bag's code; its softmax is the regression's predict_proba."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+
+    from training.ngram_fit import fit_ngram_bag
+
+    texts, labels = random_texts(60, 40, seed=0)
+    network = fitted_network()
+    fit_ngram_bag([network], split_of(texts, labels), multi_label=False, seed=0, balanced=False, fit_whole=True)
+    new, _ = random_texts(7, 40, seed=1)
+    new.append([39, 38])  # n-grams no training text has, perhaps
+    model = LogisticRegression(C=4.0, max_iter=2000).fit(tfidf_reference(texts, 40, 64, texts), labels)
+    expected = model.predict_proba(tfidf_reference(new, 40, 64, texts))
+    ids = torch.tensor([t + [0] * (8 - len(t)) for t in new])
+    got = network.ngram_bag(ids, padding_mask([len(t) for t in new], 8)).softmax(-1)
+    np.testing.assert_allclose(got.numpy(), expected, atol=1e-4)
+
+
+def test_each_training_text_gets_the_logits_of_a_regression_that_never_saw_it():
+    """Out of fold: no text's logits come from a regression fitted on it, so they are less sure of its label than
+    the bag fitted on every text (which is near-certain on texts it was fitted on), and they are those of a
+    regression fitted on the rest."""
+    from training.ngram_fit import fit_ngram_bag
+
+    texts, labels = random_texts(80, 40, seed=2)
+    split = split_of(texts, labels)
+    network = fitted_network()
+    out_of_fold = fit_ngram_bag([network], split, multi_label=False, seed=0, balanced=False, fit_whole=True)
+    batch = split.__getitems__(list(range(len(split))))
+    whole = network.ngram_bag(batch["input_ids"], batch["padding_mask"])
+    label = torch.tensor(labels)
+    margin = lambda logits: (logits[range(len(label)), label] - logits[range(len(label)), 1 - label]).mean()  # noqa: E731
+    assert margin(out_of_fold) < margin(whole) - 0.1
+    # fold of text 0 recomputed: a bag fitted on the texts of the other folds gives text 0 the same logits
+    from training.ngram_fit import folds_of
+
+    fitted, scored = next((f, s) for f, s in folds_of(label.numpy(), False, 0) if 0 in s)
+    alone = fitted_network()
+    fit_ngram_bag([alone], split_of([texts[i] for i in fitted], [labels[i] for i in fitted]), False, 0, False, True)
+    # the idf of a fold differs from the whole split's: the regression is fitted on the whole split's idf, so
+    # compare the answers, not the numbers
+    assert out_of_fold[scored].argmax(1).tolist() == alone.ngram_bag(
+        *(lambda b: (b["input_ids"], b["padding_mask"]))(split.__getitems__(list(scored)))).argmax(1).tolist()
+
+
+def test_the_fitted_bag_is_not_trained_and_training_batches_carry_its_out_of_fold_logits(tmp_path):
+    network = fitted_network()
+    assert not any("ngram_bag" in name for name, _ in network.named_parameters())
+    assert {"ngram_bag.table", "ngram_bag.idf", "ngram_bag.bias"} <= set(network.state_dict())
+    texts, labels = random_texts(30, 40, seed=3)
+    split = split_of(texts, labels)
+    split.ngram_logits = torch.randn(len(split), 2)
+    batch = split.__getitems__([4, 2, 7])
+    torch.testing.assert_close(batch["ngram_logits"], split.ngram_logits[[4, 2, 7]])
+    from data.batches import collate
+
+    torch.testing.assert_close(collate([split[i] for i in (4, 2, 7)])["ngram_logits"], batch["ngram_logits"])
+    # given logits replace the bag's: the attention path's logits plus them
+    given = torch.randn(3, 2)
+    attention_only = network(batch["input_ids"], batch["padding_mask"], ngram_logits=torch.zeros(3, 2)).logits
+    torch.testing.assert_close(network(batch["input_ids"], batch["padding_mask"], ngram_logits=given).logits,
+                               attention_only + given)
+
+
+@pytest.mark.parametrize("classes", [3, 5])
+def test_a_class_no_fold_saw_is_never_the_fitted_bags_answer(classes):
+    """Several classes, one of them with a single text (some folds never see it) or none (class 4 of 5)."""
+    from training.ngram_fit import fit_ngram_bag
+
+    texts, labels = random_texts(40, 40, seed=4)
+    labels = [2 if i == 0 else label for i, label in enumerate(labels)]
+    network = fitted_network(classes=classes)
+    out_of_fold = fit_ngram_bag([network], split_of(texts, labels), False, 0, False, True)
+    assert torch.isfinite(out_of_fold).all()
+    batch = split_of(texts, labels).__getitems__(list(range(len(texts))))
+    answers = network.ngram_bag(batch["input_ids"], batch["padding_mask"]).argmax(1)
+    if classes == 5:
+        assert (answers != 4).all() and (out_of_fold.argmax(1) != 4).all()
+
+
+def test_several_labels_get_one_regression_each_and_a_constant_label_its_constant():
+    from training.ngram_fit import fit_ngram_bag
+
+    texts, labels = random_texts(40, 40, seed=5)
+    multi_hot = torch.tensor([[label, 1 - label, 1.0] for label in labels])  # label 2 on every text
+    network = fitted_network(classes=3)
+    out_of_fold = fit_ngram_bag([network], split_of(texts, multi_hot), True, 0, False, True)
+    assert (out_of_fold[:, 2] > 5).all()
+    batch = split_of(texts, multi_hot).__getitems__(list(range(len(texts))))
+    logits = network.ngram_bag(batch["input_ids"], batch["padding_mask"])
+    assert ((logits[:, 0] > 0).float() == multi_hot[:, 0]).float().mean() > 0.9
+    assert (logits[:, 2] > 5).all()
+
+
+def test_ngram_fitted_without_a_bag_is_a_config_error():
+    with pytest.raises(ConfigError, match="ngram_fitted needs an n-gram bag"):
+        NetworkConfig(ngram_fitted=True)
+
+
+@pytest.mark.slow  # a short fit, then resumed
+def test_a_fit_with_the_fitted_bag_saves_it_and_predict_reads_its_checkpoint(tmp_path, capsys):
+    import json
+
+    import predict
+    from conftest import fit, rows, write
+
+    train_file = write(tmp_path / "reviews.csv", rows(8))
+    root = tmp_path / "fitted"
+    fit(root, "--data.train_file", str(train_file), "--data.vocab_size", "64", "--trainer.max_epochs", "1",
+        "--model.network.ngrams", "2", "--model.network.ngram_fitted", "true")
+    (ckpt,) = root.glob("lightning_logs/version_0/checkpoints/last.ckpt")
+    state = torch.load(ckpt, weights_only=True)["state_dict"]
+    assert state["model.ngram_bag.idf"].max() > 1 and state["model.ngram_bag.table"].abs().max() > 0.1
+    assert predict.main(["--ckpt", str(ckpt), "a great film", "a dull mess"]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [p["label"] for p in printed] == ["pos", "neg"]
+    # resumed for one more epoch: the bag keeps the table it was fitted with
+    fit(root, "--data.train_file", str(train_file), "--data.vocab_size", "64", "--trainer.max_epochs", "2",
+        "--model.network.ngrams", "2", "--model.network.ngram_fitted", "true", "--ckpt_path", str(ckpt))
+    again = max(root.glob("lightning_logs/*/checkpoints/last.ckpt"), key=lambda path: path.stat().st_mtime)
+    assert torch.load(again, weights_only=True)["epoch"] == 1
+    torch.testing.assert_close(torch.load(again, weights_only=True)["state_dict"]["model.ngram_bag.table"],
+                               state["model.ngram_bag.table"])
+
+
+def test_a_naive_bayes_start_of_a_fitted_bag_is_a_config_error():
+    from training.module import ClassifierModule
+
+    with pytest.raises(ConfigError, match="give one"):
+        ClassifierModule(network=NetworkConfig(ngrams=2, ngram_fitted=True), ngram_start=0.2)

@@ -12,7 +12,7 @@ from data.checkpoint import calibrated, stored_calibration
 from data.tokenizer import UNK_ID
 from model.classifier import AttentionClassifier
 from model.config import ConfigError, NetworkConfig
-from model.user_class import long_input_problem
+from model.kinds import attention_kind
 from training import calibration as calib
 from training.adapt import AdaptThreads
 from training.average import WeightAverage
@@ -66,6 +66,7 @@ class ClassifierModule(L.LightningModule):
                 init_from. Off in every shipped config (docs/RESULTS.md "Word vectors of the training texts").
             ngram_start: with network.ngrams, the n-gram branch starts from this times the naive-Bayes log-count
                 ratios of the training texts (training/ngram_start.py; NBSVM's weights) on a fresh fit. 0 = zeros.
+                Not with network.ngram_fitted (a bag fitted as a regression, training/ngram_fit.py).
             multi_label: several labels a text: a sigmoid per label and binary cross-entropy, a text's answer the
                 labels whose probability reaches their threshold; train.py sets it from the data (docs/LABELS.md).
             class_weights: weights of the classes in the training loss: "balanced" (each class weighs the same:
@@ -83,6 +84,9 @@ class ClassifierModule(L.LightningModule):
         if isinstance(network, dict):  # load_from_checkpoint hands back the plain dict the checkpoint stores
             network = NetworkConfig.from_dict(network)
         network = network.resolved()  # attention "auto" → full or local by max_length; the checkpoint holds that
+        if ngram_start and network.ngram_fitted:
+            raise ConfigError("model.ngram_start starts learned n-gram votes, and network.ngram_fitted fits them "
+                              "instead: give one")
         self.label_names = list(label_names or [str(c) for c in range(network.num_classes)])
         if len(self.label_names) != network.num_classes:
             raise ValueError(f"{len(self.label_names)} label names for num_classes {network.num_classes}")
@@ -131,7 +135,9 @@ class ClassifierModule(L.LightningModule):
         if self.hparams.token_dropout > 0:
             dropped = torch.rand(input_ids.shape, device=input_ids.device) < self.hparams.token_dropout
             input_ids = input_ids.masked_fill(dropped & ~batch["padding_mask"], UNK_ID)
-        logits = self.online_model(input_ids, batch["padding_mask"]).logits
+        # The fitted n-gram bag's part: each training text's out-of-fold logits (training/ngram_fit.py), so the
+        # attention path learns what a bag that never saw the text gets wrong.
+        logits = self.online_model(input_ids, batch["padding_mask"], ngram_logits=batch.get("ngram_logits")).logits
         loss = self.loss(logits, batch["labels"], weight=self.loss_weights,
                          label_smoothing=self.hparams.label_smoothing).mean()
         if self.hparams.distillation > 0:
@@ -212,11 +218,10 @@ class ClassifierModule(L.LightningModule):
 
 
 def check_long_texts(model: AttentionClassifier, network: NetworkConfig) -> None:
-    """A user's class must read a text of the run's max_length before training starts (the doctor's probes read 7
-    tokens): a class that raises or gives NaN past a length is one ConfigError line here, not a traceback mid-epoch."""
-    if network.attention_source is None:
-        return
-    problem = long_input_problem(model.blocks[0].attention, network.d_model, network.max_length)
+    """The attention must read a text of the run's max_length before training starts (a user's class is run on one:
+    the doctor's probes read 7 tokens): one that raises or gives NaN past a length is one ConfigError line here, not
+    a traceback mid-epoch."""
+    problem = model.blocks[0].attention.problem_at_length(network.max_length)
     if problem:
         raise ConfigError(f"attention {network.attention}: {problem}: it cannot read this run's texts; fix the class "
                           f"(diagnose.py --attention {network.attention} --max-length {network.max_length} checks "
@@ -226,7 +231,7 @@ def check_long_texts(model: AttentionClassifier, network: NetworkConfig) -> None
 def non_finite_cause(network: NetworkConfig, lr: float, logits: torch.Tensor) -> str:
     """The likely cause of a NaN or infinite loss: at the first steps with a user's class, what the class computed
     (the loss is NaN because the logits are); else a learning rate too high."""
-    if network.attention_source is not None and not torch.isfinite(logits).all():
+    if attention_kind(network.attention).names_code and not torch.isfinite(logits).all():
         return (f"the network's outputs are NaN or infinite: the attention class {network.attention} computed them "
                 f"on this batch (diagnose.py --attention {network.attention} --max-length {network.max_length} "
                 "checks it alone), or the learning rate ({lr}) is too high (--model.lr)")

@@ -6,7 +6,9 @@
                   model.word_vectors: skip-gram vectors of the training texts as the token embedding
                   (training/word_vectors.py), and model.ngram_start: the n-gram branch from naive-Bayes weights of the
                   training texts (training/ngram_start.py), only on a fresh fit: a resumed run keeps its checkpoint's
-                  weights
+                  weights; network.ngram_fitted: the n-gram bag's regression fitted on the training texts (fresh fit)
+                  and its out-of-fold logits attached to the training split (every fit, resumed too:
+                  training/ngram_fit.py)
 """
 
 import lightning as L
@@ -15,6 +17,7 @@ from model.config import ConfigError
 from training.average import networks
 from training.class_weights import choose_loss_weights
 from training.encoder import load_encoder
+from training.ngram_fit import fit_ngram_bag
 from training.ngram_start import start_from_naive_bayes
 from training.word_vectors import start_from_word_vectors
 
@@ -41,3 +44,8 @@ class StartOfFit(L.Callback):
         if hparams.get("ngram_start") and pl_module.network.ngrams and trainer.ckpt_path is None:
             start_from_naive_bayes(networks(pl_module), data.split("train"), hparams.ngram_start,
                                    hparams.multi_label)
+        if pl_module.network.ngram_fitted:
+            train = data.split("train")
+            train.ngram_logits = fit_ngram_bag(networks(pl_module), train, hparams.multi_label, data.hparams.seed,
+                                               balanced=pl_module.loss_weights is not None,
+                                               fit_whole=trainer.ckpt_path is None)

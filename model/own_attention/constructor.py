@@ -1,4 +1,4 @@
-"""A user's attention class built from the network's sizes (model/own_attention.py builds its layers with it):
+"""A user's attention class built from the network's sizes (layer.py builds its layers with it):
 its constructor read by parameter names, a `config` object (nanoGPT's GPTConfig, minGPT's CfgNode) made as an
 attribute namespace of the same sizes, and names that can mean two sizes (d_out: the output width or one head's)
 resolved by probing.
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from model.errors import ConfigError
-from model.user_class import ARGS_FLAG, first_line, guarded
+from model.own_attention.naming import ARGS_FLAG, first_line, guarded
 
 # Constructor parameter (or config attribute) names the network's settings fill, as published code spells them,
 # each with the values tried in order: the first assignment under which the class builds and runs is kept
@@ -95,7 +95,7 @@ def constructor_choices(cls: type, d_model: int, n_heads: int, d_head: int, args
 def build_user_layer(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None,
                      args_flag: str = ARGS_FLAG, runs=None) -> nn.Module:
     """cls built from the network's sizes and attention_args: the first of constructor_choices under which it
-    builds and `runs(module, d_model)` says it runs (model/mask_probe.py's `runs`, given by the adapter), else the
+    builds and `runs(module, d_model)` says it runs (mask_probe.py's `runs`, given by the adapter), else the
     first that builds. A constructor that raises under every choice (sys.exit included) is one ConfigError line (the
     first choice's), and so is one that leaves anything but the network's dtype behind: torch's default dtype
     changed (set back first), or floating parameters and buffers of another dtype."""
