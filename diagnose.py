@@ -160,7 +160,7 @@ class SlowClassProgress:
 
         from torch.nn.modules.module import register_module_forward_hook
 
-        from model.user_class import load_attention_class
+        from model.own_attention import load_attention_class
 
         self.cls = load_attention_class(self.spec)  # the class the contract builds (a file runs once)
         self.count, self.started, self.said = 0, time.monotonic(), None

@@ -63,13 +63,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def check_own_class(classifier, path, cut: bool) -> None:
-    """A user's class: its heads are measured (importance, ablation) when they can be told apart in its output;
-    never cut (its weights' layout per head is its own). ValueError, one line, otherwise."""
+def check_heads(classifier, path, cut: bool) -> None:
+    """The heads can be measured (importance, ablation: they can be told apart in the layer's output) and, with
+    --prune, cut (a kind whose weights' layout per head the product knows). ValueError, one line, otherwise."""
+    from model.kinds import attention_kind
+
     config = classifier.model.config
-    if config.attention_source is None:
-        return
-    if cut:
+    if cut and not attention_kind(config.attention).heads_cut:
         raise ValueError(f"{path}: --prune: heads of a user's attention class ({config.attention}) cannot be cut "
                          "out of a checkpoint: the product does not know how its weights are laid out per head; "
                          "leave --prune and --out out to measure its heads")
@@ -87,6 +87,7 @@ def run(args, stdout) -> int:
     from inference.classifier import FACE_FLAGS
     from inference.heads import (ablation, accuracy, head_importance, labelled, least_important, prune_checkpoint,
                                  pruned_classifier, pruning_table)
+    from model.kinds import attention_kind
 
     try:  # every input checked before the computation (minutes on a real split)
         if args.out is not None:
@@ -96,8 +97,8 @@ def run(args, stdout) -> int:
         classifier = TextClassifier.from_checkpoint(path, device="cpu", checkpoint=checkpoint,
                                                     attention=args.attention_class,
                                                     allow_changed=args.allow_changed_class, flags=FACE_FLAGS)
-        own = classifier.model.config.attention_source is not None  # a user's class: its heads measured, not cut
-        check_own_class(classifier, path, args.prune is not None)
+        cuts = attention_kind(classifier.model.config.attention).heads_cut  # else its heads measured, not cut
+        check_heads(classifier, path, args.prune is not None)
         importance_data = labelled(classifier, path, args.importance_split, args.importance_limit, seed=0,
                                    checkpoint=checkpoint)
         data = labelled(classifier, path, args.split, args.limit, checkpoint=checkpoint)
@@ -106,9 +107,9 @@ def run(args, stdout) -> int:
     except (CheckpointError, ValueError) as e:  # WriteError and DataError are ValueErrors
         raise SystemExit(f"error: {e}") from None
     base, heads, agreement = ablation(classifier.model, importance, data)
-    table = [] if args.no_table or own else pruning_table(classifier, checkpoint, importance, data)
+    table = [] if args.no_table or not cuts else pruning_table(classifier, checkpoint, importance, data)
     print(markdown(heads, agreement, table), file=sys.stderr)
-    if own and not args.no_table:
+    if not cuts and not args.no_table:
         print(f"\nno table of heads kept: the heads of a user's class ({classifier.model.config.attention}) are "
               "measured, never cut out of a checkpoint", file=sys.stderr)
     result = {"checkpoint": str(args.ckpt), "split": args.split, "texts": sum(len(b[2]) for b in data),

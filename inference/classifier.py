@@ -22,7 +22,7 @@ from inference.texts import COUNT_CHARACTERS, check_texts
 from model.classifier import AttentionClassifier
 from model.config import network_config
 from model.errors import ConfigError
-from model.user_class import ALLOW_CHANGED, named_network
+from model.own_attention import ALLOW_CHANGED, named_network
 from model.threads import adapt
 from monitor.views import stacked_layers
 
@@ -35,8 +35,8 @@ FACE_FLAGS = ("--attention-class", "--allow-changed-class")  # predict.py, serve
 def named_hyper_parameters(path, checkpoint: dict, attention: str | None, allow_changed: bool = False,
                            flags: tuple[str, str] = API_FLAGS) -> dict:
     """The checkpoint's hyper_parameters with the user's class, when its network has one, named by `attention`
-    (model/user_class.py's named_network: the class's name and its file's hash checked; nothing the checkpoint names
-    is imported); CheckpointError (one line naming the file, the class and the flag) otherwise."""
+    (model/own_attention/naming.py's named_network: the class's name and its file's hash checked; nothing the checkpoint
+    names is imported); CheckpointError (one line naming the file, the class and the flag) otherwise."""
     hparams = checkpoint["hyper_parameters"]
     network = hparams.get("network")
     if not isinstance(network, dict):

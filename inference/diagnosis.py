@@ -28,7 +28,7 @@ from inference.splits import SPLIT_KEYS
 from inference.verdicts import monitor_history
 from data.checkpoint import CheckpointError, open_checkpoint, read_checkpoint
 from data.files import describe
-from model.own_attention import looks_ahead
+from model.kind import asks_look_ahead
 from model.threads import adapt
 from monitor.checks import SAMPLE_TEXTS
 from monitor.doctor import (NOT_LEARNING_TEXTS, Finding, figure_table_markdown, head_titles, not_learning,
@@ -222,7 +222,7 @@ def diagnose_checkpoint(path, data: dict | None = None, texts: int = 1000, batch
         device = classifier.device
         batches.append({"input_ids": input_ids.to(device), "padding_mask": padding_mask.to(device),
                         "labels": torch.tensor([labels[i] for i in chosen], device=classifier.device)})
-    health = AttentionHealth(rows_per_batch=None, causal=config.causal or looks_ahead(model))
+    health = AttentionHealth(rows_per_batch=None, causal=asks_look_ahead(model))
     logits = []
     for batch in progress(batches):
         adapt()  # the pool's size to the cores other programs leave free (model/threads.py), once a second

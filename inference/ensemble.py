@@ -12,7 +12,7 @@ best_checkpoint).
 from data.checkpoint import CheckpointError, open_checkpoint
 from inference.classifier import Prediction, TextClassifier
 from inference.limits import PREDICT_BATCH
-from model.user_class import is_class_spec
+from model.kinds import find_kind
 
 
 class Ensemble:
@@ -41,8 +41,8 @@ class Ensemble:
         """named: TextClassifier.from_checkpoint's allow_changed and flags. attention: the user's class, for each
         member trained with one (a class named while no member has one is refused, by the first member)."""
         opened = [open_checkpoint(path) for path in paths]
-        own = [is_class_spec(checkpoint["hyper_parameters"].get("network", {}).get("attention"))
-               for _, checkpoint in opened]
+        own = [getattr(find_kind(checkpoint["hyper_parameters"].get("network", {}).get("attention")), "names_code",
+                       False) for _, checkpoint in opened]
         members = [TextClassifier.from_checkpoint(path, device=device, checkpoint=checkpoint,
                                                   attention=attention if uses or not any(own) else None, **named)
                    for (path, checkpoint), uses in zip(opened, own)]

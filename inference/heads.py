@@ -25,6 +25,7 @@ from inference.classifier import TextClassifier
 from inference.explain import spearman
 from inference.limits import PREDICT_BATCH
 from inference.splits import checkpoint_split
+from model.kinds import attention_kind
 
 
 def batches(classifier, texts: list[str], labels: list[int], batch_size: int = PREDICT_BATCH):
@@ -49,8 +50,8 @@ def head_importance(model, data) -> list[torch.Tensor]:
     layers = attention_layers(model)
     for layer in layers:
         if not layer.gates_heads:
-            raise ValueError(f"head importance: {type(layer.user).__name__}'s heads cannot be told apart in its output "
-                             "(no output projection by name, e.g. out_proj / W_O), so they cannot be gated")
+            raise ValueError(f"head importance: {type(layer.inner).__name__}'s heads cannot be told apart in its "
+                             "output (no output projection by name, e.g. out_proj / W_O), so they cannot be gated")
     gates = [torch.ones(layer.n_heads, device=next(layer.parameters()).device, requires_grad=True)
              for layer in layers]
     total = [torch.zeros_like(g) for g in gates]
@@ -111,9 +112,9 @@ def prune_checkpoint(checkpoint: dict, remove: list[tuple[int, int]]) -> dict:
     """A new checkpoint dict (plain data) without the given heads: W_Q, W_K, W_V rows and W_O columns cut, the
     network's layer_heads set. Training state (optimizer, loops, callbacks) is left out: it no longer fits."""
     network = dict(checkpoint["hyper_parameters"]["network"])
-    if network.get("attention_source") is not None:
-        raise ValueError(f"heads of a user's attention class ({network['attention']}) cannot be cut: the product "
-                         "does not know how its weights are laid out per head")
+    if not attention_kind(network["attention"]).heads_cut:
+        raise ValueError(f"heads of the attention {network['attention']} cannot be cut: the product does not know "
+                         "how its weights are laid out per head")
     n_layers, n_heads = network["n_layers"], network["n_heads"]
     d_head = network.get("d_head") or network["d_model"] // n_heads
     counts = list(network.get("layer_heads") or [n_heads] * n_layers)

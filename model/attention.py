@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.kind import Kind
 
 
 class AttentionWeights(NamedTuple):
@@ -43,9 +44,9 @@ def attention(q, k, v, blocked=None, *, scale: float, dropout: nn.Module | None 
     """The formula, written once: softmax(q kᵀ · scale) v, with blocked keys at exactly 0.
 
     q (…, L, d) queries; k, v (…, K, d) the keys and values they see; blocked broadcasts to (…, L, K), True where a
-    query may not look at a key (None: none blocked). The leading dimensions (…) are (B, H) for full attention, or
-    (B, H, blocks) when a long kind scores block by block. bias: a finite float added to the scores (a user's class
-    calling F.scaled_dot_product_attention with a float attn_mask, model/weights_seen.py); no built-in kind gives
+    query may not look at a key (None: none blocked). The leading dimensions (…) are (B, H) for full attention, or (B,
+    H, blocks) when a long kind scores block by block. bias: a finite float added to the scores (a user's class calling
+    F.scaled_dot_product_attention with a float attn_mask, model/own_attention/weights_seen.py); no built-in kind gives
     one. Returns (out (…, L, d), AttentionWeights or None).
     """
     # The scale multiplies the fresh product in place: no second (…, L, K) tensor, and autograd keeps neither.
@@ -82,25 +83,6 @@ def attention(q, k, v, blocked=None, *, scale: float, dropout: nn.Module | None 
 SLICE_BYTES = 4 << 20
 
 
-class Kind:
-    """What every attention kind answers about a config (model/kinds.py; the user's class too, model/own_attention.py),
-    with the answers of a kind that takes any setting and adds no weights."""
-
-    @classmethod
-    def check(cls, config) -> None:
-        """Raises ConfigError (one line) when this kind cannot work with the config's settings; full takes any."""
-
-    @classmethod
-    def settings(cls, config) -> dict:
-        """The constructor arguments of this kind beyond those every kind takes, read from the config."""
-        return {}
-
-    @classmethod
-    def extra_parameters(cls, config) -> int:
-        """Weights one layer of this kind has beyond W_Q, W_K, W_V, W_O (for the config's size bound)."""
-        return 0
-
-
 class MultiHeadSelfAttention(Kind, nn.Module):
     """Full attention, the "full" kind (model/kinds.py): every query sees all L keys."""
 
@@ -110,17 +92,7 @@ class MultiHeadSelfAttention(Kind, nn.Module):
     doc_computes = "softmax(q_i Kᵀ · scale) V over all L keys"
     doc_cost = "O(L²)"
     doc_weights = "(B, H, L, L), column j is token j"
-    # The kind's rules, read by the config, the monitor, explanations and the benches (never its name):
-    keys_are_tokens = True  # each key is a token of the text, so masks reach it (linformer's projections: False)
-    length_cap = 256  # the longest texts data.max_length reads when left unset: full attention costs L²
-    least: dict[str, int] = {}  # the least value of each NetworkConfig setting the kind reads (settings())
-    gates_heads = True  # head_gate reaches each head (a user's class may not allow it: model/own_attention.py)
-
-    @classmethod
-    def order_blind(cls, config) -> bool:
-        """Whether, without positions, the output ignores the order of the tokens after the first (the shuffled
-        tokens check, monitor/checks.py): every key seen alike; the look-ahead mask makes order matter."""
-        return not config.causal
+    # Its other answers (keys_are_tokens, length_cap, order_blind, ...) are model/kind.py's defaults.
 
     def __init__(
         self,

@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import AttentionWeights, MultiHeadSelfAttention, unpack
+from model.attention import AttentionWeights, unpack
 from model.config import NetworkConfig
-from model.kinds import ATTENTION_KINDS
+from model.kind import Kind
+from model.kinds import attention_kind
 from model.ngrams import NgramBag
-from model.own_attention import OwnAttention, configured_class
 
 
 class ClassifierOutput(NamedTuple):
@@ -23,19 +23,10 @@ class ClassifierOutput(NamedTuple):
     attention: tuple[AttentionWeights, ...] | None  # one per layer, when asked for
 
 
-def attention_layer(config: NetworkConfig, n_heads: int | None = None) -> MultiHeadSelfAttention | OwnAttention:
-    """The attention kind the config names (model/kinds.py), with n_heads heads (default config.n_heads; fewer in a
-    pruned layer) of config.head_size each; a user's class (model/own_attention.py) inside its adapter."""
-    if config.attention_source is not None:
-        return OwnAttention(configured_class(config), d_model=config.d_model, n_heads=n_heads or config.n_heads,
-                            d_head=config.head_size, attention_args=config.attention_args, name=config.attention)
-    kind = ATTENTION_KINDS[config.attention]
-    return kind(
-        d_model=config.d_model, n_heads=n_heads or config.n_heads, d_head=config.head_size,
-        dropout=config.attention_dropout,
-        bias=config.bias, scale=config.scale, causal=config.causal, kernel=config.attention_kernel,
-        **kind.settings(config),
-    )
+def attention_layer(config: NetworkConfig, n_heads: int | None = None) -> Kind:
+    """A layer of the attention kind the config names (model/kinds.py; a user's class in its adapter), with n_heads
+    heads (default config.n_heads; fewer in a pruned layer) of config.head_size each."""
+    return attention_kind(config.attention).build(config, n_heads)
 
 
 class BlockReference(NamedTuple):

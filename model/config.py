@@ -9,8 +9,8 @@ the network with `NetworkConfig(**that_dict)`. A new option is a new field here 
 from dataclasses import asdict, dataclass, fields, replace
 
 from model.errors import ConfigError, check_whole_number
-from model.kinds import ATTENTION_KINDS, AUTO_KINDS, DEFAULT_KIND, attention_kind
-from model.user_class import check_attention_args, check_recorded, is_class_spec, name_class
+from model.kind import Kind
+from model.kinds import ATTENTION_KINDS, AUTO_KINDS, DEFAULT_KIND, attention_kind, find_kind
 
 POOLINGS = ("mean", "max", "first", "attention")
 POSITIONS = ("learned", "sinusoidal", "none")
@@ -64,7 +64,7 @@ class NetworkConfig:
             (d_model, n_heads and the head size fill the arguments named like them).
         attention_source: a user's class: recorded by the product, leave unset: {"spec", "path", "sha256"} of the
             class's file. A checkpoint's record is data: the network is built only with the class the user names
-            on the command that loads it, its file's hash equal to the recorded one (model/user_class.py).
+            on the command that loads it, its file's hash equal to the recorded one (model/own_attention/naming.py).
         window: local and sparse: how many tokens on each side a token sees (also the block size they are
             computed in); at most max_length (a block costs w × 3w scores whatever the text's length).
         projection_length: linformer: k, the rows keys and values are projected to (at most max_length).
@@ -137,17 +137,12 @@ class NetworkConfig:
         _one_of("pooling", self.pooling, POOLINGS)
         _one_of("positions", self.positions, POSITIONS)
         _one_of("attention_kernel", self.attention_kernel, KERNELS)
-        if is_class_spec(self.attention):
-            check_attention_args(self.attention_args)
-            if self.attention_source is None:  # the user names the class here: found, hashed, recorded, trusted
-                object.__setattr__(self, "attention_source", name_class(self.attention))
-            else:  # recorded (a checkpoint's): data, checked for shape; building needs the class named (name_class)
-                check_recorded(self.attention, self.attention_source)
-        else:
+        kind = find_kind(self.attention)
+        if kind is None:
             _one_of("attention", self.attention, (*ATTENTION_KINDS, AUTO))
-            if self.attention_args is not None or self.attention_source is not None:
-                raise ConfigError(f"attention_args and attention_source apply to a user's class "
-                                  f"(attention: path/to/file.py:ClassName), not to attention {self.attention}")
+        # What the config records of the kind's code: a user's class found, hashed and trusted (or a checkpoint's
+        # record checked); "auto" stands for kinds of the product, which record none
+        object.__setattr__(self, "attention_source", (kind or Kind).source(self))
         for kind in ATTENTION_KINDS.values():  # every kind's settings, whichever kind is chosen: no typo waits
             for name, low in kind.least.items():
                 check_whole_number(name, getattr(self, name), low)
@@ -215,7 +210,8 @@ class NetworkConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"unknown network setting(s) {', '.join(unknown)}")
-        if is_class_spec(values.get("attention")) and values.get("attention_source") is None:
+        kind = find_kind(values.get("attention"))
+        if kind is not None and kind.names_code and values.get("attention_source") is None:
             raise ConfigError(f"attention {values['attention']!r:.200} without the attention_source the product "
                               "records: a user's class is loaded only when the user names it, never from a "
                               "checkpoint's string")

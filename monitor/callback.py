@@ -28,7 +28,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from model.errors import check_whole_number
-from model.own_attention import looks_ahead
+from model.kind import asks_look_ahead
 from monitor.checks import SAMPLE_TEXTS, forward_passes
 from monitor.contract import optimizer_differences
 from monitor.doctor import SHOWN_FIGURES, Finding, figure_table_markdown, verdict_table_markdown
@@ -103,9 +103,8 @@ class AttentionMonitor(Callback):
 
     def setup(self, trainer, pl_module, stage):
         pl_module.keep_validation_attention = True  # validation_step hands out what its layers computed
-        config = getattr(pl_module.model, "config", None)
-        causal = bool(getattr(config, "causal", False)) or looks_ahead(pl_module.model)  # a user's causal class too
-        self.health = AttentionHealth(rows_per_batch=self.health_rows, causal=causal)
+        # The keys a query can see: the look-ahead its layers ask for (the config's causal, a user's causal class)
+        self.health = AttentionHealth(rows_per_batch=self.health_rows, causal=asks_look_ahead(pl_module.model))
 
     def teardown(self, trainer, pl_module, stage):
         pl_module.keep_validation_attention = False

@@ -37,20 +37,9 @@ def model_checks(model, batches: list[dict]) -> dict:
     model.eval()
     try:
         base = mean_loss(model, batches)
-        deltas = []
-        for block in model.blocks:
-            attention = block.attention
-            row = []
-            if not attention.gates_heads:  # a user's class whose heads cannot be told apart in its output
-                deltas.append([math.nan] * attention.n_heads)
-                continue
-            for head in range(attention.n_heads):
-                gate = torch.ones(attention.n_heads, device=batches[0]["input_ids"].device)
-                gate[head] = 0.0
-                attention.head_gate = gate
-                row.append(mean_loss(model, batches) - base)
-            attention.head_gate = None
-            deltas.append(row)
+        # NaN for the heads of a layer whose heads cannot be told apart in its output (gates_heads, model/kind.py)
+        deltas = [[loss_without(model, block.attention, head, batches) - base if block.attention.gates_heads
+                   else math.nan for head in range(block.attention.n_heads)] for block in model.blocks]
         checks = {"head_loss_delta": deltas, "unsteady_loss": abs(mean_loss(model, batches) - base),
                   "order_sensitivity": order_sensitivity(model, batches),
                   "position_sensitivity": position_sensitivity(model, batches),
@@ -60,6 +49,17 @@ def model_checks(model, batches: list[dict]) -> dict:
             block.attention.head_gate = gate
         model.train(was_training)
     return checks
+
+
+def loss_without(model, attention, head: int, batches: list[dict]) -> float:
+    """The mean loss with one head's output zeroed (its head_gate 0)."""
+    gate = torch.ones(attention.n_heads, device=batches[0]["input_ids"].device)
+    gate[head] = 0.0
+    attention.head_gate = gate
+    try:
+        return mean_loss(model, batches)
+    finally:
+        attention.head_gate = None
 
 
 def forward_passes(model) -> int:
@@ -121,8 +121,8 @@ def position_sensitivity(model, batches: list[dict]) -> float:
 
 
 def weight_similarity(attention) -> list[list[float]]:
-    """(H, H) mean over W_Q, W_K, W_V of the cosine between two heads' slices (d × D each); NaN where a user's
-    class has none of them by name (model/own_attention.py)."""
+    """(H, H) mean over W_Q, W_K, W_V of the cosine between two heads' slices (d × D each); NaN where the layer has
+    none of them (a user's class without them by name, model/own_attention/layer.py)."""
     H = attention.n_heads
     slices = [F.normalize(linear.weight.detach().float().reshape(H, -1), dim=-1)
               for linear in (attention.w_q, attention.w_k, attention.w_v)

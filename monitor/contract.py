@@ -174,9 +174,9 @@ def dense_handout(attention, L: int):
 
 def compare(layer, record: dict, padding: torch.Tensor, config) -> dict:
     """The layer's stages against its kind's reference on the same input; the first that differs, how much, how."""
-    if layer.reference_keys_values is None:  # a user's class (model/own_attention.py): no definition of its kind
+    if layer.reference_keys_values is None:  # a kind with no definition (model/kind.py): a user's class
         return {"stage": None, "difference": math.nan, "how": "", "largest": math.nan,
-                "skipped": f"{type(layer.user).__name__}: {layer.convention}"}
+                "skipped": f"{type(layer.inner).__name__}: {layer.convention}"}
     B, L = padding.shape
     received = record["padding"].bool() if record.get("padding") is not None else torch.zeros_like(padding)
     x = unpack(record["x"], ~received)  # (B, L, D) the layer's input, zeros where it was given padding

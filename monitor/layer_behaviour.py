@@ -1,16 +1,15 @@
-"""The layer contract's behavioural checks (monitor/layer_contract.py lists them): what a working layer of its
-family does, read from its output and weights on the probe batch (monitor/layer_probe.py), never from its code.
-The family (monitor/layer_family.py) decides what applies: the permutation check where the layer is position-free
-(its causal counterpart where it is causal), the look-ahead check's later tokens where it is causal."""
+"""The layer contract's behavioural checks (monitor/layer_contract.py lists them): what a working layer does, read
+from its output and weights on the probe batch (monitor/layer_probe.py), never from its code. Each judges the
+position-free, unmasked family; a family whose contract differs (causal, positions inside: monitor/layer_family.py)
+judges those checks its own way."""
 
 import math
-from types import SimpleNamespace
 
 import torch
 
-from model.mask_probe import mask_calls
-from monitor.layer_family import find_family
+from model.own_attention import inputs_taken, mask_calls
 from monitor.layer_probe import MORE_PADDING, Outcome, Probe, Unusable, changed, figure, rounding
+from monitor.layer_rebuilt import heads_along_tokens, with_dropout
 from monitor.thresholds import INVARIANCE
 
 STEADY = 1e-6  # relative change between two identical evaluation passes: exactly 0 for a deterministic layer
@@ -43,6 +42,9 @@ def shapes(probe: Probe) -> Outcome:
             bad.append(f"the weights are {tuple(raw.shape)}, not (B, L, L) or (B, H, L, L) with B={B}, L={L}")
     if not torch.isfinite(seen.out).all():
         bad.append("the output holds NaN or inf")
+    refused = heads_along_tokens(probe)
+    if refused:
+        bad.append(refused)
     return Outcome("FAIL" if bad else "PASS", "; ".join(bad or parts))
 
 
@@ -62,7 +64,7 @@ def padding(probe: Probe) -> Outcome:
         calls = mask_calls(probe.user, type(probe.user).__name__)
         if calls:  # its forward takes a mask, yet the adapter found no convention under which padding is ignored
             taken = "the second argument" if calls == ["positional"] else f"{calls[0]}="
-            leaky = getattr(probe.layer, "weights_not_used", None)
+            leaky = probe.layer.weights_not_used
             if leaky is not None:
                 return Outcome("FAIL", f"the weights handed out are not the weights used: with the mask as "
                                f"{leaky.kind}, shape {leaky.shape}, the output ignores padding, but the weights it "
@@ -89,8 +91,7 @@ def padding(probe: Probe) -> Outcome:
         figures["pad_weight"] = on_padding
         parts.insert(0, f"largest weight on a padded key {figure(on_padding)}")
     verdict = "FAIL" if figures.get("pad_weight", 0) > 0 or not moved < INVARIANCE else "PASS"
-    if probe.causal and getattr(probe.layer, "_convention", None) is not None and \
-            probe.layer._convention.call == "none":
+    if probe.causal and not probe.layer.takes_mask:
         parts.append("causal, so it needs no mask: padding at the end is after every real token")
     return Outcome(verdict, "; ".join(parts), figures)
 
@@ -107,27 +108,38 @@ def neighbours(probe: Probe) -> Outcome:
 
 
 def eval_steady(probe: Probe) -> Outcome:
+    """Two evaluation passes give one output; where the class's constructor takes a dropout rate, the class built
+    again with DROPOUT_RATE (its weights copied) must give, in evaluation, two equal outputs and the output of the
+    class as probed (built with dropout 0, the product's default): dropout that runs in evaluation is caught only
+    where it has something to drop."""
     again = probe.call(probe.x, probe.padding).out
     moved = changed(again[probe.real()], probe.base.out[probe.real()])
-    return Outcome("FAIL" if not moved < STEADY else "PASS",
-                   f"two evaluation passes differ by {rounding(moved)}", {"output_moved": moved})
+    figures, evidence = {"output_moved": moved}, f"two evaluation passes differ by {rounding(moved)}"
+    if not moved < STEADY:
+        return Outcome("FAIL", evidence, figures)
+    found = with_dropout(probe)
+    if found is None:
+        return Outcome("PASS", evidence, figures)
+    built, first, second = found
+    steady, same = changed(second, first), changed(first, probe.base.out[probe.real()])
+    figures.update(dropout_passes_moved=steady, dropout_output_moved=same)
+    evidence += f"; built with {built}: two evaluation passes differ by {rounding(steady)}"
+    if not steady < STEADY:
+        return Outcome("FAIL", f"{evidence}: its dropout runs in evaluation (a rate passed whatever the mode)",
+                       figures, fix="pass the rate only in training: dropout_p=self.dropout if self.training else "
+                       "0.0, F.dropout(..., training=self.training), or an nn.Dropout module")
+    evidence += f", and differ from the class built with dropout 0 by {rounding(same)}"
+    if not same < INVARIANCE:
+        return Outcome("FAIL", f"{evidence}: its evaluation output depends on the dropout rate", figures,
+                       fix="let dropout act only in training: no rescaling by the rate in evaluation")
+    return Outcome("PASS", evidence, figures)
 
 
 def permutation(probe: Probe) -> Outcome:
-    if probe.builtin and not type(probe.layer).order_blind(SimpleNamespace(causal=probe.layer.causal)):
-        return Outcome("NOTE", "this kind's keys depend on where the tokens are (a window or a look-ahead): order "
-                       "matters by its definition")
-    family = find_family(probe)
-    if family.position_terms:
-        return Outcome("NOTE", f"not applied: order matters by this family's positions ({family.positions}); the "
-                       "permutation check is for position-free layers")
+    """Permuting the tokens permutes the output (a position-free family; the causal family's counterpart and the
+    families with positions: monitor/layer_family.py)."""
     B, L, _ = probe.x.shape
     plain = probe.call(probe.x).out
-    if probe.causal:  # the causal counterpart: the last token sees the tokens before it as a set
-        order = torch.cat([torch.randperm(L - 1, generator=probe.generator), torch.tensor([L - 1])])
-        moved = changed(probe.call(probe.x[:, order]).out[:, -1], plain[:, -1])
-        return Outcome("FAIL" if not moved < INVARIANCE else "PASS", f"causal: the last token's output moves by "
-                       f"{rounding(moved)} when the tokens before it are permuted", {"output_moved": moved})
     order = torch.randperm(L, generator=probe.generator)
     while bool((order == torch.arange(L)).all()):
         order = torch.randperm(L, generator=probe.generator)
@@ -138,8 +150,17 @@ def permutation(probe: Probe) -> Outcome:
 
 
 def look_ahead(probe: Probe) -> Outcome:
-    """Every real query sees itself (a mask that blocks the diagonal, or a first row with no key, is a FAIL); a
-    causal layer's earlier outputs do not move when later tokens change."""
+    """Every real query sees itself (sees_itself), and a layer that is not causal blocks no triangle of later keys
+    (the causal family's counterpart: monitor/layer_family.py)."""
+    parts, figures, bad, calm = sees_itself(probe)
+    parts.insert(0, "not causal (later tokens reach earlier outputs)")
+    bad += [found for found in (triangle_off(calm, probe.padding), unapplied_mask(probe)) if found]
+    return Outcome("FAIL" if bad else "PASS", "; ".join(bad or parts), figures)
+
+
+def sees_itself(probe: Probe):
+    """Every real query sees itself: a mask that blocks the diagonal, or a first row with no key (NaN), is a finding.
+    Returns (parts of the evidence, figures, findings, the weights of the input scaled down, or None)."""
     seen, real = probe.base, probe.real()
     parts, figures, bad = [], {}, []
     if not torch.isfinite(seen.out[real]).all():
@@ -154,18 +175,7 @@ def look_ahead(probe: Probe) -> Outcome:
         parts.append(f"lowest weight of a real query on its own token {figure(lowest)}")
         if not lowest > 0:
             bad.append(f"a real query gives its own token weight {figure(lowest)}: the mask blocks the diagonal")
-    if probe.causal:
-        x = probe.x.clone()
-        x[:, -2:] = torch.randn(x[:, -2:].shape, generator=probe.generator)
-        moved = changed(probe.call(x).out[:, :-2], probe.call(probe.x).out[:, :-2])
-        figures["earlier_moved"] = moved
-        parts.insert(0, f"causal: earlier outputs move by {rounding(moved)} when the last 2 tokens change")
-        if not moved < INVARIANCE:
-            bad.append(f"an earlier output moves by {figure(moved)} when later tokens change")
-    else:
-        parts.insert(0, "not causal (later tokens reach earlier outputs)")
-        bad += [found for found in (triangle_off(calm, probe.padding), unapplied_mask(probe)) if found]
-    return Outcome("FAIL" if bad else "PASS", "; ".join(bad or parts), figures)
+    return parts, figures, bad, calm
 
 
 def triangle_off(weights: torch.Tensor | None, padding: torch.Tensor) -> str:
@@ -269,9 +279,11 @@ def stability(probe: Probe) -> Outcome:
 
 def mask_name(probe: Probe) -> Outcome:
     """The convention the class's mask argument works in, against the one its name promises in PyTorch and Hugging
-    Face: key_padding_mask True = padding, attention_mask 1 = keep."""
-    convention = getattr(probe.layer, "_convention", None)
-    if probe.builtin or convention is None or convention.call in ("none", "positional"):
+    Face (key_padding_mask True = padding, attention_mask 1 = keep), or, for a plain `mask`, the one of the family
+    whose signature the class has: forward(query, key, value, mask) is the Annotated Transformer's and
+    attention-is-all-you-need-pytorch's, whose callers build mask = (tokens != pad), 1 = keep."""
+    convention = probe.layer.mask_convention
+    if convention is None or convention.call in ("none", "positional"):
         return Outcome("PASS", "no mask argument whose name promises a convention")
     keeps = convention.kind.startswith(("bool True = keep", "1/0 keep"))
     pads = convention.kind == "bool True = padding"
@@ -281,4 +293,18 @@ def mask_name(probe: Probe) -> Outcome:
         return Outcome("FAIL", f"your class inverts PyTorch's convention for this argument: {name} works as "
                        f"{convention.kind}, while {name} means {promised}: every caller that follows the name gets "
                        "the padding attended and the tokens hidden")
+    if name == "mask" and inputs_taken(probe.user) == 3:
+        if pads:
+            return Outcome("FAIL", "your class inverts the convention of its family for this argument: forward(query, "
+                           "key, value, mask) works with mask as bool True = padding, while the classes that write "
+                           "this signature (the Annotated Transformer, attention-is-all-you-need-pytorch) read mask "
+                           "as 1 = a token to attend to (their callers pass (tokens != pad)): such a caller gets the "
+                           "padding attended and the tokens hidden", fix=FAMILY_MASK_FIX)
+        return Outcome("PASS", f"mask works as {convention.kind}, as forward(query, key, value, mask)'s family "
+                       "reads it (1 = a token to attend to)" if keeps else
+                       f"mask works as {convention.kind}, a convention of its own (not True = padding)")
     return Outcome("PASS", f"{name} works as {convention.kind}, as its name promises")
+
+
+FAMILY_MASK_FIX = ("read mask as 1 = keep: scores.masked_fill(mask == 0, -1e9), without inverting it first; or, if "
+                   "True is meant to mark padding, name the argument key_padding_mask")

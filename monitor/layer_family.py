@@ -1,9 +1,9 @@
 """Which family of attention a layer belongs to, found by running it, and printed before the verdicts as its
-identity line (monitor/layer_contract.py): each family has its own contract, and the checks ask the family rather
-than assume the position-free, unmasked formula.
+identity line (monitor/layer_contract.py); and each family's contract: the checks it judges its own way, where a
+check's own judge assumes the position-free, unmasked formula (FAMILIES, consulted by by_family).
 
     mask        none / padding (its convention) / causal / causal + padding: causal when no output moves as the
-                later tokens change (model/mask_probe.py), padding when the adapter found a convention
+                later tokens change (model/own_attention/mask_probe.py), padding when the adapter found a convention
     positions   none: the output follows a permutation of the tokens (causal: the last token's output ignores the
                 order of the tokens before it); else, from the weights it hands out or that are seen,
                     bias      log w − Q Kᵀ/√d_k (row-centred) is the same on other content: an additive bias that
@@ -14,21 +14,26 @@ than assume the position-free, unmasked formula.
     weights     where they come from: returned / an attribute / a softmax seen / a fused call recomputed / none
     norm        a normalisation module inside: before the projections (pre-norm) or after them (post-norm)
 
-A new family is one more value here and the checks that read it (FAMILY_CHECKS in monitor/layer_contract.py).
+A new family is one FamilyUnit in FAMILIES: which layers belong to it (its kind's definition, or what probing found
+here) and the checks it judges its own way, by name. The families now: keys laid out by position by the kind's
+definition (a window, the look-ahead: permutation a NOTE), position terms (formula from the weights used, scale and
+permutation NOTEs), causal (permutation of the tokens before the last, later tokens changed in the look-ahead check).
 
 Letters in the shape comments: B batch, H heads, L tokens, S tokens put in front, D model width.
 """
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from model.attention import merge_heads, split_heads
+from monitor.layer_behaviour import sees_itself
 from monitor.layer_formula import project
-from monitor.stage_compare import centred, differ
-from monitor.thresholds import INVARIANCE
-from monitor.layer_probe import Outcome, Probe, figure, rounding
+from monitor.layer_probe import Outcome, Probe, changed, figure, rounding
+from monitor.stage_compare import centred, differ, relative
+from monitor.thresholds import FORMULA_TOLERANCE, INVARIANCE
 
 SHIFT = 3  # tokens put in front by the relative-position test
 POSITION_MATCH = 1e-3  # relative difference of row-centred log-weights that counts as the same scores
@@ -74,19 +79,17 @@ def find_family(probe) -> Family:
 
 
 def padding_convention(probe) -> str:
-    if probe.builtin:
+    convention = probe.layer.mask_convention
+    if convention is None:  # the classifier's own (model/kind.py)
         return "bool True = padding, the built-in layer's"
-    convention = getattr(probe.layer, "_convention", None)
-    if convention is None or convention.call == "none":
+    if convention.call == "none":
         return ""
     call = "forward(x, mask)" if convention.call == "positional" else f"{convention.call}="
     return f"{call}, {convention.kind}, {convention.shape}"
 
 
 def weights_source(probe) -> str:
-    if probe.builtin:
-        return "returned"
-    return getattr(probe.layer, "weights_from", None) or "none seen (no heatmaps; the output checks still run)"
+    return probe.layer.weights_from or "none seen (no heatmaps; the output checks still run)"
 
 
 def norm_inside(probe) -> str:
@@ -119,10 +122,33 @@ def norm_inside(probe) -> str:
     return "inside"
 
 
+def post_norm_residual(probe, o_out: torch.Tensor | None, out: torch.Tensor | None) -> tuple[str, str]:
+    """Post-norm's contract past W_O: the output is the class's norm of its input plus W_O's output, LayerNorm(x +
+    attention), as the Transformer's post-norm sublayer writes it. ("residual", the norm's name) when it is;
+    ("missing", name) when it is the norm of W_O's output alone (the residual left out); ("", "") when neither (the
+    formula then ends at W_O, as for any class that adds more after it)."""
+    x, real = probe.x, probe.real()
+    if o_out is None or out is None or o_out.shape != x.shape or out.shape != x.shape:
+        return "", ""
+    for name, norm in probe.user.named_modules():
+        if "norm" not in type(norm).__name__.lower() or norm is probe.user:
+            continue
+        try:
+            with torch.no_grad():
+                kept, left = norm(x + o_out), norm(o_out)
+        except Exception:  # a norm of another width (the heads', the queries'): not the one after W_O
+            continue
+        if relative(out.double()[real], kept.double()[real]) < FORMULA_TOLERANCE:
+            return "residual", name
+        if relative(out.double()[real], left.double()[real]) < FORMULA_TOLERANCE:
+            return "missing", name
+    return "", ""
+
+
 def positions(probe) -> str:
     """none / bias / relative / absolute / unknown, as the module docstring says."""
-    if probe.builtin:
-        return "none"
+    if probe.layer.positions_inside is not None:  # a kind whose definition says (model/kind.py)
+        return probe.layer.positions_inside
     x = probe.x
     try:
         if order_free(probe, x):
@@ -225,9 +251,80 @@ def change(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp(min=1e-12))
 
 
-def position_formula(probe: Probe, family) -> Outcome:
+# ---- the families' contracts: what each family judges its own way -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FamilyUnit:
+    """One family of attention as a unit: which layers belong to it (read from the layer's kind or from its identity,
+    found by probing) and its contract, the checks it judges its own way by name (monitor/layer_contract.py's CHECKS).
+    A judge returns None where the check's own judge is to say why it cannot judge (projections not found)."""
+
+    name: str
+    belongs: Callable[[Probe], bool]
+    contract: dict[str, Callable[[Probe], Outcome | None]]
+
+
+def by_family(name: str, judge: Callable[[Probe], Outcome]) -> Callable[[Probe], Outcome]:
+    """The check `name` as a layer's family judges it: the first family of FAMILIES the layer belongs to whose
+    contract names the check, else `judge`, the position-free, unmasked family's."""
+    def judged(probe: Probe) -> Outcome:
+        for family in FAMILIES:
+            if name in family.contract and family.belongs(probe):
+                outcome = family.contract[name](probe)
+                if outcome is not None:
+                    return outcome
+                break
+        return judge(probe)
+
+    return judged
+
+
+def order_by_definition(probe: Probe) -> Outcome:
+    return Outcome("NOTE", "this kind's keys depend on where the tokens are (a window or a look-ahead): order "
+                   "matters by its definition")
+
+
+def positions_order(probe: Probe) -> Outcome:
+    return Outcome("NOTE", f"not applied: order matters by this family's positions ({find_family(probe).positions}); "
+                   "the permutation check is for position-free layers")
+
+
+def positions_scale(probe: Probe) -> Outcome | None:
+    if not probe.projections:
+        return None
+    return Outcome("NOTE", "not judged: the scores hold this family's position terms (see formula)")
+
+
+def causal_permutation(probe: Probe) -> Outcome:
+    """The causal counterpart of the permutation check: the last token sees the tokens before it as a set."""
+    B, L, _ = probe.x.shape
+    plain = probe.call(probe.x).out
+    order = torch.cat([torch.randperm(L - 1, generator=probe.generator), torch.tensor([L - 1])])
+    moved = changed(probe.call(probe.x[:, order]).out[:, -1], plain[:, -1])
+    return Outcome("FAIL" if not moved < INVARIANCE else "PASS", f"causal: the last token's output moves by "
+                   f"{rounding(moved)} when the tokens before it are permuted", {"output_moved": moved})
+
+
+def causal_look_ahead(probe: Probe) -> Outcome:
+    """Every real query sees itself, and no earlier output moves when later tokens change."""
+    parts, figures, bad, _ = sees_itself(probe)
+    x = probe.x.clone()
+    x[:, -2:] = torch.randn(x[:, -2:].shape, generator=probe.generator)
+    moved = changed(probe.call(x).out[:, :-2], probe.call(probe.x).out[:, :-2])
+    figures["earlier_moved"] = moved
+    parts.insert(0, f"causal: earlier outputs move by {rounding(moved)} when the last 2 tokens change")
+    if not moved < INVARIANCE:
+        bad.append(f"an earlier output moves by {figure(moved)} when later tokens change")
+    return Outcome("FAIL" if bad else "PASS", "; ".join(bad or parts), figures)
+
+
+def position_formula(probe: Probe) -> Outcome | None:
     """A family with position terms: its scores depart from Q Kᵀ/√d_k as the family allows (found by probing); the
     output must still be W_O (weights · V) with the weights it used and V from what its projections read."""
+    if not probe.projections or probe.base.raw_out is None:
+        return None
+    family = find_family(probe)
     seen, real = probe.base, probe.real()
     layout = probe.projections[0]
     if seen.weights is None or seen.weights.shape[1] != layout.heads:
@@ -249,3 +346,13 @@ def position_formula(probe: Probe, family) -> Outcome:
                        f"{rounding(difference)})", {"difference": difference})
     return Outcome("FAIL", f"output differs by {figure(difference)} from W_O (weights · V) with the weights it used: "
                    f"{how} ({layout.describe()})", {"difference": difference}, fix=OUTPUT_FIX)
+
+
+FAMILIES: list[FamilyUnit] = [  # the first a layer belongs to judges the checks its contract names
+    FamilyUnit("keys by position", lambda probe: probe.layer.keys_by_position,  # a window, the look-ahead mask
+               {"permutation": order_by_definition}),
+    FamilyUnit("position terms", lambda probe: find_family(probe).position_terms,  # a content-free bias, relative
+               {"formula": position_formula, "scale": positions_scale, "permutation": positions_order}),
+    FamilyUnit("causal", lambda probe: probe.causal, {"permutation": causal_permutation,
+                                                      "look-ahead": causal_look_ahead}),
+]

@@ -324,24 +324,27 @@ def compare_layer(proj: Projections, seen, padding: torch.Tensor, causal: bool =
                          [stage for stage, _, _ in found])
 
 
-def score_factor(proj: Projections, seen, padding: torch.Tensor, causal: bool = False) -> tuple[float, str]:
-    """How many times the spread of the layer's scores is what 1/√d_k gives, and how it was read: from the weights
-    it hands out (log w is the scores up to a constant a row), else fitted on its output. NaN when neither works."""
+def score_factor(proj: Projections, seen, padding: torch.Tensor, causal: bool = False) -> tuple[float, str, bool]:
+    """How many times the spread of the layer's scores is what 1/√d_k gives, how it was read (from the weights it
+    hands out: log w is the scores up to a constant a row; else fitted on its output), and whether the scores are
+    exactly that multiple of Q Kᵀ/√d_k (the fit on the output, or log w, within MATCH). NaN when neither works."""
     x = seen.x.double()
     B, L, _ = x.shape
     allowed = allowed_keys(padding, causal)
     ref = reference(proj, x, allowed)
     if ref is None:
-        return math.nan, ""
+        return math.nan, "", False
     real = (~padding)[:, None, :, None]
     weights = seen.weights
     if weights is not None and weights.shape[0] == B and weights.shape[-2:] == (L, L):
         w = weights.double().reshape(B, -1, L, L)
         if w.shape[1] == proj.heads:
             where = (w > 0) & allowed & real
-            return spread(w.log(), where) / spread(ref.scores, where), "the spread of log(weights)"
+            factor = spread(w.log(), where) / spread(ref.scores, where)
+            _, residual = factor_of(centred(w.log(), where), centred(ref.scores, where))
+            return factor, "the spread of log(weights)", residual < MATCH
     if proj.o is None and seen.out.shape != ref.heads.shape or proj.o is not None and seen.out.shape != ref.out.shape:
-        return math.nan, ""
+        return math.nan, "", False
     out = seen.out.double()[~padding]
     best = (math.inf, math.nan)
     for factor in torch.logspace(-5, 5, 201, base=2).tolist():  # 2^-5 … 2^5 in steps of 2^0.05
@@ -355,9 +358,9 @@ def score_factor(proj: Projections, seen, padding: torch.Tensor, causal: bool = 
             heads = merge_heads(plain(ref.q, ref.k, ref.v, allowed, factor / math.sqrt(ref.q.shape[-1])))
             fitted = heads if proj.o is None else project(heads, proj.o)
             if relative(out, fitted[~padding]) < MATCH:
-                return factor, f"fitted on the output (rows {name})"
-        return math.nan, ""
-    return factor, "fitted on the output"
+                return factor, f"fitted on the output (rows {name})", False
+        return math.nan, "", False
+    return factor, "fitted on the output", True
 
 
 def spread(scores: torch.Tensor, where: torch.Tensor) -> float:

@@ -1,11 +1,12 @@
-"""What the layer contract's checks (monitor/layer_contract.py) are made of: a `Check` (one unit: name, what it
-reads, rule, likely cause, what to try, and how it runs), the `Row` it answers with, and the `Probe` it runs on: the
-layer, the user's module inside it, and a seeded batch a classifier really gives (unit-variance token vectors, texts
+"""What the layer contract's checks (monitor/layer_contract.py) are made of: each one the doctor's `Check`
+(monitor/units.py: one type for every check) made by `layer_check` from a judge of a `Probe`, carrying its verdicts;
+the `Outcome` a judge gives, the `Row` the table prints, and the `Probe` it runs on: the layer, the module inside it
+whose code computes the attention, and a seeded batch a classifier really gives (unit-variance token vectors, texts
 of different lengths padded to the longest, every text with a real token).
 
-The layer is called as the classifier calls every attention layer (model/attention.py MultiHeadSelfAttention):
-forward(x (B, L, D), key_padding_mask (B, L) bool True = padding, need_weights) → (out (B, L, D), AttentionWeights
-or None); a user's own class goes through model/own_attention.py's adapter, whose `.user` is the user's module.
+The layer is called as the classifier calls every attention layer (model/kind.py): forward(x (B, L, D),
+key_padding_mask (B, L) bool True = padding, need_weights) → (out (B, L, D), AttentionWeights or None); a user's own
+class goes through model/own_attention/layer.py's adapter, whose `.inner` is the user's module.
 """
 
 import math
@@ -15,8 +16,10 @@ from typing import Callable, NamedTuple
 import torch
 from torch import nn
 
-from model.attention import AttentionWeights, MultiHeadSelfAttention
+from model.attention import AttentionWeights
+from monitor.doctor import Finding, Verdict
 from monitor.layer_formula import find_projections
+from monitor.units import Check, Subject
 
 LENGTHS = (7, 5, 2)  # the probe batch's texts, padded to the longest: each has a real token, two have padding
 MORE_PADDING = 3  # padded tokens added to the batch by the padding check
@@ -48,24 +51,47 @@ class Row:
     fix: str  # what to try
 
 
-@dataclass(frozen=True)
-class Check:
-    """A check as one unit: run(probe) → Outcome; the rest says what it means."""
+NOTE = "attention-note"  # the verdict of every layer check's NOTE
+LAYER_NOTE = Verdict("note", "a layer check could not judge fully (no mask taken, projections not found by name, "
+                     "computed in lower precision inside)", "the class leaves out what the check reads: it takes no "
+                     "mask, names its projections otherwise, or computes in lower precision inside",
+                     "name the projections with --map q=…,k=…,v=…,o=…; give forward a mask argument; or nothing, "
+                     "where the NOTE says the layer is right as it is used")
 
-    name: str
-    run: Callable[["Probe"], Outcome]
-    reads: str
-    rule: str
-    cause: str
-    fix: str
 
-    def __call__(self, probe: "Probe") -> Row:
+def layer_check(name: str, judge: Callable[["Probe"], Outcome], reads: str, rule: str, cause: str,
+                fix: str) -> Check:
+    """A check of one layer alone (diagnose.py --attention) as a unit of the doctor's registry (monitor/units.py):
+    judge(probe) → Outcome on the subject's layer (a Probe). It carries its verdicts: its FAIL is the warning
+    attention-<name> (the rule, likely cause and what to try), its NOTE the shared attention-note. Its figures hold
+    the Row the table prints."""
+    failed = f"attention-{name}"
+
+    def run(subject, measured: dict) -> tuple[dict, list[Finding]]:
         try:
-            outcome = self.run(probe)
+            outcome = judge(subject.layer)
         except Unusable as e:
             outcome = Outcome("NOTE", f"not run: {e}")
-        return Row(self.name, outcome.verdict, outcome.evidence, dict(outcome.figures), self.reads, self.rule,
-                   outcome.cause or self.cause, outcome.fix or self.fix)
+        row = answer(check, outcome)
+        found = {"FAIL": [Finding(failed, None, None, row.figures, row.evidence)],
+                 "NOTE": [Finding(NOTE, None, None, row.figures, f"{name}: {row.evidence}")]}
+        return {"row": row, **row.figures}, found.get(row.verdict, [])
+
+    check = Check(name, ("layer",), run, {failed: Verdict("warning", f"{name} FAILs when {rule}", cause, fix),
+                                          NOTE: LAYER_NOTE}, summary=reads)
+    return check
+
+
+def answer(check: Check, outcome: Outcome) -> Row:
+    """A layer check's Row for an outcome: its cause and fix those of its FAIL verdict unless the outcome says."""
+    verdict = check.verdicts[f"attention-{check.name}"]
+    return Row(check.name, outcome.verdict, outcome.evidence, dict(outcome.figures), check.summary, verdict.rule,
+               outcome.cause or verdict.cause, outcome.fix or verdict.fix)
+
+
+def judged(check: Check, probe: "Probe") -> Row:
+    """A layer check's Row on one probe, outside the registry's runner (a check run on request)."""
+    return check.run(Subject(layer=probe), {})[0]["row"]
 
 
 @dataclass
@@ -90,16 +116,15 @@ class Probe:
     seed: int = 0
     spec: object = None  # what the layer was built from ("file.py:Class" trains by name: the learn check)
     args: dict | None = None  # its constructor arguments beyond the sizes
+    max_length: int = 128  # the longest text it will read (the long-input check; the others read LENGTHS)
     cache: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        self.user = getattr(self.layer, "user", self.layer)
-        self.builtin = isinstance(self.layer, MultiHeadSelfAttention)
+        self.user = self.layer.inner  # the module whose code computes the attention (model/kind.py)
         self.d_model = model_width(self.layer)
-        convention = getattr(self.layer, "_convention", None)  # the adapter's, found by probing
         # A causal class needs no mask: padding at the end of a text is after every real token.
-        self.causal = bool(self.layer.causal if self.builtin else getattr(self.layer, "look_ahead", False))
-        self.takes_mask = convention is None or convention.call != "none" or self.causal
+        self.causal = bool(self.layer.causal)
+        self.takes_mask = self.layer.takes_mask or self.causal
         generator = torch.Generator().manual_seed(self.seed)
         lengths = torch.tensor(LENGTHS if self.takes_mask else (max(LENGTHS),) * len(LENGTHS))
         L = int(lengths.max())
@@ -183,8 +208,8 @@ class Probe:
 
 
 def first(values: list):
-    """What one call of a module gave: the first, or (a class run one text at a time, model/mask_probe.py) each
-    text's (L, ·) stacked into (B, L, ·); None when it was not called."""
+    """What one call of a module gave: the first, or (a class run one text at a time, model/own_attention/mask_probe.py)
+    each text's (L, ·) stacked into (B, L, ·); None when it was not called."""
     if not values:
         return None
     if len(values) > 1 and all(torch.is_tensor(v) and v.ndim == 2 and v.shape == values[0].shape for v in values):

@@ -53,10 +53,11 @@ def synthetic_accuracy(attention: str = "full", attention_args: dict | None = No
 
 
 def shape_of(layer) -> dict:
-    """{"n_heads", "d_head"} of a user's class as its own projections show them (the course's class: 1 head of d_k,
-    whatever the network's n_heads); {} for a built-in kind or projections not found by name."""
-    user = getattr(layer, "user", None)
-    found = find_projections(user, layer.d_model, layer.n_heads) if user is not None else []
+    """{"n_heads", "d_head"} of a kind without a definition (a user's class) as its own projections show them (the
+    course's class: 1 head of d_k, whatever the network's n_heads); {} for a kind with one (its settings say) or
+    projections not found by name."""
+    defined = layer.reference_keys_values is not None  # model/kind.py
+    found = [] if defined else find_projections(layer.inner, layer.d_model, layer.n_heads)
     if not found:
         return {}
     heads = found[0].heads

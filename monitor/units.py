@@ -1,7 +1,8 @@
-"""The doctor's checks as units: each one object (its name, what it reads, its figures, its verdicts with rule,
-likely cause and what to try), registered once in CHECKS, run by one runner, `examine`, for the AttentionMonitor
-(monitor/callback.py) and for `diagnose.py --ckpt` (inference/diagnosis.py). docs/DOCTOR.md's verdict table is made
-from the registry (verdict_reference_markdown).
+"""The doctor's checks as units: each one `Check` (its name, what it reads, its figures, the verdicts it gives with
+their rule, likely cause and what to try), registered once in CHECKS, run by one runner, `examine`, for the
+AttentionMonitor (monitor/callback.py), `diagnose.py --ckpt` (inference/diagnosis.py) and `diagnose.py --attention`
+(monitor/layer_contract.py, whose checks of one layer alone are Checks too, made by monitor/layer_probe.py's
+layer_check). docs/DOCTOR.md's verdict table is made from the registry (verdict_reference_markdown).
 
 A check reads a Subject, the thing examined, and runs when every field it `reads` is there:
 
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from monitor.doctor import VERDICTS, Finding, Verdict, diagnose
+from monitor.verdict_table import CONTRACT_VERDICTS, MODEL_CHECK_VERDICTS, RULE_VERDICTS, SETTING_VERDICTS
 
 SUBJECT_FIELDS = ("model", "sample", "figures", "dynamics", "layer", "config")
 
@@ -52,11 +54,14 @@ class Subject:
 
 @dataclass(frozen=True)
 class Check:
+    """One check of the doctor: the one type every check is, whatever it reads."""
+
     name: str
     reads: tuple[str, ...]  # Subject fields it needs (SUBJECT_FIELDS)
     run: Callable[[Subject, dict], tuple[dict, list[Finding]]]  # (subject, figures of the checks before) → (its
     # figures, its findings)
-    verdicts: dict[str, Verdict] = field(default_factory=dict)  # the verdicts it gives (its own, or shared ones)
+    verdicts: dict[str, Verdict] = field(default_factory=dict)  # the verdicts it gives, each named once (its own,
+    # or one shared with other checks: the same Verdict)
     figures: tuple[str, ...] = ()  # the figures it measures, as its findings name them
     summary: str = ""  # one line: what it checks
 
@@ -145,26 +150,14 @@ def _verdicts(subject, measured):
     return {}, diagnose(subject.figures, checks, subject.dynamics, subject.config)
 
 
-def _group(*names):
-    return {name: VERDICTS[name] for name in names}
-
-
-register(Check("model-checks", ("model", "sample"), _model_checks, summary="heads zeroed one at a time, tokens "
-               "shuffled, positions zeroed, a second identical pass, the heads' weight slices (monitor/checks.py)",
-               figures=("head_loss_delta", "order_sensitivity", "position_sensitivity", "unsteady_loss",
-                        "weight_similarity"),
-               verdicts=_group("positions-unused", "unused-head")))
-register(Check("contract", ("model", "sample"), _contract, summary="each layer and block recomputed from its own "
-               "input and weights by its definition; weights shared; invariances (monitor/contract.py)",
-               figures=("formula", "blocks", "shared", "invariance"),
-               verdicts=_group("formula-broken", "block-broken", "shared-weight", "invariance-broken",
-                               "computes-formula", "user-class")))
-register(Check("settings", ("config",), _settings, summary="the settings that change the formula; the "
-               "optimizer's parameter groups against the configured ones", figures=("scale_factor", "optimizer"),
-               verdicts=_group("formula-setting", "optimizer-setting")))
-register(Check("verdicts", ("figures",), _verdicts, summary="the doctor's rules on the health figures, the figures "
-               "above and the training dynamics (monitor/doctor.py)",
-               verdicts=_group("padding-leak", "mask-inverted", "rows-not-normalized", "unasked-look-ahead",
-                               "saturated", "scale-too-small", "identical-heads", "something-wrong",
-                               "unstable-training", "weight-not-learning", "loss-broken", "not-learning",
-                               "averaging-head", "still-learning", "no-data")))
+register(Check("model-checks", ("model", "sample"), _model_checks, MODEL_CHECK_VERDICTS, summary="heads zeroed one "
+               "at a time, tokens shuffled, positions zeroed, a second identical pass, the heads' weight slices "
+               "(monitor/checks.py)", figures=("head_loss_delta", "order_sensitivity", "position_sensitivity",
+                                               "unsteady_loss", "weight_similarity")))
+register(Check("contract", ("model", "sample"), _contract, CONTRACT_VERDICTS, summary="each layer and block "
+               "recomputed from its own input and weights by its definition; weights shared; invariances "
+               "(monitor/contract.py)", figures=("formula", "blocks", "shared", "invariance")))
+register(Check("settings", ("config",), _settings, SETTING_VERDICTS, summary="the settings that change the formula; "
+               "the optimizer's parameter groups against the configured ones", figures=("scale_factor", "optimizer")))
+register(Check("verdicts", ("figures",), _verdicts, RULE_VERDICTS, summary="the doctor's rules on the health figures, "
+               "the figures above and the training dynamics (monitor/doctor.py)"))

@@ -1,8 +1,8 @@
-"""The doctor's verdicts: the one table (verdict → severity, rule, likely cause, what to try), the thresholds its
-rules name, and a Finding (a verdict about a place in the model, with the figures that led to it). monitor/doctor.py
-turns figures into Findings; the checks of monitor/units.py claim these verdicts (and add their own), and
-docs/DOCTOR.md prints the table from them, with the figures measured on healthy runs and on planted bugs that set
-each threshold.
+"""The doctor's verdicts: the one table (verdict → severity, rule, likely cause, what to try), the thresholds its rules
+name, and a Finding (a verdict about a place in the model, with the figures that led to it). monitor/doctor.py turns
+figures into Findings; each check of monitor/units.py gives its group of these verdicts (a check of one layer alone
+carries its own), and docs/DOCTOR.md prints the table from them, with the figures measured on healthy runs and on
+planted bugs that set each threshold.
 """
 
 import math
@@ -49,7 +49,9 @@ NOT_LEARNING_STEPS = 200  # ... and of this optimizer step or later: epochs cut 
 NOT_LEARNING_TEXTS = 100  # diagnose.py judges a checkpoint's own balanced accuracy on at least this many texts: a
 # model at 0.65 falls to the chance line (0.51 with two classes) on 100 texts about once in 400 draws (3 sd)
 
-VERDICTS: dict[str, Verdict] = {
+# Each check's verdicts, named once: monitor/units.py hands each group to the check that gives it.
+# "verdicts": the doctor's rules on the health figures, the checks' figures and the training dynamics (doctor.py)
+RULE_VERDICTS: dict[str, Verdict] = {
     "padding-leak": Verdict(
         "warning", f"pad_weight ≥ {PAD_WEIGHT:g}: real queries put weight on keys that are padding by the batch's "
         "lengths",
@@ -90,22 +92,73 @@ VERDICTS: dict[str, Verdict] = {
         f"weight_similarity ≥ {SAME_WEIGHTS:g} (when the model checks ran)",
         "the heads started from the same weights (one head copied into all), so they learn the same thing",
         "initialise each head's W_Q, W_K, W_V slices independently"),
+    "something-wrong": Verdict(
+        "warning", f"figures no working layer gives: weight on later keys under a causal config (≥ {FUTURE_WEIGHT:g}), "
+        f"two identical evaluation passes differing (abs(Δloss) ≥ {UNSTEADY:g}), or non-finite weights",
+        "attention computes something other than softmax(q kᵀ · scale) v over the allowed keys",
+        "test attention() against a reference (tests/test_formula.py) and read the figures in the warning"),
+    "unstable-training": Verdict(
+        "warning", f"non-finite training loss, or update_ratio ≥ {UPDATE_RATIO:g} (each optimizer step moves the "
+        "attention weights by that share of their size)",
+        "the learning rate is far too high for these weights",
+        "lower --model.lr (by 10× to start with), keep the warm-up"),
+    "weight-not-learning": Verdict(
+        "warning", "a parameter that should learn gets no gradient, is not held by the optimizer, never moves, "
+        "has requires_grad off, or is kept where the network does not register it (a plain list)",
+        "a stray .detach(), a module kept in a plain Python list (the optimizer never sees it), requires_grad left "
+        "off, or an optimizer built on other parameters",
+        "follow the named parameter from the loss back to it: no .detach() on the way, nn.ModuleList for lists of "
+        "modules, requires_grad on, the optimizer built on model.parameters()"),
+    "loss-broken": Verdict(
+        "warning", f"the loss a training step used differs by ≥ {LOSS_TOLERANCE:g} (relative) from its definition "
+        "recomputed on the step's own logits and labels (cross-entropy of the logits for one label a text, binary "
+        "cross-entropy of the logits for several, with the run's class weights, label smoothing and distillation), "
+        "or the logits are probabilities already; the form it matches is named",
+        "the loss is not the one the figures say: cross_entropy fed probabilities (softmax applied twice: its "
+        "gradient is small and it cannot fall below log(1 + (C − 1)/e)), a sum where a mean is meant (the learning "
+        "rate grows with the batch), a log left out",
+        "give cross_entropy the raw logits (no softmax before it, none at the end of the network), reduction "
+        "\"mean\"; softmax only where probabilities are shown"),
+    "not-learning": Verdict(
+        "warning", f"from epoch {NOT_LEARNING_EPOCH} and step {NOT_LEARNING_STEPS}: the training loss ≥ {PRIOR_LOSS:g} × "
+        f"the entropy of the class prior (guessing the prior), or validation balanced accuracy within {CHANCE_MARGIN:g} of "
+        "a constant answer's or below it (1 / classes seen; judged when the validation texts hold more than one class; "
+        f"diagnose.py also judges the checkpoint itself on ≥ {NOT_LEARNING_TEXTS} texts). The cause is read from the "
+        "figures: other warnings of the same pass → those; a training loss below guessing while validation stays at "
+        "chance → the model validated is not the one trained, or the splits' labels disagree; both flat → the "
+        "learning rate, the schedule, the optimizer, or training labels out of step with their texts",
+        "the model does not learn: the finding's detail names the cause its figures point to",
+        "read the contract warnings first; then compare the model trained with the one validated and both splits' "
+        "labels, or the learning rate and its schedule over the steps actually taken"),
+    "averaging-head": Verdict(
+        "note", f"entropy ≥ {AVERAGING_ENTROPY:g} with no bug-class figure: the head spreads its weight evenly",
+        "a head that averages its keys (a bag of words); \"needed\" when zeroing it raises the validation loss by "
+        f"≥ {NEEDED_LOSS:g}, \"unused\" when it does not",
+        "nothing, if accuracy is fine; an unused one can be pruned (prune.py)"),
+    "still-learning": Verdict(
+        "note", f"the training loss fell by more than {STILL_LEARNING:.0%} over the last epoch",
+        "the model is still learning: its attention will change",
+        "judge the maps again after a few more epochs"),
+    "no-data": Verdict(
+        "note", "no real query had two or more keys to attend to", "every text is one token long",
+        "nothing to judge"),
+}
+# "model-checks": the model run again on a validation sample (monitor/checks.py)
+MODEL_CHECK_VERDICTS: dict[str, Verdict] = {
     "positions-unused": Verdict(
         "warning", f"order_sensitivity or position_sensitivity < {ORDER_SENSITIVITY:g} though the config gives "
         "positions: shuffling a text's tokens (full attention), or zeroing its position vectors, changes no "
         "prediction",
         "position vectors never reach the model (dropped before the first layer, or zero)",
         "add the position embedding to the token embedding before the first attention layer"),
-    "unstable-training": Verdict(
-        "warning", f"non-finite training loss, or update_ratio ≥ {UPDATE_RATIO:g} (each optimizer step moves the "
-        "attention weights by that share of their size)",
-        "the learning rate is far too high for these weights",
-        "lower --model.lr (by 10× to start with), keep the warm-up"),
-    "something-wrong": Verdict(
-        "warning", f"figures no working layer gives: weight on later keys under a causal config (≥ {FUTURE_WEIGHT:g}), "
-        f"two identical evaluation passes differing (abs(Δloss) ≥ {UNSTEADY:g}), or non-finite weights",
-        "attention computes something other than softmax(q kᵀ · scale) v over the allowed keys",
-        "test attention() against a reference (tests/test_formula.py) and read the figures in the warning"),
+    "unused-head": Verdict(
+        "note", f"abs(head_loss_delta) < {UNUSED_LOSS:g}: zeroing the head's output leaves the validation loss as "
+        "it is",
+        "the model does not use this head (yet)",
+        "nothing; or fewer heads"),
+}
+# "contract": each layer and block against its definition (monitor/contract.py)
+CONTRACT_VERDICTS: dict[str, Verdict] = {
     "formula-broken": Verdict(
         "warning", f"a stage of the layer (scores, mask, weights, output before W_O, output) differs from its kind's "
         f"definition recomputed from the layer's own input and weights by ≥ {FORMULA_TOLERANCE:g} (relative; weights "
@@ -131,53 +184,12 @@ VERDICTS: dict[str, Verdict] = {
         "one weight serves two roles (self.w_k = self.w_q: a copy-paste slip), so the layer computes another formula "
         "with fewer weights than its definition, and both roles learn as one",
         "give each projection its own nn.Linear; tie weights only on purpose"),
-    "formula-setting": Verdict(
-        "warning", f"the config's scale is ≥ {SCALE_FACTOR:g}× or ≤ 1/{SCALE_FACTOR:g} of 1/√d_k",
-        "a network setting changes the formula: the scores are that many times too large (a saturated softmax) or "
-        "too small (uniform rows); the weights may grow to hide it, the setting stays",
-        "leave --model.network.scale unset (1/√d_k), or set it near 1/√d_head"),
-    "weight-not-learning": Verdict(
-        "warning", "a parameter that should learn gets no gradient, is not held by the optimizer, never moves, "
-        "has requires_grad off, or is kept where the network does not register it (a plain list)",
-        "a stray .detach(), a module kept in a plain Python list (the optimizer never sees it), requires_grad left "
-        "off, or an optimizer built on other parameters",
-        "follow the named parameter from the loss back to it: no .detach() on the way, nn.ModuleList for lists of "
-        "modules, requires_grad on, the optimizer built on model.parameters()"),
-    "optimizer-setting": Verdict(
-        "warning", "the optimizer holds parameters with another learning rate (a group's initial one, before the "
-        "schedule) or weight decay than the run configured (model.lr; model.weight_decay on matrices, none on "
-        "biases, LayerNorm gains and embeddings by design)",
-        "the optimizer is not the configured one: a setting changed in the module after the run was configured, "
-        "parameter groups built by hand (layer-wise rates), or a run resumed with other settings",
-        "build the optimizer from the configured model.lr and model.weight_decay (training/optimizer.py "
-        "adamw_with_warmup); change settings in the config, not in the running module"),
-    "loss-broken": Verdict(
-        "warning", f"the loss a training step used differs by ≥ {LOSS_TOLERANCE:g} (relative) from its definition "
-        "recomputed on the step's own logits and labels (cross-entropy of the logits for one label a text, binary "
-        "cross-entropy of the logits for several, with the run's class weights, label smoothing and distillation), "
-        "or the logits are probabilities already; the form it matches is named",
-        "the loss is not the one the figures say: cross_entropy fed probabilities (softmax applied twice: its "
-        "gradient is small and it cannot fall below log(1 + (C − 1)/e)), a sum where a mean is meant (the learning "
-        "rate grows with the batch), a log left out",
-        "give cross_entropy the raw logits (no softmax before it, none at the end of the network), reduction "
-        "\"mean\"; softmax only where probabilities are shown"),
     "invariance-broken": Verdict(
         "warning", f"a prediction moves by ≥ {INVARIANCE:g} when its text's batch is padded further (padding) or "
         "when the text is run alone instead of with its batch (neighbours)",
         "padding or other texts of the batch reach a text's prediction: a mask not applied somewhere (attention, "
         "pooling), or a computation across the batch",
         "apply the padding mask from the lengths in every step that mixes tokens; nothing may mix texts"),
-    "not-learning": Verdict(
-        "warning", f"from epoch {NOT_LEARNING_EPOCH} and step {NOT_LEARNING_STEPS}: the training loss ≥ {PRIOR_LOSS:g} × "
-        f"the entropy of the class prior (guessing the prior), or validation balanced accuracy within {CHANCE_MARGIN:g} of "
-        "a constant answer's or below it (1 / classes seen; judged when the validation texts hold more than one class; "
-        f"diagnose.py also judges the checkpoint itself on ≥ {NOT_LEARNING_TEXTS} texts). The cause is read from the "
-        "figures: other warnings of the same pass → those; a training loss below guessing while validation stays at "
-        "chance → the model validated is not the one trained, or the splits' labels disagree; both flat → the "
-        "learning rate, the schedule, the optimizer, or training labels out of step with their texts",
-        "the model does not learn: the finding's detail names the cause its figures point to",
-        "read the contract warnings first; then compare the model trained with the one validated and both splits' "
-        "labels, or the learning rate and its schedule over the steps actually taken"),
     "computes-formula": Verdict(
         "note", f"every stage of the layer matches its kind's definition recomputed from its own input and weights "
         f"(largest difference < {FORMULA_TOLERANCE:g})",
@@ -187,24 +199,24 @@ VERDICTS: dict[str, Verdict] = {
         "note", "the layer is a user's own class (--model.network.attention file.py:Class)",
         "its formula is not recomputed during training: diagnose.py --attention checks the class alone",
         "diagnose.py --attention file.py:Class"),
-    "averaging-head": Verdict(
-        "note", f"entropy ≥ {AVERAGING_ENTROPY:g} with no bug-class figure: the head spreads its weight evenly",
-        "a head that averages its keys (a bag of words); \"needed\" when zeroing it raises the validation loss by "
-        f"≥ {NEEDED_LOSS:g}, \"unused\" when it does not",
-        "nothing, if accuracy is fine; an unused one can be pruned (prune.py)"),
-    "unused-head": Verdict(
-        "note", f"abs(head_loss_delta) < {UNUSED_LOSS:g}: zeroing the head's output leaves the validation loss as "
-        "it is",
-        "the model does not use this head (yet)",
-        "nothing; or fewer heads"),
-    "still-learning": Verdict(
-        "note", f"the training loss fell by more than {STILL_LEARNING:.0%} over the last epoch",
-        "the model is still learning: its attention will change",
-        "judge the maps again after a few more epochs"),
-    "no-data": Verdict(
-        "note", "no real query had two or more keys to attend to", "every text is one token long",
-        "nothing to judge"),
 }
+# "settings": the settings that change the formula, the optimizer's parameter groups
+SETTING_VERDICTS: dict[str, Verdict] = {
+    "formula-setting": Verdict(
+        "warning", f"the config's scale is ≥ {SCALE_FACTOR:g}× or ≤ 1/{SCALE_FACTOR:g} of 1/√d_k",
+        "a network setting changes the formula: the scores are that many times too large (a saturated softmax) or "
+        "too small (uniform rows); the weights may grow to hide it, the setting stays",
+        "leave --model.network.scale unset (1/√d_k), or set it near 1/√d_head"),
+    "optimizer-setting": Verdict(
+        "warning", "the optimizer holds parameters with another learning rate (a group's initial one, before the "
+        "schedule) or weight decay than the run configured (model.lr; model.weight_decay on matrices, none on "
+        "biases, LayerNorm gains and embeddings by design)",
+        "the optimizer is not the configured one: a setting changed in the module after the run was configured, "
+        "parameter groups built by hand (layer-wise rates), or a run resumed with other settings",
+        "build the optimizer from the configured model.lr and model.weight_decay (training/optimizer.py "
+        "adamw_with_warmup); change settings in the config, not in the running module"),
+}
+VERDICTS: dict[str, Verdict] = {**RULE_VERDICTS, **MODEL_CHECK_VERDICTS, **CONTRACT_VERDICTS, **SETTING_VERDICTS}
 # A stored finding whose verdict this version does not know (a checkpoint from another version) is read as a note.
 UNKNOWN = Verdict("note", "", "a verdict this version of the doctor does not know (the checkpoint was written by "
                   "another version)", "diagnose the checkpoint with this version (diagnose.py)")

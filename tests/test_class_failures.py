@@ -1,6 +1,7 @@
-"""A user's attention class fails in one line, at the first place it can (model/user_class.py, monitor/layer_contract.py,
-training/module.py): sys.exit at import, float64 (its output, its parameters, the default dtype it sets), nothing to
-train, a class that breaks past a length, prints that would mix with a face's JSON, a 3-tuple return."""
+"""A user's attention class fails in one line, at the first place it can (model/own_attention/naming.py,
+monitor/layer_contract.py, training/module.py): sys.exit at import, float64 (its output, its parameters, the default
+dtype it sets), nothing to train, a class that breaks past a length, prints that would mix with a face's JSON, a 3-tuple
+return."""
 
 import pytest
 import torch

@@ -4,11 +4,14 @@ and goes through every test that takes the `registered_kind` fixture: the formul
 the monitor (test_formula.py), gradients and padding (test_long_attention.py, test_classifier.py) and ONNX export
 (test_export.py). Here: what is particular to it."""
 
+import ast
+import math
+
 import pytest
 import torch
 
 from conftest import PLUGGED_IN as NAME
-from conftest import SelfAndFirstAttention, padding_mask, registry_with_plugged_in
+from conftest import ROOT, SelfAndFirstAttention, padding_mask, registry_with_plugged_in
 from model.attention import MultiHeadSelfAttention
 from model.classifier import AttentionClassifier
 from model.config import ConfigError, NetworkConfig
@@ -64,3 +67,39 @@ def test_the_health_figures_count_the_keys_each_query_sees(registered):
     figures = health.compute()
     torch.testing.assert_close(figures.entropy, torch.ones_like(figures.entropy))
     assert figures.rows == sum(n - 1 for n in LENGTHS)
+
+
+def test_a_users_class_is_found_by_the_registry_and_answers_as_every_kind():
+    """A spec finds its kind where a name finds a kind of the product (model/kinds.py), and the questions the project
+    asks of a kind (model/kind.py) get the user's class's answers, not a branch somewhere else."""
+    from model.kinds import attention_kind, find_kind
+    from model.own_attention import OwnAttention
+
+    spec = f"{ROOT / 'docs' / 'examples' / 'course_attention.py'}:SelfAttention"
+    assert find_kind(spec) is OwnAttention and find_kind("full") is MultiHeadSelfAttention
+    assert find_kind("no-such-kind") is None and find_kind(None) is None
+    assert (OwnAttention.names_code, OwnAttention.heads_cut) == (True, False)
+    assert not any(kind.names_code for kind in ATTENTION_KINDS.values())
+    config = NetworkConfig(attention=spec, d_model=16, n_heads=2)
+    assert set(config.attention_source) == {"spec", "path", "sha256"}  # recorded by the kind's source()
+    layer = attention_kind(spec).build(config)
+    assert isinstance(layer, OwnAttention) and layer.inner is layer.user and layer.mask_convention is not None
+    built_in = attention_kind("full").build(NetworkConfig(d_model=16, n_heads=2))
+    assert built_in.inner is built_in and built_in.mask_convention is None and built_in.scale == 1 / math.sqrt(8)
+
+
+def test_nothing_outside_the_registry_and_the_home_asks_whether_a_kind_is_a_users_class():
+    """Only model/kinds.py (the registry), the home (model/own_attention/) and the doctor's builder of a class it is
+    handed (monitor/layer_contract.py) name OwnAttention or is_class_spec; no product file asks isinstance of it."""
+    named = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative.startswith(("tests/", "model/own_attention/", ".venv/")) or "/." in f"/{relative}":
+            continue
+        nodes = list(ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+        names = {node.id for node in nodes if isinstance(node, ast.Name)}
+        names |= {alias.name for node in nodes if isinstance(node, ast.ImportFrom) for alias in node.names}
+        if names & {"OwnAttention", "is_class_spec"}:
+            named[relative] = sorted(names & {"OwnAttention", "is_class_spec"})
+    assert named["model/kinds.py"] == ["OwnAttention"]  # the scan sees the registry's own entry
+    assert set(named) <= {"model/kinds.py", "monitor/layer_contract.py"}, named

@@ -420,3 +420,20 @@ class NeedsMaskFilledWithZero(nn.Module):
 def test_a_required_mask_no_convention_keeps_out_is_a_padding_fail():
     verdicts = {row.check: row.verdict for row in layer_contract(NeedsMaskFilledWithZero, d_model=16, n_heads=2)}
     assert verdicts["padding"] == "FAIL" and verdicts["shapes"] == "NOTE"
+
+
+def test_a_new_family_is_one_unit_whose_contract_judges_its_checks(monkeypatch):
+    """A family registered as one FamilyUnit (monitor/layer_family.py) judges the checks its contract names for the
+    layers that belong to it, before the checks' own judges; the others keep theirs. The causal family judges the
+    look-ahead check: a causal layer's row says so."""
+    from monitor.layer_family import FAMILIES, FamilyUnit
+    from monitor.layer_probe import Outcome
+
+    said = Outcome("NOTE", "judged by the family of single-head layers")
+    single = FamilyUnit("single head", lambda probe: probe.layer.n_heads == 1, {"softmax-rows": lambda probe: said})
+    monkeypatch.setattr("monitor.layer_family.FAMILIES", [*FAMILIES, single])
+    one, two = (layer_contract(MultiHead, d_model=16, n_heads=heads) for heads in (1, 2))
+    assert next(row for row in one if row.check == "softmax-rows").evidence == said.evidence
+    assert next(row for row in two if row.check == "softmax-rows").verdict == "PASS"
+    causal = layer_contract(ATTENTION_KINDS["full"](d_model=16, n_heads=2, causal=True))
+    assert next(row for row in causal if row.check == "look-ahead").evidence.startswith("causal: earlier outputs")

@@ -1,5 +1,6 @@
 """A checkpoint is data: a network of a user's class loads only with the class the user names on the command, and
-nothing a checkpoint names is ever imported (model/user_class.py, docs/BAD_INPUT.md "A checkpoint never runs code").
+nothing a checkpoint names is ever imported (model/own_attention/naming.py, docs/BAD_INPUT.md "A checkpoint never runs
+code").
 
 Each tool is handed a checkpoint edited to name other code, a file (absolute, or relative to the working folder) or
 a module, whose import writes a marker file: the marker must stay unwritten, and the tool answer in one line naming

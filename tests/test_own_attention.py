@@ -1,6 +1,7 @@
-"""A user's own attention class, unchanged, as a kind (model/own_attention.py, model/mask_probe.py): a class in the
-course's form (docs/examples/course_attention.py), each mask convention users write found by probing, bad specs in
-one line, a changed class file refused, a checkpoint rebuilt through predict's API, and a short training run."""
+"""A user's own attention class, unchanged, as a kind (model/own_attention/layer.py, model/own_attention/mask_probe.py):
+a class in the course's form (docs/examples/course_attention.py), each mask convention users write found by probing, bad
+specs in one line, a changed class file refused, a checkpoint rebuilt through predict's API, and a short training
+run."""
 
 import copy
 import math
@@ -472,10 +473,10 @@ def test_export_keeps_a_masked_class_and_refuses_one_without_mask(tmp_path, caps
 
 
 def test_the_log_lines_in_docs_are_what_training_prints(monkeypatch, caplog):
-    import model.own_attention
+    import model.own_attention.layer
 
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(model.own_attention, "_said", set())
+    monkeypatch.setattr(model.own_attention.layer, "_said", set())
     config = NetworkConfig(attention="docs/examples/course_attention.py:SelfAttention", d_model=32, n_heads=2,
                            n_layers=2)
     with caplog.at_level("INFO", logger="model.own_attention"):

@@ -49,6 +49,15 @@ def test_every_verdict_is_given_by_a_registered_check_and_every_check_reads_subj
         Check("bad", ("weights",), texts_counted)
 
 
+def test_the_checks_of_one_layer_are_the_one_check_type_each_carrying_its_verdicts():
+    from monitor.layer_contract import CHECKS as LAYER_CHECKS
+
+    assert LAYER_CHECKS and all(isinstance(check, Check) and CHECKS[check.name] is check for check in LAYER_CHECKS)
+    for check in LAYER_CHECKS:  # its FAIL verdict named from its own name, with the rule it FAILs by
+        assert check.verdicts[f"attention-{check.name}"].rule.startswith(f"{check.name} FAILs when")
+        assert VERDICTS[f"attention-{check.name}"] is check.verdicts[f"attention-{check.name}"]
+
+
 def test_a_registered_check_runs_where_its_fields_are_and_is_in_the_docs_table(own_check):
     measured, findings = examine(tiny_subject())
     assert measured["unit-test"] == {"texts_seen": 3}

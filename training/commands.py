@@ -17,8 +17,8 @@ from data.datamodule import NO_TEST_SPLIT
 from data.labels import monitored_metric
 from data.pretraining import check_known
 from model.config import ConfigError, NetworkConfig, max_length_caps
-from model.kinds import kinds_help
-from model.user_class import is_class_spec, named_network
+from model.kinds import find_kind, kinds_help
+from model.own_attention import named_network
 from training.checkpoints import SPECIAL_NAMES, check_fits, check_pretraining_fits, check_restorable, resolve
 from training.encoder import check_pretrained
 from training.length import training_epochs
@@ -49,7 +49,8 @@ def named_on_command(config) -> str | None:
     LightningCLI replaces the network settings with a --ckpt_path's: the only class a run may import."""
     config = config[config["subcommand"]] if config.get("subcommand") else config
     network = config["model"]["network"]
-    if is_class_spec(network.attention) and network.attention_source is None:
+    kind = find_kind(network.attention)
+    if kind is not None and kind.names_code and network.attention_source is None:
         return network.attention
     return None
 
@@ -57,7 +58,7 @@ def named_on_command(config) -> str | None:
 def name_checkpoint_class(config, named: str | None) -> None:
     """A --ckpt_path's network of a user's class gets the class the command named (`named`), its file's hash
     checked against the checkpoint's record; none named: one line saying which class and the flag. A checkpoint's
-    own spec is never imported (model/user_class.py)."""
+    own spec is never imported (model/own_attention/naming.py)."""
     network = config["model"]["network"]
     if network.attention_source is None:
         return

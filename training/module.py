@@ -12,7 +12,7 @@ from data.checkpoint import calibrated, stored_calibration
 from data.tokenizer import UNK_ID
 from model.classifier import AttentionClassifier
 from model.config import ConfigError, NetworkConfig
-from model.user_class import long_input_problem
+from model.kinds import attention_kind
 from training import calibration as calib
 from training.adapt import AdaptThreads
 from training.average import WeightAverage
@@ -218,11 +218,10 @@ class ClassifierModule(L.LightningModule):
 
 
 def check_long_texts(model: AttentionClassifier, network: NetworkConfig) -> None:
-    """A user's class must read a text of the run's max_length before training starts (the doctor's probes read 7
-    tokens): a class that raises or gives NaN past a length is one ConfigError line here, not a traceback mid-epoch."""
-    if network.attention_source is None:
-        return
-    problem = long_input_problem(model.blocks[0].attention, network.d_model, network.max_length)
+    """The attention must read a text of the run's max_length before training starts (a user's class is run on one:
+    the doctor's probes read 7 tokens): one that raises or gives NaN past a length is one ConfigError line here, not
+    a traceback mid-epoch."""
+    problem = model.blocks[0].attention.problem_at_length(network.max_length)
     if problem:
         raise ConfigError(f"attention {network.attention}: {problem}: it cannot read this run's texts; fix the class "
                           f"(diagnose.py --attention {network.attention} --max-length {network.max_length} checks "
@@ -232,7 +231,7 @@ def check_long_texts(model: AttentionClassifier, network: NetworkConfig) -> None
 def non_finite_cause(network: NetworkConfig, lr: float, logits: torch.Tensor) -> str:
     """The likely cause of a NaN or infinite loss: at the first steps with a user's class, what the class computed
     (the loss is NaN because the logits are); else a learning rate too high."""
-    if network.attention_source is not None and not torch.isfinite(logits).all():
+    if attention_kind(network.attention).names_code and not torch.isfinite(logits).all():
         return (f"the network's outputs are NaN or infinite: the attention class {network.attention} computed them "
                 f"on this batch (diagnose.py --attention {network.attention} --max-length {network.max_length} "
                 "checks it alone), or the learning rate ({lr}) is too high (--model.lr)")

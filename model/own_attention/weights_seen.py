@@ -1,4 +1,4 @@
-"""The weights a user's class computes, seen while it runs (model/mask_probe.py, model/own_attention.py).
+"""The weights a user's class computes, seen while it runs (mask_probe.py, layer.py).
 
 A class hands its weights out in one of four ways, tried in this order and named in the doctor's identity line:
     returned        forward returns (out, weights)

@@ -1,21 +1,17 @@
-"""A user's own attention class, unchanged, as an attention kind: `--model.network.attention path/to/file.py:Class`.
+"""OwnAttention: a user's class, unchanged, inside the adapter that gives it the interface of the built-in layers
+(model/kind.py's Kind): the kind model/kinds.py finds for "path/to/file.py:Class".
 
-    load_attention_class(spec)   "file.py:Class", "package.module:Class" or "package.module.Class" → the class
-    build_user_layer(cls, ...)   the class built from the network's sizes, its constructor read by parameter names
-                                 (both from model/user_class.py, which also records and checks the class's file)
-    OwnAttention(cls_or_spec)    the adapter a Block holds: the interface of model/attention.py's layers around it
-
-What the adapter finds out is found by running the class (model/mask_probe.py), never guessed from names: how its
-forward takes a mask (positional or keyword, which convention, which shape), what it returns (out or (out, weights),
-weights (B, L, L) or (B, H, L, L)), its output width (another than d_model gets an output projection the product
-adds, `w_o`) and whether it is causal. A class that takes no mask is run on texts of one length at a time, so no key
-it sees is padding, unless it is causal: padding at the end is then out of every real token's view already.
+What the adapter finds out is found by running the class (mask_probe.py), never guessed from names: how its forward
+takes a mask (positional or keyword, which convention, which shape), what it returns (out or (out, weights), weights
+(B, L, L) or (B, H, L, L)), its output width (another than d_model gets an output projection the product adds, `w_o`)
+and whether it is causal. A class that takes no mask is run on texts of one length at a time, so no key it sees is
+padding, unless it is causal: padding at the end is then out of every real token's view already.
 
 The class hands out its weights (returned, kept on an attribute, read from the softmax it computes, or a fused call
-answered by the written formula while weights are asked for: model/weights_seen.py), not the scores it softmaxed:
+answered by the written formula while weights are asked for: weights_seen.py), not the scores it softmaxed:
 AttentionWeights.scores is NaN (the monitor's score figures are then NaN, never a guess). A class whose weights
-cannot be seen hands out none (need_weights gives None: no heatmaps, the output checks still run). The doctor's formula reference is not defined for a user's class here (`reference_keys_values` is None:
-monitor/contract.py skips it).
+cannot be seen hands out none (need_weights gives None: no heatmaps, the output checks still run). The doctor's
+formula reference is not defined for a user's class (`reference_keys_values` is None: monitor/contract.py skips it).
 
 Letters in the shape comments: B batch, L tokens, H heads, D model width, W the class's output width, N real tokens.
 """
@@ -26,16 +22,17 @@ import math
 import torch
 from torch import nn
 
-from model.attention import AttentionWeights, Kind, unpack
+from model.attention import AttentionWeights, unpack
 from model.errors import ConfigError
-from model.mask_probe import Convention, find_convention, key_mask, run_layer, runs
-from model.user_class import (  # noqa: F401 (the names callers import from here)
-    ALLOW_CHANGED, check_attention_args, check_output_dtype, configured_class, display_name, is_class_spec,
-    load_attention_class, long_input_problem, name_class, named_class, named_network,
+from model.kind import Kind
+from model.own_attention.constructor import build_user_layer, constructor_arguments
+from model.own_attention.mask_probe import Convention, find_convention, key_mask, run_layer, runs
+from model.own_attention.naming import (
+    check_attention_args, check_output_dtype, check_recorded, configured_class, display_name, is_class_spec,
+    load_attention_class, long_input_problem, name_class, named_class,
 )
-from model.user_constructor import build_user_layer, constructor_arguments  # noqa: F401
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__package__)  # the home's one logger, "model.own_attention"
 
 # The attribute names tutorials give a layer's projections, lower case without "_" (normal()): the adapter finds
 # the class's W_Q, W_K, W_V and W_O by them, and so does the doctor's formula check (monitor/layer_formula.py).
@@ -72,17 +69,39 @@ def say_once(level: int, message: str) -> None:
 
 
 class OwnAttention(Kind, nn.Module):
-    """A user's attention class inside the classifier's Block, with the interface of the built-in layers:
-    forward(x (B, L, D), key_padding_mask (B, L) True = padding, need_weights) → (out (B, L, D), AttentionWeights
-    or None), forward_packed, n_heads, head_gate, look_ahead. `.user` is the user's module, unchanged;
-    `.convention` says how it takes its mask (found by probing, model/mask_probe.py)."""
+    """A user's attention class inside the classifier's Block, with the interface of the built-in layers
+    (model/kind.py): forward(x (B, L, D), key_padding_mask (B, L) True = padding, need_weights) → (out (B, L, D),
+    AttentionWeights or None), forward_packed, n_heads, head_gate, look_ahead, and the doctor's questions. `.user` is
+    the user's module, unchanged; `.convention` says how it takes its mask (found by probing, mask_probe.py)."""
 
     summary = "a user's own class, path/to/file.py:ClassName (docs/OWN_ATTENTION.md)"
-    keys_are_tokens = True  # it is handed (B, L, D) token vectors; its weights are token × token
-    length_cap = 256  # a class written from the formula costs L², as full attention does
-    least: dict[str, int] = {}
+    names_code = True  # imported only when the user names it (naming.py); a checkpoint records its file's hash
+    heads_cut = False  # its weights' layout per head is its own: its heads are measured, never cut (prune.py)
     gates_heads = True  # set per layer: whether head_gate can reach each head's contribution
-    reference_keys_values = None  # the doctor's dense reference is not defined for a user's class (monitor/contract.py)
+    positions_inside = None  # found by probing (monitor/layer_family.py): none, a bias, a rotation, ...
+    keys_by_position = False  # which keys a query sees is found by probing (its family), not defined beforehand
+
+    @classmethod
+    def names(cls, setting) -> bool:
+        """Whether an `attention` setting names a user's class: "path/to/file.py:ClassName",
+        "package.module:ClassName" or "package.module.ClassName" (a kind's name has no . or :)."""
+        return is_class_spec(setting)
+
+    @classmethod
+    def source(cls, config) -> dict:
+        """The user names the class in the config: found, hashed, recorded and trusted (naming.py's name_class); a
+        checkpoint's record is data, checked for shape (building needs the class named)."""
+        check_attention_args(config.attention_args)
+        if config.attention_source is None:
+            return name_class(config.attention)
+        check_recorded(config.attention, config.attention_source)
+        return config.attention_source
+
+    @classmethod
+    def build(cls, config, n_heads: int | None = None) -> "OwnAttention":
+        """The class the user named for this config (configured_class: never one a checkpoint names) in the adapter."""
+        return cls(configured_class(config), d_model=config.d_model, n_heads=n_heads or config.n_heads,
+                   d_head=config.head_size, attention_args=config.attention_args, name=config.attention)
 
     @classmethod
     def order_blind(cls, config) -> bool:
@@ -112,15 +131,15 @@ class OwnAttention(Kind, nn.Module):
         found = find_convention(self.user, d_model, name)
         self.convention: str = found.convention.describe()
         self.weights_not_used: Convention | None = found.weights_not_used  # the doctor names it (padding check)
-        self._convention: Convention = found.convention
+        self.mask_convention: Convention = found.convention
         self.n_heads = found.heads  # the heads its weights show: (B, L, L) is one head
         self.width = found.width  # its output width W
-        # A class that returns only its output: its weights are read as model/weights_seen.py says, when asked for.
+        # A class that returns only its output: its weights are read as weights_seen.py says, when asked for.
         self.reads_softmax = not found.returns_weights
         self.weights_from: str | None = found.weights_from  # None: its weights cannot be seen
         self.d_model, self.d_head = d_model, d_head or d_model // n_heads
         # A user's class blocks what it blocks; the product adds no look-ahead mask, and says when it found one.
-        self.look_ahead = found.causal
+        self.causal = self.look_ahead = found.causal
         self.head_gate: torch.Tensor | None = None  # (H,): head importance and ablation (inference/heads.py)
         # An output width other than d_model gets the product's own W_O, so the residual can add it.
         self.w_o = nn.Linear(self.width, d_model, bias=False) if self.width != d_model else None
@@ -190,9 +209,21 @@ class OwnAttention(Kind, nn.Module):
             self.train(was_training)
 
     @property
+    def takes_mask(self) -> bool:
+        return self.mask_convention.call != "none"
+
+    @property
     def runs_by_length(self) -> bool:
         """Whether the class takes no mask, so that a padded batch is run text length by text length."""
-        return self._convention.call == "none" and not self.look_ahead
+        return not self.takes_mask and not self.look_ahead
+
+    @property
+    def inner(self) -> nn.Module:
+        return self.user
+
+    def problem_at_length(self, length: int) -> str | None:
+        """The class run on a text of `length` tokens (the doctor's probes read 7): an error it raises, or NaN."""
+        return long_input_problem(self, self.d_model, length)
 
     def projection(self, role: str) -> nn.Linear | None:
         """The class's own nn.Linear for "w_q", "w_k" or "w_v" by its usual names (ROLE_NAMES), or None."""
@@ -213,10 +244,10 @@ class OwnAttention(Kind, nn.Module):
         if self.runs_by_length and key_padding_mask is not None and key_padding_mask.any():
             out, weights = self._by_length(x, key_padding_mask, need_weights)
         else:
-            mask = None if self._convention.call == "none" else key_mask(
+            mask = None if self.mask_convention.call == "none" else key_mask(
                 key_padding_mask if key_padding_mask is not None else x.new_zeros(B, L, dtype=torch.bool),
-                self._convention, x.dtype)
-            out, weights = run_layer(self.user, x, mask, self._convention, self.reads_softmax and need_weights)
+                self.mask_convention, x.dtype)
+            out, weights = run_layer(self.user, x, mask, self.mask_convention, self.reads_softmax and need_weights)
         if not self._gate_inside:
             out = self._gated(out)  # (B, L, W), each head's slice times its gate
         if self.w_o is not None:
@@ -236,7 +267,7 @@ class OwnAttention(Kind, nn.Module):
         out, weights = None, None
         for length in lengths.unique().tolist():
             rows = (lengths == length).nonzero(as_tuple=True)[0]
-            part, part_weights = run_layer(self.user, x[rows, :length], None, self._convention,
+            part, part_weights = run_layer(self.user, x[rows, :length], None, self.mask_convention,
                                            self.reads_softmax and need_weights)
             if out is None:  # the class's dtype (bfloat16 under autocast)
                 out = part.new_zeros(B, L, self.width)
@@ -256,9 +287,3 @@ class OwnAttention(Kind, nn.Module):
         out, weights = self.forward(unpack(x, real), key_padding_mask, need_weights)
         return out[real.nonzero(as_tuple=True)], weights  # (N, D)
 
-
-def looks_ahead(network: nn.Module) -> bool:
-    """Whether a user's class in the network was found causal by probing: its look-ahead mask is its family, asked
-    for by the class (its config's causal is refused: the class decides). A built-in kind's look-ahead is the
-    config's `causal`, and one the config does not ask for is a bug the monitor reports, so it is not read here."""
-    return any(isinstance(module, OwnAttention) and module.look_ahead for module in network.modules())

@@ -1,4 +1,4 @@
-"""A user's attention class by name: found, imported, hashed and built (model/own_attention.py wraps it).
+"""A user's attention class by name: found, imported, hashed and built (layer.py wraps it).
 
     "path/to/file.py:ClassName", "package.module:ClassName" or "package.module.ClassName"   (is_class_spec)
     name_class(spec, recorded)      the class the user named on a command, hashed (checked against a checkpoint's
@@ -12,7 +12,7 @@ A checkpoint is data (docs/BAD_INPUT.md): its spec, path and hash are written by
 imports what a checkpoint names. The user names the class on the command that loads the checkpoint; the class is
 found by their spec, its file's hash compared with the recorded one before the file runs.
 
-How a class is built from the network's sizes: model/user_constructor.py.
+How a class is built from the network's sizes: constructor.py.
 """
 
 import hashlib

@@ -1,4 +1,4 @@
-"""How a user's attention class takes its mask, found by running it (model/own_attention.py), never from names.
+"""How a user's attention class takes its mask, found by running it (layer.py), never from names.
 
 Users write masks every way: bool True = padding (PyTorch's key_padding_mask), bool True = keep, 1/0 keep (float or
 long, Hugging Face's attention_mask), additive 0 / −∞, 0 / −1e4 or 0 / −1e9 (BERT's extended mask), shaped (B, L),
@@ -9,7 +9,7 @@ without padding (and, where the mask may be left out, equals it run with no mask
 key changes nothing), padded keys get weight 0 and nothing is NaN. A class whose forward takes no mask, or under which
 no candidate works, is "no mask": the adapter then runs texts of one length together, unless it is causal (no
 output depends on a later token: padding at the end is then out of every real token's view). Weights it does not
-return are read as model/weights_seen.py says (an attribute, the softmax it computes, a fused call answered by the
+return are read as weights_seen.py says (an attribute, the softmax it computes, a fused call answered by the
 written formula). forward(query, key, value, mask) is called as self-attention, x given for all three.
 
 Letters in the shape comments: B batch, L tokens, H heads, D model width, W the class's output width.
@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from model.errors import ConfigError
-from model.user_class import first_line
-from model.weights_seen import RETURNED, ATTRIBUTE, WeightsSeen, attribute_weights, attributes_now
+from model.own_attention.naming import first_line
+from model.own_attention.weights_seen import ATTRIBUTE, RETURNED, WeightsSeen, attribute_weights, attributes_now
 
 MASK_NAMES = ("mask", "key_padding_mask", "attention_mask", "attn_mask", "src_key_padding_mask", "padding_mask")
 INPUT_NAMES = ({"query", "q", "queries", "x_q"}, {"key", "k", "keys"}, {"value", "v", "values"})
@@ -71,7 +71,7 @@ class Found(NamedTuple):
     convention: Convention
     heads: int  # H of its weights ((B, L, L): 1)
     width: int  # W, its output width
-    returns_weights: bool  # False: its weights are read as model/weights_seen.py says
+    returns_weights: bool  # False: its weights are read as weights_seen.py says
     weights_from: str = RETURNED  # how: returned, an attribute, a softmax seen, a fused call recomputed (None: not)
     causal: bool = False  # no output depends on a later token (a look-ahead mask inside the class)
     weights_not_used: Convention | None = None  # a convention under which the output ignores padding but the
@@ -80,7 +80,7 @@ class Found(NamedTuple):
 
 def run_layer(user: nn.Module, x: torch.Tensor, mask: torch.Tensor | None, convention: Convention,
               read_softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(out, weights) of the class on x; read_softmax: weights it does not return are read (model/weights_seen.py)."""
+    """(out, weights) of the class on x; read_softmax: weights it does not return are read (weights_seen.py)."""
     out, weights, _ = run_seen(user, x, mask, convention, read_softmax)
     return out, weights
 
@@ -229,13 +229,13 @@ def candidates(calls: list[str]):
 def plain_run(user: nn.Module, x: torch.Tensor, calls: list[str], one_text: bool = False):
     """(out, weights, where they came from) of the class on x with no padding: forward(x) when the mask may be
     left out, else with a mask that keeps every key in the first convention the class accepts. Weights it does not
-    return are read as model/weights_seen.py says (None, None when they cannot be seen)."""
+    return are read as weights_seen.py says (None, None when they cannot be seen)."""
     return weights_of_run(user, x, lambda: mask_free_run(user, x, calls, one_text))
 
 
 def weights_of_run(user: nn.Module, x: torch.Tensor, run):
     """(out, weights, where they came from) of run() -> (out, weights or None): the weights it returns, else an
-    attribute the class set during the call, else the softmax or fused call model/weights_seen.py saw."""
+    attribute the class set during the call, else the softmax or fused call weights_seen.py saw."""
     before = attributes_now(user)
     with WeightsSeen(x.shape[0], x.shape[1]) as seen:
         out, weights = run()

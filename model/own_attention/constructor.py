@@ -1,4 +1,4 @@
-"""A user's attention class built from the network's sizes (model/own_attention.py builds its layers with it):
+"""A user's attention class built from the network's sizes (layer.py builds its layers with it):
 its constructor read by parameter names, a `config` object (nanoGPT's GPTConfig, minGPT's CfgNode) made as an
 attribute namespace of the same sizes, and names that can mean two sizes (d_out: the output width or one head's)
 resolved by probing.
@@ -9,13 +9,14 @@ resolved by probing.
 
 import inspect
 import itertools
+import weakref
 from types import SimpleNamespace
 
 import torch
 from torch import nn
 
 from model.errors import ConfigError
-from model.user_class import ARGS_FLAG, first_line, guarded
+from model.own_attention.naming import ARGS_FLAG, first_line, guarded
 
 # Constructor parameter (or config attribute) names the network's settings fill, as published code spells them,
 # each with the values tried in order: the first assignment under which the class builds and runs is kept
@@ -36,6 +37,7 @@ CONTEXT_LENGTH = 512  # the longest text a class with a fixed look-ahead buffer 
 # Constructor parameters that hold an object (a config dataclass, an argparse namespace): they get an attribute
 # namespace of the network's sizes under every name of SIZE_NAMES (config_object).
 OBJECT_NAMES = ("config", "cfg", "configuration", "conf", "args", "model_args", "params", "hparams", "opt", "options")
+_built: "weakref.WeakKeyDictionary[nn.Module, tuple[dict, dict]]" = weakref.WeakKeyDictionary()  # built_with
 
 def size_candidates(d_model: int, n_heads: int, d_head: int) -> dict[str, list]:
     """Each name of SIZE_NAMES → the values it is tried with, in order."""
@@ -93,7 +95,7 @@ def constructor_choices(cls: type, d_model: int, n_heads: int, d_head: int, args
 def build_user_layer(cls: type, d_model: int, n_heads: int, d_head: int, args: dict | None = None,
                      args_flag: str = ARGS_FLAG, runs=None) -> nn.Module:
     """cls built from the network's sizes and attention_args: the first of constructor_choices under which it
-    builds and `runs(module, d_model)` says it runs (model/mask_probe.py's `runs`, given by the adapter), else the
+    builds and `runs(module, d_model)` says it runs (mask_probe.py's `runs`, given by the adapter), else the
     first that builds. A constructor that raises under every choice (sys.exit included) is one ConfigError line (the
     first choice's), and so is one that leaves anything but the network's dtype behind: torch's default dtype
     changed (set back first), or floating parameters and buffers of another dtype."""
@@ -105,10 +107,12 @@ def build_user_layer(cls: type, d_model: int, n_heads: int, d_head: int, args: d
             first_error = first_error or (arguments, layer)
             continue
         if len(choices) == 1 or runs is None or runs(layer, d_model):
+            _built.setdefault(layer, (arguments, choices[0]))  # a factory of a built module keeps its record
             return layer
-        first_built = first_built or layer
+        first_built = first_built or (layer, arguments)
     if first_built is not None:
-        return first_built
+        _built.setdefault(first_built[0], (first_built[1], choices[0]))
+        return first_built[0]
     arguments, error = first_error
     if isinstance(error, ConfigError):
         raise error
@@ -116,6 +120,29 @@ def build_user_layer(cls: type, d_model: int, n_heads: int, d_head: int, args: d
     missing = object_attribute_missing(error, arguments)
     hint = f": give it with {args_flag} '{{\"{missing[0]}\": {{\"{missing[1]}\": ...}}}}'" if missing else ""
     raise ConfigError(f"attention: {cls.__name__}({shown}) failed: {first_line(error)}{hint}")
+
+
+def built_with(layer: nn.Module) -> tuple[dict, dict] | None:
+    """(the keyword arguments build_user_layer built `layer` with, the likeliest choice it tried first), or None
+    for a module it did not build. The doctor rebuilds the class from them (monitor/layer_behaviour.py: with its
+    dropout on; the network's head count where another was kept)."""
+    return _built.get(layer)
+
+
+def dropout_arguments(cls: type, arguments: dict, rate: float) -> dict | None:
+    """The same arguments with every dropout rate of SIZE_NAMES set to `rate`: a parameter given or left at a
+    numeric default, or an attribute of a config namespace given; None when the constructor takes none."""
+    names = set(SIZE_NAMES["dropout"])
+    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    defaults = {p.name: p.default for p in parameters if p.name in names and p.name not in arguments}
+    changed = {name: rate for name, default in defaults.items()
+               if isinstance(default, (int, float)) and not isinstance(default, bool)}
+    for name, value in arguments.items():
+        if name in names and isinstance(value, (int, float)) and not isinstance(value, bool):
+            changed[name] = rate
+        elif isinstance(value, SimpleNamespace) and names & set(vars(value)):
+            changed[name] = SimpleNamespace(**{k: rate if k in names else v for k, v in vars(value).items()})
+    return {**arguments, **changed} if changed else None
 
 
 def built_once(cls: type, arguments: dict, args_flag: str):
