@@ -10,10 +10,10 @@ from data.checkpoint import CheckpointError, network_weights, read_pretraining_c
 from model.config import NetworkConfig
 
 # The settings a fine-tuned classifier may choose apart from its pretraining run: dropout rates, the starting spread
-# of embeddings it does not start from, pooling, the class head and the kernel. Every other setting decides the
+# of embeddings it does not start from, pooling, the class head (the n-gram bag beside it too) and the kernel. Every other setting decides the
 # encoder's weights or what they mean (a new field is one unless listed here).
 FREE_SETTINGS = ("num_classes", "dropout", "embedding_dropout", "attention_dropout", "head_dropout", "embedding_std",
-                 "pooling", "attention_kernel")
+                 "pooling", "attention_kernel", "ngrams", "ngram_buckets", "ngram_fitted")
 ENCODER_SETTINGS = tuple(f.name for f in fields(NetworkConfig) if f.name not in FREE_SETTINGS)
 ENCODER_PARTS = ("token_embedding.", "position_embedding.", "embedding_norm.", "blocks.")  # names the classifier shares
 
