@@ -376,3 +376,25 @@ def test_the_bags_fit_is_cached_by_the_texts_it_was_fitted_on(tmp_path, monkeypa
     labels[0] = 1 - labels[0]  # another label: another entry
     with pytest.raises(AssertionError, match="fitted again"):
         ngram_fit.fit_ngram_bag([second], split_of(texts, labels), False, 0, False, True, cache_dir=tmp_path)
+
+
+def test_the_parts_bench_scores_the_bag_alone_and_the_rest(tmp_path):
+    """bench/bag_parts.py: with the head silenced the whole model is its bag; the rest then answers class 0 always."""
+    from bench.bag_parts import parts_accuracy
+    from conftest import WORDS
+
+    classifier = tiny_classifier(ngrams=2, ngram_buckets=32, ngram_fitted=True)
+    network = classifier.model
+    with torch.no_grad():
+        network.ngram_bag.table.normal_(std=2.0), network.ngram_bag.idf.fill_(1.0)
+        network.head.weight.zero_(), network.head.bias.zero_()
+    ckpt = save_checkpoint(classifier, tmp_path / "bag.ckpt")
+    texts = [" ".join(WORDS[i : i + 4]) for i in range(12)]
+    ids, _, _ = classifier.encode(texts)
+    bag_answers = [int(network.ngram_bag(torch.tensor([row]), torch.zeros(1, len(row), dtype=torch.bool)).argmax())
+                   for row in ids]
+    labels = ["neg", "pos"] * 6
+    scores = parts_accuracy(ckpt, texts, labels)
+    expected = 100 * sum(a == ["neg", "pos"].index(label) for a, label in zip(bag_answers, labels)) / len(labels)
+    assert scores["whole"] == scores["bag alone"] == pytest.approx(expected)
+    assert scores["attention alone"] == pytest.approx(50.0)  # logits all 0: argmax says class 0, half the labels
