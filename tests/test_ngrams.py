@@ -398,3 +398,19 @@ def test_the_parts_bench_scores_the_bag_alone_and_the_rest(tmp_path):
     expected = 100 * sum(a == ["neg", "pos"].index(label) for a, label in zip(bag_answers, labels)) / len(labels)
     assert scores["whole"] == scores["bag alone"] == pytest.approx(expected)
     assert scores["attention alone"] == pytest.approx(50.0)  # logits all 0: argmax says class 0, half the labels
+
+
+def test_past_the_sample_each_other_text_is_scored_by_a_fold_and_the_bag_fits_the_sample(monkeypatch):
+    """The teacher's size rule: at most SAMPLE texts fitted on, the rest each scored by one fold's regression."""
+    import training.ngram_fit as ngram_fit
+
+    texts, labels = random_texts(90, 40, seed=7)
+    monkeypatch.setattr(ngram_fit, "SAMPLE", 50)
+    network = fitted_network()
+    out_of_fold = ngram_fit.fit_ngram_bag([network], split_of(texts, labels), False, 0, False, True)
+    assert out_of_fold.shape == (90, 2) and torch.isfinite(out_of_fold).all()
+    assert (out_of_fold != 0).any(dim=1).all()  # every text scored, in the sample or not
+    agreement = (out_of_fold.argmax(1) == torch.tensor(labels)).float().mean()
+    assert agreement > 0.7
+    # the bag is the regression of the 50 sampled texts: idf counts 50 texts (the largest idf is ln(51/2) + 1)
+    assert network.ngram_bag.idf.max() == pytest.approx(math.log(51 / 2) + 1, rel=1e-5)

@@ -23,22 +23,24 @@ import torch
 
 from data.progress import progress_bar
 from model.ngrams import NgramBag
+from training.ngram_teacher import SAMPLE
 
 log = logging.getLogger(__name__)
 FOLDS = 5
 C = 4.0  # the n-gram teacher's (training/ngram_teacher.py fit_ngram_teacher)
 BATCH = 512  # texts turned into n-gram rows at a time
-FIT_VERSION = 1  # part of the cache key: bump it when the fit's answers for the same texts change
+FIT_VERSION = 2  # part of the cache key: bump it when the fit's answers for the same texts change
 UNSEEN_CLASS = 10.0  # a class a fold's regression never saw: this far under the text's lowest logit
 
 
-def binary_rows(split, bag: NgramBag):
-    """(N, F) scipy CSR of 1s: the distinct n-gram rows of each text of an EncodedSplit, as the bag reads them."""
+def binary_rows(split, bag: NgramBag, texts: np.ndarray):
+    """(len(texts), F) scipy CSR of 1s: the distinct n-gram rows of these texts (positions) of an EncodedSplit, as
+    the bag reads them."""
     import scipy.sparse
 
     indptr, indices = [0], []
-    for at in range(0, len(split), BATCH):
-        batch = split.__getitems__(list(range(at, min(at + BATCH, len(split)))))
+    for at in range(0, len(texts), BATCH):
+        batch = split.__getitems__(texts[at : at + BATCH].tolist())
         rows, present = bag.ids(batch["input_ids"], batch["padding_mask"])  # (B, M) each
         for text_rows, text_present in zip(rows, present, strict=True):
             found = text_rows[text_present].numpy()
@@ -46,7 +48,7 @@ def binary_rows(split, bag: NgramBag):
             indptr.append(indptr[-1] + len(found))
     indices = np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64)
     return scipy.sparse.csr_matrix((np.ones(len(indices), dtype=np.float32), indices, np.asarray(indptr)),
-                                   shape=(len(split), bag.rows))
+                                   shape=(len(texts), bag.rows))
 
 
 def tfidf(binary, idf: np.ndarray):
@@ -121,12 +123,14 @@ def folds_of(labels: np.ndarray, multi_label: bool, seed: int):
 def fit_ngram_bag(networks, split, multi_label: bool, seed: int, balanced: bool, fit_whole: bool,
                   cache_dir=None) -> torch.Tensor:
     """The out-of-fold logits (N, C) float32 of the training split (an EncodedSplit) and, with fit_whole (a fresh
-    fit), each network's bag set to the regression fitted on every training text. Returns the logits. With a
+    fit), each network's bag set to the regression fitted on every training text (past SAMPLE texts, a seeded
+    sample: regressions()). Returns the logits. With a
     cache_dir, the fit is an entry of its own there (data/cache.py), keyed by the split's token ids and labels and
     the settings: a second run on the same data reads it."""
     bag = networks[0].ngram_bag
     settings = {"order": bag.order, "vocab_size": bag.vocab_size, "buckets": bag.buckets, "seed": seed,
-                "balanced": balanced, "multi_label": multi_label, "folds": FOLDS, "C": C, "version": FIT_VERSION}
+                "balanced": balanced, "multi_label": multi_label, "folds": FOLDS, "C": C, "sample": SAMPLE,
+                "version": FIT_VERSION}
     build = lambda: regressions(split, bag, multi_label, seed, balanced)  # noqa: E731
     if cache_dir is None:
         fitted = build()
@@ -155,50 +159,71 @@ def content_hash(split) -> str:
 
 
 def regressions(split, bag: NgramBag, multi_label: bool, seed: int, balanced: bool) -> dict:
-    """{"out_of_fold" (N, C), "seen" (S,) the rows some training text has, and the regression fitted on every text:
-    "table" (S, C), "idf" (S,), "bias" (C,)}, float32 tensors (seen int64)."""
+    """{"out_of_fold" (N, C), "seen" (S,) the rows some fitted text has, and the regression fitted on every fitted
+    text: "table" (S, C), "idf" (S,), "bias" (C,)}, float32 tensors (seen int64). The size rule is the teacher's
+    (training/ngram_teacher.py fitted_sample): at most SAMPLE texts (a seeded sample) are fitted on, in folds; each
+    other text is scored by one fold's regression, BATCH texts at a time, so memory stays bounded."""
     start = time.perf_counter()
-    num_classes = bag.bias.shape[0]
-    binary = binary_rows(split, bag)
+    num_classes, n = bag.bias.shape[0], len(split)
+    chosen = np.arange(n) if n <= SAMPLE else np.sort(np.random.default_rng(seed).choice(n, SAMPLE, replace=False))
+    rest = np.setdiff1d(np.arange(n), chosen, assume_unique=True)
+    binary = binary_rows(split, bag, chosen)
     df = np.bincount(binary.indices, minlength=bag.rows)
     # Fitted on the rows some training text has (SST-2: 83k of 1.06M): the others' weights are 0 all the same.
     seen = np.flatnonzero(df > 0)
-    idf = np.log((1 + len(split)) / (1 + df[seen])) + 1
+    idf = np.log((1 + len(chosen)) / (1 + df[seen])) + 1
     x = tfidf(binary[:, seen], idf)
-    y = split.labels.numpy().astype(np.int64)
-    out_of_fold = np.zeros((len(split), num_classes), dtype=np.float32)
+    del binary
+    y_all = split.labels.numpy().astype(np.int64)
+    y = y_all[chosen]
+    out_of_fold = np.zeros((n, num_classes), dtype=np.float32)
     folds = folds_of(y, multi_label, seed)
+    unseen = np.array_split(rest, len(folds))  # the texts outside the sample, a share for each fold's regression
     with progress_bar(len(folds) + 1, "n-gram bag", unit="fit") as progress:
-        for fitted, scored in folds:
-            out_of_fold[scored] = fit(x[fitted], y[fitted], x[scored], num_classes, multi_label, balanced)
+        for (fitted, scored), others in zip(folds, unseen, strict=True):
+            score = fit(x[fitted], y[fitted], num_classes, multi_label, balanced)
+            out_of_fold[chosen[scored]] = score(x[scored])
+            for at in range(0, len(others), BATCH):
+                texts = others[at : at + BATCH]
+                out_of_fold[texts] = score(tfidf(binary_rows(split, bag, texts)[:, seen], idf))
             progress.update(1)
         table, bias = fit_table(x, y, len(seen), num_classes, multi_label, balanced)
         progress.update(1)
     agreement = "" if multi_label else \
-        f"; out of fold it agrees with {100 * float((out_of_fold.argmax(1) == y).mean()):.1f}% of their labels"
-    log.info("n-gram bag: logistic regression on %d rows seen of %d, %d folds over %d training texts (%.0f s)%s",
-             len(seen), bag.rows, len(folds), len(split), time.perf_counter() - start, agreement)
+        f"; out of fold it agrees with {100 * float((out_of_fold.argmax(1) == y_all).mean()):.1f}% of their labels"
+    log.info("n-gram bag: logistic regression on %d rows seen of %d, %d folds over %d training texts%s (%.0f s)%s",
+             len(seen), bag.rows, len(folds), len(chosen), f" (a seeded sample of {n})" if len(rest) else "",
+             time.perf_counter() - start, agreement)
     as_float = lambda a: torch.from_numpy(np.asarray(a, dtype=np.float32))  # noqa: E731
     return {"out_of_fold": as_float(out_of_fold), "seen": torch.from_numpy(seen.astype(np.int64)),
             "table": as_float(table), "idf": as_float(idf), "bias": as_float(bias)}
 
 
-def fit(x_fitted, y_fitted, x_scored, num_classes: int, multi_label: bool, balanced: bool) -> np.ndarray:
-    """One fold: logits of the scored texts from a regression fitted on the others. A label on all of the fitted
-    texts or on none (several labels), or one class only: that constant answer, ±UNSEEN_CLASS."""
+def fit(x_fitted, y_fitted, num_classes: int, multi_label: bool, balanced: bool):
+    """One fold's regression, fitted on the other folds' texts: a function from TF-IDF rows to logits (N, C). A label
+    on all of the fitted texts or on none (several labels), or one class only: that constant answer, ±UNSEEN_CLASS."""
     if multi_label:
-        logits = np.zeros((x_scored.shape[0], num_classes))
         counts = y_fitted.sum(0)
-        logits[:, counts == len(y_fitted)], logits[:, counts == 0] = UNSEEN_CLASS, -UNSEEN_CLASS
         varied = np.flatnonzero((counts > 0) & (counts < len(y_fitted)))
-        if len(varied):
-            model = regression(True, False).fit(x_fitted, y_fitted[:, varied])
-            decision = model.decision_function(x_scored)
-            logits[:, varied] = decision.reshape(len(decision), -1)
-        return logits
+        model = regression(True, False).fit(x_fitted, y_fitted[:, varied]) if len(varied) else None
+
+        def score(x):
+            logits = np.zeros((x.shape[0], num_classes))
+            logits[:, counts == len(y_fitted)], logits[:, counts == 0] = UNSEEN_CLASS, -UNSEEN_CLASS
+            if model is not None:
+                decision = model.decision_function(x)
+                logits[:, varied] = decision.reshape(len(decision), -1)
+            return logits
+
+        return score
     classes = np.unique(y_fitted)
     if len(classes) == 1:
-        logits = np.full((x_scored.shape[0], num_classes), -UNSEEN_CLASS)
-        logits[:, classes[0]] = 0.0
-        return logits
-    return as_logits(regression(False, balanced).fit(x_fitted, y_fitted), x_scored, num_classes)
+
+        def constant(x):
+            logits = np.full((x.shape[0], num_classes), -UNSEEN_CLASS)
+            logits[:, classes[0]] = 0.0
+            return logits
+
+        return constant
+    model = regression(False, balanced).fit(x_fitted, y_fitted)
+    return lambda x: as_logits(model, x, num_classes)
