@@ -80,15 +80,21 @@ def as_logits(model, x, num_classes: int) -> np.ndarray:
     return np.where(np.isnan(logits), decision.min(1, keepdims=True) - UNSEEN_CLASS, logits)
 
 
+def constant_labels(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Several labels a text, y (N, C) 0/1: (logits (C,) of the labels with nothing to learn, ±UNSEEN_CLASS for a label
+    on every text or on none, 0 elsewhere; the positions of the others, each fitted by a regression)."""
+    counts = y.sum(0)
+    constant = np.where(counts == len(y), UNSEEN_CLASS, np.where(counts == 0, -UNSEEN_CLASS, 0.0))
+    return constant, np.flatnonzero((counts > 0) & (counts < len(y)))
+
+
 def fit_table(x, y, rows: int, num_classes: int, multi_label: bool, balanced: bool) -> tuple[np.ndarray, np.ndarray]:
     """(table (F, C), bias (C,)): the regression fitted on every training text in the bag's form, logits =
     table[rows]·x + bias. A class no text has (or, several labels, a label on every text or on none): its constant
     answer in the bias, UNSEEN_CLASS from the others."""
     table, bias = np.zeros((rows, num_classes)), np.zeros(num_classes)
     if multi_label:
-        counts = y.sum(0)
-        bias[counts == len(y)], bias[counts == 0] = UNSEEN_CLASS, -UNSEEN_CLASS
-        varied = np.flatnonzero((counts > 0) & (counts < len(y)))
+        bias[:], varied = constant_labels(y)
         if len(varied):
             estimators = regression(True, False).fit(x, y[:, varied]).estimators_
             table[:, varied] = np.concatenate([e.coef_ for e in estimators]).T
@@ -203,13 +209,12 @@ def fit(x_fitted, y_fitted, num_classes: int, multi_label: bool, balanced: bool)
     """One fold's regression, fitted on the other folds' texts: a function from TF-IDF rows to logits (N, C). A label
     on all of the fitted texts or on none (several labels), or one class only: that constant answer, ±UNSEEN_CLASS."""
     if multi_label:
-        counts = y_fitted.sum(0)
-        varied = np.flatnonzero((counts > 0) & (counts < len(y_fitted)))
+        constant, varied = constant_labels(y_fitted)
         model = regression(True, False).fit(x_fitted, y_fitted[:, varied]) if len(varied) else None
 
         def score(x):
             logits = np.zeros((x.shape[0], num_classes))
-            logits[:, counts == len(y_fitted)], logits[:, counts == 0] = UNSEEN_CLASS, -UNSEEN_CLASS
+            logits[:] = constant
             if model is not None:
                 decision = model.decision_function(x)
                 logits[:, varied] = decision.reshape(len(decision), -1)
