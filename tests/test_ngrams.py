@@ -414,3 +414,44 @@ def test_past_the_sample_each_other_text_is_scored_by_a_fold_and_the_bag_fits_th
     assert agreement > 0.7
     # the bag is the regression of the 50 sampled texts: idf counts 50 texts (the largest idf is ln(51/2) + 1)
     assert network.ngram_bag.idf.max() == pytest.approx(math.log(51 / 2) + 1, rel=1e-5)
+
+
+def bag_checkpoint(path, network, **extra):
+    torch.save({"state_dict": {f"model.{k}": v for k, v in network.state_dict().items()}, "hyper_parameters": {},
+                **extra}, path)
+    return path
+
+
+def test_the_refit_bench_fits_the_bag_on_training_and_validation_texts_together(tmp_path):
+    """bench/bag_refit.py (a candidate not shipped): the copy's bag becomes sklearn's regression on the TF-IDF of both
+    splits' texts (written without the bag's code), every other weight as it was, and the copy says so."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+
+    from bench.bag_refit import REFIT_KEY, refit_checkpoint
+    from training.ngram_fit import fit_ngram_bag
+
+    texts, labels = random_texts(60, 40, seed=3)
+    held, held_labels = random_texts(20, 40, seed=4)
+    network = fitted_network()
+    fit_ngram_bag([network], split_of(texts, labels), multi_label=False, seed=0, balanced=False, fit_whole=True)
+    path = bag_checkpoint(tmp_path / "best.ckpt", network, epoch=3)
+    before, written = torch.load(path, weights_only=True), path.read_bytes()
+    assert refit_checkpoint(path, tmp_path / "refit" / "refit.ckpt", {"train": split_of(texts, labels), "validation": split_of(held, held_labels)},
+                            network.ngram_bag, multi_label=False, balanced=False) == 80
+    assert path.read_bytes() == written  # the run's own checkpoint is left as it was
+    after = torch.load(tmp_path / "refit" / "refit.ckpt", weights_only=True)
+    assert after[REFIT_KEY] == {"texts": 80, "splits": ["train", "validation"]} and after["epoch"] == 3
+    for key, value in before["state_dict"].items():
+        if "ngram_bag" not in key:
+            torch.testing.assert_close(after["state_dict"][key], value)
+    refit = fitted_network()
+    refit.load_state_dict({k.removeprefix("model."): v for k, v in after["state_dict"].items()})
+    every = texts + held
+    model = LogisticRegression(C=4.0, max_iter=2000).fit(tfidf_reference(every, 40, 64, every), labels + held_labels)
+    new, _ = random_texts(7, 40, seed=5)
+    ids = torch.tensor([t + [0] * (8 - len(t)) for t in new])
+    got = refit.ngram_bag(ids, padding_mask([len(t) for t in new], 8)).softmax(-1)
+    np.testing.assert_allclose(got.detach().numpy(), model.predict_proba(tfidf_reference(new, 40, 64, every)),
+                               atol=1e-4)
+

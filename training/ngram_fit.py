@@ -51,6 +51,15 @@ def binary_rows(split, bag: NgramBag, texts: np.ndarray):
                                    shape=(len(texts), bag.rows))
 
 
+def weighed(binary) -> tuple[np.ndarray, np.ndarray, object]:
+    """(seen (S,), idf (S,), x (N, S)) of the texts of `binary`: the rows some text has (SST-2: 83k of 1.06M; the
+    others' weights would be 0 all the same), their idf over these texts, and the texts' TF-IDF rows."""
+    df = np.bincount(binary.indices, minlength=binary.shape[1])
+    seen = np.flatnonzero(df > 0)
+    idf = np.log((1 + binary.shape[0]) / (1 + df[seen])) + 1
+    return seen, idf, tfidf(binary[:, seen], idf)
+
+
 def tfidf(binary, idf: np.ndarray):
     """Rows of `binary` weighed by idf and scaled to unit length (a text with no row seen stays 0)."""
     import scipy.sparse
@@ -174,11 +183,7 @@ def regressions(split, bag: NgramBag, multi_label: bool, seed: int, balanced: bo
     chosen = np.arange(n) if n <= SAMPLE else np.sort(np.random.default_rng(seed).choice(n, SAMPLE, replace=False))
     rest = np.setdiff1d(np.arange(n), chosen, assume_unique=True)
     binary = binary_rows(split, bag, chosen)
-    df = np.bincount(binary.indices, minlength=bag.rows)
-    # Fitted on the rows some training text has (SST-2: 83k of 1.06M): the others' weights are 0 all the same.
-    seen = np.flatnonzero(df > 0)
-    idf = np.log((1 + len(chosen)) / (1 + df[seen])) + 1
-    x = tfidf(binary[:, seen], idf)
+    seen, idf, x = weighed(binary)
     del binary
     y_all = split.labels.numpy().astype(np.int64)
     y = y_all[chosen]
