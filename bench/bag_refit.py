@@ -84,7 +84,7 @@ def measure(run: Path, how: list[str]) -> dict:
     for name in how:
         refit = run / "refit" / f"{name}.ckpt"
         splits = ("train",) if name.endswith("-train") else ("train", "validation")
-        row["texts"] = refit_checkpoint(best, refit, {split: data.split(split) for split in splits},
+        row[f"{name} texts"] = refit_checkpoint(best, refit, {split: data.split(split) for split in splits},
                                         module.model.ngram_bag, module.hparams.multi_label,
                                         balanced=module.hparams.class_weights == "balanced",
                                         folds=name.startswith("folds"))
