@@ -86,7 +86,7 @@ def measure(run: Path, how: list[str]) -> dict:
         splits = ("train",) if name.endswith("-train") else ("train", "validation")
         row[f"{name} texts"] = refit_checkpoint(best, refit, {split: data.split(split) for split in splits},
                                         module.model.ngram_bag, module.hparams.multi_label,
-                                        balanced=module.hparams.class_weights == "balanced",
+                                        balanced=module.hparams.class_weights not in (None, "auto"),
                                         folds=name.startswith("folds"))
         row[name] = test_accuracy(run, refit)[0]
     return row
