@@ -26,23 +26,29 @@ HOW = {"refit": "one regression on training + validation rows",
 REFIT_KEY = "ngram_bag_refit"  # the copy's record of the refit: {"texts": N, "splits": [...]}
 
 
-def refit_checkpoint(source, target, splits: dict, bag, multi_label: bool, balanced: bool, folds: bool = False) -> int:
+def refit_checkpoint(source, target, splits: dict, bag, multi_label: bool, balanced: bool, folds: bool = False,
+                     weighting: str = "tfidf") -> int:
     """The checkpoint at `source` written to `target` with its n-gram bag fitted again on the texts of `splits`
     ({name: EncodedSplit}) together (training/ngram_fit.py's regression): each network's table, idf and bias
     replaced (`model.`, and with ema_decay `_online.`), the rest as it was, REFIT_KEY added. With `folds`, the mean
     of the regressions fitted on each 4 folds of 5 (the training step's out-of-fold logits come from such fits, so
-    the bag then speaks as loudly as it did in training). Returns the texts."""
+    the bag then speaks as loudly as it did in training). `weighting`: the run's network.ngram_weighting (its feature
+    weights over all these texts). Returns the texts."""
     import scipy.sparse
 
     from data.checkpoint import load_safely
     from data.files import write_atomically
-    from training.ngram_fit import binary_rows, fit_table, folds_of, weighed
+    from training.ngram_fit import C, bag_weighting, binary_rows, feature_weights, fit_table, folds_of, seen_rows, tfidf
 
     binary = scipy.sparse.vstack([binary_rows(split, bag, np.arange(len(split))) for split in splits.values()],
                                  format="csr")
     y = np.concatenate([split.labels.numpy().astype(np.int64) for split in splits.values()])
-    seen, idf, x = weighed(binary)
-    fit = lambda rows: fit_table(x[rows], y[rows], len(seen), bag.bias.shape[0], multi_label, balanced)  # noqa: E731
+    seen, idf, binary = seen_rows(binary)
+    weighting = bag_weighting(weighting, bag.bias.shape[0], multi_label)
+    idf = feature_weights(binary, y, idf, weighting)
+    x = tfidf(binary, idf)
+    fit = lambda rows: fit_table(x[rows], y[rows], len(seen), bag.bias.shape[0], multi_label, balanced,  # noqa: E731
+                                 C[weighting])
     if folds:
         fits = [fit(fitted) for fitted, _ in folds_of(y, multi_label, seed=0)]
         table, bias = np.mean([t for t, _ in fits], axis=0), np.mean([b for _, b in fits], axis=0)
@@ -87,7 +93,7 @@ def measure(run: Path, how: list[str]) -> dict:
         row[f"{name} texts"] = refit_checkpoint(best, refit, {split: data.split(split) for split in splits},
                                         module.model.ngram_bag, module.hparams.multi_label,
                                         balanced=module.hparams.class_weights not in (None, "auto"),
-                                        folds=name.startswith("folds"))
+                                        folds=name.startswith("folds"), weighting=module.network.ngram_weighting)
         row[name] = test_accuracy(run, refit)[0]
     return row
 

@@ -15,6 +15,7 @@ from model.kinds import ATTENTION_KINDS, AUTO_KINDS, DEFAULT_KIND, attention_kin
 POOLINGS = ("mean", "max", "first", "attention")
 POSITIONS = ("learned", "sinusoidal", "none")
 KERNELS = ("manual", "fused")
+NGRAM_WEIGHTINGS = ("auto", "tfidf", "nb")  # the fitted n-gram bag's feature weights (training/ngram_fit.py)
 AUTO = "auto"  # attention: full up to FULL_ATTENTION_MAX_LENGTH tokens, local beyond (NetworkConfig.resolved)
 # "auto" reads texts up to the first kind's length cap with it (full costs L²), longer ones with the second
 FULL_ATTENTION_MAX_LENGTH, LONG_MAX_LENGTH = (ATTENTION_KINDS[kind].length_cap for kind in AUTO_KINDS)
@@ -73,10 +74,13 @@ class NetworkConfig:
             votes join the head's logits (model/ngrams.py: NBSVM's linear model on binary n-gram features, the
             n-grams hashed from the token ids inside the network); 0 (default) leaves the branch out.
         ngram_buckets: rows the n-grams of 2 or more tokens are hashed into (unigrams have a row each).
-        ngram_fitted: the bag is a logistic regression on the text's TF-IDF-weighted n-grams (unit length, as the
+        ngram_fitted: the bag is a logistic regression on the text's weighted n-grams (unit length, as the
             TF-IDF + LR peer weighs them), fitted on the training texts before the first step and not trained after
             (training/ngram_fit.py); the attention path learns what it gets wrong, from its out-of-fold logits
             (stacking). False (default): learned votes on binary n-grams.
+        ngram_weighting: the fitted bag's feature weights. "tfidf": idf; "nb": idf times the naive-Bayes log-count
+            ratio of the two classes (NBSVM's weights; two classes, one label a text); "auto" (default): "nb" for
+            two classes, one label a text, "tfidf" otherwise (docs/RESULTS.md "A fitted n-gram bag").
         layer_heads: heads kept in each layer after pruning (prune.py), one count per layer, each
             1..n_heads; null (default) is n_heads in every layer. Each head keeps its size, head_size.
     """
@@ -108,6 +112,7 @@ class NetworkConfig:
     ngrams: int = 0
     ngram_buckets: int = 2**20
     ngram_fitted: bool = False
+    ngram_weighting: str = "auto"
     layer_heads: list[int] | None = None
     attention_args: dict | None = None
     attention_source: dict | None = None
@@ -123,6 +128,12 @@ class NetworkConfig:
             raise ConfigError(f"ngram_buckets must be at most 2^31, got {self.ngram_buckets}")
         if self.ngram_fitted and not self.ngrams:
             raise ConfigError("ngram_fitted needs an n-gram bag: set ngrams (2 = words and word pairs)")
+        if self.ngram_weighting not in NGRAM_WEIGHTINGS:
+            raise ConfigError(f"ngram_weighting must be one of {', '.join(NGRAM_WEIGHTINGS)}, "
+                              f"got {self.ngram_weighting!r}")
+        if self.ngram_weighting == "nb" and self.num_classes != 2:
+            raise ConfigError(f"ngram_weighting nb weighs n-grams by how much likelier they are in one of two classes: "
+                              f"it needs num_classes 2, got {self.num_classes} (use auto or tfidf)")
         if self.d_head is not None:
             check_whole_number("d_head", self.d_head, 1)
         elif self.n_heads > self.d_model:

@@ -14,8 +14,9 @@ plain tensor in the checkpoint; its start can be naive-Bayes log-count ratios of
 
 Fitted (network.ngram_fitted): the bag is the TF-IDF + LR recipe on these n-grams, a logistic regression fitted on
 the training texts before the first step (training/ngram_fit.py) and never trained after: its table, idf and bias
-are buffers, not parameters. A text's features are x_r = idf_r / ||idf over its distinct rows|| (binary tf,
-unit length), its logits W x + b.
+are buffers, not parameters. A text's features are x_r = w_r / ||w over its distinct rows|| (binary tf,
+unit length), its logits W x + b; w_r is the row's idf, times NBSVM's log-count ratio with two classes
+(network.ngram_weighting; the buffer `idf` holds w).
 Letters: B batch, L tokens, M n-gram places (L for each order), C classes.
 """
 

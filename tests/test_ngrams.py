@@ -3,6 +3,7 @@ naive-Bayes start is NBSVM's log-count ratio, a checkpoint with the branch loads
 export computes the same rows."""
 
 import math
+import random
 
 import pytest
 import torch
@@ -234,7 +235,8 @@ def test_the_fitted_bag_is_the_tfidf_regression_fitted_on_the_training_texts():
 
     texts, labels = random_texts(60, 40, seed=0)
     network = fitted_network()
-    fit_ngram_bag([network], split_of(texts, labels), multi_label=False, seed=0, balanced=False, fit_whole=True)
+    fit_ngram_bag([network], split_of(texts, labels), multi_label=False, seed=0, balanced=False, fit_whole=True,
+                  weighting="tfidf")
     new, _ = random_texts(7, 40, seed=1)
     new.append([39, 38])  # n-grams no training text has, perhaps
     model = LogisticRegression(C=4.0, max_iter=2000).fit(tfidf_reference(texts, 40, 64, texts), labels)
@@ -242,6 +244,76 @@ def test_the_fitted_bag_is_the_tfidf_regression_fitted_on_the_training_texts():
     ids = torch.tensor([t + [0] * (8 - len(t)) for t in new])
     got = network.ngram_bag(ids, padding_mask([len(t) for t in new], 8)).softmax(-1)
     np.testing.assert_allclose(got.numpy(), expected, atol=1e-4)
+
+
+def nb_reference(texts, vocab, buckets, fitted_on, fitted_labels):
+    """x of each text with NBSVM's weights written the plainest way: w_r = idf_r · ln(p_r / q_r) over `fitted_on`,
+    p_r = (texts of class 1 with r + 1) / Σ over the rows those texts have, q_r the same for class 0; unit length."""
+    import numpy as np
+
+    rows_of = [distinct_rows(text, 2, vocab, buckets) for text in fitted_on]
+    has = sorted(set().union(*rows_of))
+    count = {c: {r: sum(r in rows and y == c for rows, y in zip(rows_of, fitted_labels)) + 1 for r in has}
+             for c in (0, 1)}
+    total = {c: sum(count[c].values()) for c in (0, 1)}
+    ratio = {r: math.log((count[1][r] / total[1]) / (count[0][r] / total[0])) for r in has}
+    x = np.zeros((len(texts), vocab + buckets))
+    df = {r: sum(r in rows for rows in rows_of) for r in has}
+    for i, text in enumerate(texts):
+        for row in distinct_rows(text, 2, vocab, buckets):
+            if row in has:
+                x[i, row] = (math.log((1 + len(fitted_on)) / (1 + df[row])) + 1) * ratio[row]
+        x[i] /= max(np.linalg.norm(x[i]), 1e-12)
+    return x
+
+
+def test_with_two_classes_the_bag_weighs_its_ngrams_by_nbsvm_ratios_and_auto_chooses_them():
+    """ngram_weighting nb (auto's choice for two classes): the bag is sklearn's LogisticRegression (C = 16) on the
+    n-gram rows weighed by idf times naive Bayes' log-count ratio (NBSVM), each written here without the bag's code."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+
+    from training.ngram_fit import fit_ngram_bag
+
+    texts, labels = random_texts(60, 40, seed=0)
+    new, _ = random_texts(7, 40, seed=1)
+    new.append([39, 38])
+    model = LogisticRegression(C=16.0, max_iter=2000).fit(nb_reference(texts, 40, 64, texts, labels), labels)
+    expected = model.predict_proba(nb_reference(new, 40, 64, texts, labels))
+    ids = torch.tensor([t + [0] * (8 - len(t)) for t in new])
+    for weighting in ("nb", "auto"):
+        network = fitted_network()
+        fit_ngram_bag([network], split_of(texts, labels), False, 0, False, True, weighting=weighting)
+        got = network.ngram_bag(ids, padding_mask([len(t) for t in new], 8)).softmax(-1)
+        np.testing.assert_allclose(got.numpy(), expected, atol=1e-4)
+    assert (network.ngram_bag.idf < 0).any() and (network.ngram_bag.idf > 0).any()  # rows for either class
+
+
+def test_each_fold_weighs_ngrams_by_the_ratios_of_its_own_texts():
+    """The log-count ratio reads labels, so a fold's ratio counts only the texts its regression is fitted on: a
+    text's out-of-fold logits are those of a bag fitted with nb weights on the other folds alone."""
+    import numpy as np
+
+    from training.ngram_fit import feature_weights, fit_ngram_bag, folds_of
+
+    texts, labels = random_texts(80, 40, seed=2)
+    out_of_fold = fit_ngram_bag([fitted_network()], split_of(texts, labels), False, 0, False, True, weighting="nb")
+    fitted, scored = folds_of(np.array(labels), False, 0)[0]
+    alone = fitted_network()
+    fit_ngram_bag([alone], split_of([texts[i] for i in fitted], [labels[i] for i in fitted]), False, 0, False, True,
+                  weighting="nb")
+    batch = split_of([texts[i] for i in scored], [labels[i] for i in scored])
+    batch = batch.__getitems__(list(range(len(scored))))
+    # idf counts every training text in the fit, the ratio only the fold's: compare the answers, not the numbers
+    assert out_of_fold[scored].argmax(1).tolist() == alone.ngram_bag(batch["input_ids"],
+                                                                   batch["padding_mask"]).argmax(1).tolist()
+    # a row on texts of one class only: the fold's ratio is the fold's
+    import scipy.sparse
+
+    binary = scipy.sparse.csr_matrix(np.array([[1, 0], [1, 1], [0, 1]], dtype=np.float32))
+    w = feature_weights(binary, np.array([1, 1, 0]), np.ones(2), "nb")
+    assert w[0] == pytest.approx(math.log((3 / 5) / (1 / 3))) and w[1] == pytest.approx(math.log((2 / 5) / (2 / 3)))
+    assert feature_weights(binary[:1], np.array([1]), np.ones(2), "nb")[1] == 0  # a row none of them has
 
 
 def test_each_training_text_gets_the_logits_of_a_regression_that_never_saw_it():
@@ -323,6 +395,23 @@ def test_several_labels_get_one_regression_each_and_a_constant_label_its_constan
 def test_ngram_fitted_without_a_bag_is_a_config_error():
     with pytest.raises(ConfigError, match="ngram_fitted needs an n-gram bag"):
         NetworkConfig(ngram_fitted=True)
+
+
+def test_a_weighting_the_bag_cannot_have_is_a_config_error():
+    with pytest.raises(ConfigError, match="ngram_weighting must be one of auto, tfidf, nb, got 'bm25'"):
+        NetworkConfig(ngrams=2, ngram_fitted=True, ngram_weighting="bm25")
+    with pytest.raises(ConfigError, match="ngram_weighting nb .* needs num_classes 2, got 3"):
+        NetworkConfig(ngrams=2, ngram_fitted=True, ngram_weighting="nb", num_classes=3)
+    assert NetworkConfig(ngrams=2, ngram_fitted=True, num_classes=3).ngram_weighting == "auto"  # tfidf there
+
+
+def test_auto_weighs_by_tfidf_beyond_two_classes_and_nb_is_refused_for_several_labels():
+    from training.ngram_fit import bag_weighting
+
+    assert [bag_weighting("auto", 2, False), bag_weighting("auto", 3, False), bag_weighting("auto", 2, True)] == \
+        ["nb", "tfidf", "tfidf"]
+    with pytest.raises(ValueError, match="two classes and one label"):
+        bag_weighting("nb", 2, True)
 
 
 @pytest.mark.slow  # a short fit, then resumed
@@ -407,7 +496,7 @@ def test_past_the_sample_each_other_text_is_scored_by_a_fold_and_the_bag_fits_th
     texts, labels = random_texts(90, 40, seed=7)
     monkeypatch.setattr(ngram_fit, "SAMPLE", 50)
     network = fitted_network()
-    out_of_fold = ngram_fit.fit_ngram_bag([network], split_of(texts, labels), False, 0, False, True)
+    out_of_fold = ngram_fit.fit_ngram_bag([network], split_of(texts, labels), False, 0, False, True, weighting="tfidf")
     assert out_of_fold.shape == (90, 2) and torch.isfinite(out_of_fold).all()
     assert (out_of_fold != 0).any(dim=1).all()  # every text scored, in the sample or not
     agreement = (out_of_fold.argmax(1) == torch.tensor(labels)).float().mean()
@@ -455,3 +544,31 @@ def test_the_refit_bench_fits_the_bag_on_training_and_validation_texts_together(
     np.testing.assert_allclose(got.detach().numpy(), model.predict_proba(tfidf_reference(new, 40, 64, every)),
                                atol=1e-4)
 
+
+
+def test_the_weighting_bench_fits_both_bags_on_the_data_a_run_would_read(tmp_path):
+    """bench/bag_weights.py: each weighting's bag, fitted on the training file as a run reads it (its own validation
+    tenth held out), is right on held-out texts whose one word of sentiment decides the label."""
+    from bench.bag_weights import WEIGHTINGS, measure
+
+    good, bad = ["fine", "great", "superb", "lovely"], ["awful", "dull", "poor", "bland"]
+    filler = ["the", "a", "film", "plot", "actor", "story", "scene", "music"]
+    rng = random.Random(0)
+
+    def rows(n):
+        out = []
+        for i in range(n):
+            label = i % 2
+            words = rng.sample(filler, 4) + [rng.choice(good if label else bad)]
+            rng.shuffle(words)
+            out.append((" ".join(words), label))
+        return out
+
+    (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in rows(200)))
+    (tmp_path / "test.csv").write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in rows(40)))
+    row = measure("sst2", buckets=257, train_file=str(tmp_path / "train.csv"), test_file=str(tmp_path / "test.csv"),
+                  cache_dir=tmp_path / "cache")
+    assert row["texts"] == {"train": 180, "validation": 20, "test": 40}
+    for weighting in WEIGHTINGS:
+        assert row[weighting]["test"] == 100.0 and row[weighting]["validation"] == 100.0
+        assert row[weighting]["out of fold"] > 95

@@ -49,4 +49,5 @@ class StartOfFit(L.Callback):
             train.ngram_logits = fit_ngram_bag(networks(pl_module), train, hparams.multi_label, data.hparams.seed,
                                                balanced=pl_module.loss_weights is not None,
                                                fit_whole=trainer.ckpt_path is None,
-                                               cache_dir=data.hparams.get("cache_dir"))
+                                               cache_dir=data.hparams.get("cache_dir"),
+                                               weighting=pl_module.network.ngram_weighting)
