@@ -15,7 +15,7 @@ from model.kinds import ATTENTION_KINDS, AUTO_KINDS, DEFAULT_KIND, attention_kin
 POOLINGS = ("mean", "max", "first", "attention")
 POSITIONS = ("learned", "sinusoidal", "none")
 KERNELS = ("manual", "fused")
-NGRAM_WEIGHTINGS = ("auto", "tfidf", "nb")  # the fitted n-gram bag's feature weights (training/ngram_fit.py)
+NGRAM_WEIGHTINGS = ("tfidf", "nb")  # the fitted n-gram bag's feature weights (training/ngram_fit.py)
 AUTO = "auto"  # attention: full up to FULL_ATTENTION_MAX_LENGTH tokens, local beyond (NetworkConfig.resolved)
 # "auto" reads texts up to the first kind's length cap with it (full costs L²), longer ones with the second
 FULL_ATTENTION_MAX_LENGTH, LONG_MAX_LENGTH = (ATTENTION_KINDS[kind].length_cap for kind in AUTO_KINDS)
@@ -78,9 +78,10 @@ class NetworkConfig:
             TF-IDF + LR peer weighs them), fitted on the training texts before the first step and not trained after
             (training/ngram_fit.py); the attention path learns what it gets wrong, from its out-of-fold logits
             (stacking). False (default): learned votes on binary n-grams.
-        ngram_weighting: the fitted bag's feature weights. "tfidf": idf; "nb": idf times the naive-Bayes log-count
-            ratio of the two classes (NBSVM's weights; two classes, one label a text); "auto" (default): "nb" for
-            two classes, one label a text, "tfidf" otherwise (docs/RESULTS.md "A fitted n-gram bag").
+        ngram_weighting: the fitted bag's feature weights. "tfidf" (default): idf, C = 4, the TF-IDF + LR peer's;
+            "nb": idf times the naive-Bayes log-count ratio of the two classes, C = 16 (NBSVM's weights; two classes,
+            one label a text): the bag alone is better on validation, the whole model only on IMDB
+            (docs/RESULTS.md "Naive-Bayes weights").
         layer_heads: heads kept in each layer after pruning (prune.py), one count per layer, each
             1..n_heads; null (default) is n_heads in every layer. Each head keeps its size, head_size.
     """
@@ -112,7 +113,7 @@ class NetworkConfig:
     ngrams: int = 0
     ngram_buckets: int = 2**20
     ngram_fitted: bool = False
-    ngram_weighting: str = "auto"
+    ngram_weighting: str = "tfidf"
     layer_heads: list[int] | None = None
     attention_args: dict | None = None
     attention_source: dict | None = None
@@ -133,7 +134,7 @@ class NetworkConfig:
                               f"got {self.ngram_weighting!r}")
         if self.ngram_weighting == "nb" and self.num_classes != 2:
             raise ConfigError(f"ngram_weighting nb weighs n-grams by how much likelier they are in one of two classes: "
-                              f"it needs num_classes 2, got {self.num_classes} (use auto or tfidf)")
+                              f"it needs num_classes 2, got {self.num_classes} (use tfidf)")
         if self.d_head is not None:
             check_whole_number("d_head", self.d_head, 1)
         elif self.n_heads > self.d_model:

@@ -267,8 +267,8 @@ def nb_reference(texts, vocab, buckets, fitted_on, fitted_labels):
     return x
 
 
-def test_with_two_classes_the_bag_weighs_its_ngrams_by_nbsvm_ratios_and_auto_chooses_them():
-    """ngram_weighting nb (auto's choice for two classes): the bag is sklearn's LogisticRegression (C = 16) on the
+def test_with_nb_weights_the_bag_is_the_regression_on_ngrams_weighed_by_nbsvm_ratios():
+    """ngram_weighting nb (two classes): the bag is sklearn's LogisticRegression (C = 16) on the
     n-gram rows weighed by idf times naive Bayes' log-count ratio (NBSVM), each written here without the bag's code."""
     import numpy as np
     from sklearn.linear_model import LogisticRegression
@@ -281,11 +281,10 @@ def test_with_two_classes_the_bag_weighs_its_ngrams_by_nbsvm_ratios_and_auto_cho
     model = LogisticRegression(C=16.0, max_iter=2000).fit(nb_reference(texts, 40, 64, texts, labels), labels)
     expected = model.predict_proba(nb_reference(new, 40, 64, texts, labels))
     ids = torch.tensor([t + [0] * (8 - len(t)) for t in new])
-    for weighting in ("nb", "auto"):
-        network = fitted_network()
-        fit_ngram_bag([network], split_of(texts, labels), False, 0, False, True, weighting=weighting)
-        got = network.ngram_bag(ids, padding_mask([len(t) for t in new], 8)).softmax(-1)
-        np.testing.assert_allclose(got.numpy(), expected, atol=1e-4)
+    network = fitted_network()
+    fit_ngram_bag([network], split_of(texts, labels), False, 0, False, True, weighting="nb")
+    got = network.ngram_bag(ids, padding_mask([len(t) for t in new], 8)).softmax(-1)
+    np.testing.assert_allclose(got.numpy(), expected, atol=1e-4)
     assert (network.ngram_bag.idf < 0).any() and (network.ngram_bag.idf > 0).any()  # rows for either class
 
 
@@ -398,20 +397,21 @@ def test_ngram_fitted_without_a_bag_is_a_config_error():
 
 
 def test_a_weighting_the_bag_cannot_have_is_a_config_error():
-    with pytest.raises(ConfigError, match="ngram_weighting must be one of auto, tfidf, nb, got 'bm25'"):
+    with pytest.raises(ConfigError, match="ngram_weighting must be one of tfidf, nb, got 'bm25'"):
         NetworkConfig(ngrams=2, ngram_fitted=True, ngram_weighting="bm25")
     with pytest.raises(ConfigError, match="ngram_weighting nb .* needs num_classes 2, got 3"):
         NetworkConfig(ngrams=2, ngram_fitted=True, ngram_weighting="nb", num_classes=3)
-    assert NetworkConfig(ngrams=2, ngram_fitted=True, num_classes=3).ngram_weighting == "auto"  # tfidf there
+    assert NetworkConfig(ngrams=2, ngram_fitted=True, num_classes=3).ngram_weighting == "tfidf"
 
 
-def test_auto_weighs_by_tfidf_beyond_two_classes_and_nb_is_refused_for_several_labels():
+def test_nb_weights_are_refused_for_several_labels_a_text_where_the_fit_meets_them():
     from training.ngram_fit import bag_weighting
 
-    assert [bag_weighting("auto", 2, False), bag_weighting("auto", 3, False), bag_weighting("auto", 2, True)] == \
-        ["nb", "tfidf", "tfidf"]
+    assert [bag_weighting("tfidf", 3, True), bag_weighting("nb", 2, False)] == ["tfidf", "nb"]
     with pytest.raises(ValueError, match="two classes and one label"):
         bag_weighting("nb", 2, True)
+    with pytest.raises(ValueError, match="two classes and one label"):
+        bag_weighting("nb", 3, False)
 
 
 @pytest.mark.slow  # a short fit, then resumed
