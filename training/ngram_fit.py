@@ -77,8 +77,9 @@ def feature_weights(binary, y: np.ndarray, idf: np.ndarray, weighting: str) -> n
     with_row = lambda texts: np.asarray(binary[texts].sum(0)).ravel()  # noqa: E731  texts of a class with each row
     ones, zeros = with_row(y == 1), with_row(y == 0)
     present = (ones + zeros) > 0
-    p, q = (ones + 1) * present, (zeros + 1) * present
-    r = np.log(np.where(present, p / p.sum(), 1.0) / np.where(present, q / q.sum(), 1.0))
+    p, q = ones[present] + 1, zeros[present] + 1
+    r = np.zeros(len(ones))
+    r[present] = np.log((p / p.sum()) / (q / q.sum()))
     return idf * r
 
 
